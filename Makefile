@@ -1,0 +1,41 @@
+# sbpstream: the two commands are `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DATA   ?= data
+PYTEST_ARGS ?=
+
+.PHONY: run test install sysdeps lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sbpstream needs Python >= 3.11"'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
+	  echo "python venv missing: installing python3-venv"; apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,spark,etcd]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+sysdeps:
+	@bash scripts/ensure-sysdeps.sh
+
+run: install
+	@mkdir -p $(DATA)
+	$(BIN)/sbpstream up --dir $(DATA)
+
+lint: install
+	$(BIN)/ruff check sbpstream tests bench pyspark_sbpstream.py
+	$(BIN)/mypy sbpstream pyspark_sbpstream.py
+
+unit: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test: install sysdeps lint unit
+
+bench: install sysdeps
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) $(DATA) .mypy_cache .ruff_cache .pytest_cache .hypothesis

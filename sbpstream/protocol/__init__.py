@@ -1,0 +1,1 @@
+"""SBP protocol: frames, opcodes, errors, extended headers. Imports no asyncio, socket or ssl."""

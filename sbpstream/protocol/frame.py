@@ -1,0 +1,279 @@
+"""The SBP frame (design.md section 2), sans I/O: bytes in, events out; frames in, bytes out.
+
+Wire layout, all integers big-endian::
+
+    offset size field
+    0      4    frame_length   u32 = 16 + H + P   (bytes on the wire = frame_length + 4)
+    4      1    magic          u8  = 23
+    5      2    opcode         u16
+    7      1    flags          u8  (0x01 response, 0x02 response end, 0x04 system error)
+    8      4    stream_id      u32 (top bit clear)
+    12     1    header_format  u8  = 1 (FlatBuffers)
+    13     3    header_length  u24 = H
+    16     H    extended header
+    16+H   P    payload
+    16+H+P 4    payload_crc    u32 = zlib.crc32(payload); 0 when P = 0
+
+The decoder never raises for a single bad frame whose length is sane: wrong magic and unknown
+opcodes are discarded and counted (:class:`FrameDiscarded`), a CRC mismatch or a bad header format
+is reported (:class:`FrameCorrupt`) so the caller answers with a system error frame. Only a length
+that breaks the framing (nothing after it can be trusted) raises :class:`FramingError`.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from sbpstream.protocol.limits import MAX_FRAME_LENGTH, MAX_STREAM_ID, MIN_FRAME_LENGTH
+from sbpstream.protocol.opcodes import KNOWN_OPCODES
+
+MAGIC: Final = 23
+FLAG_RESPONSE: Final = 0x01
+FLAG_END: Final = 0x02
+FLAG_SYSTEM_ERROR: Final = 0x04
+FLAGS_RESPONSE_END: Final = FLAG_RESPONSE | FLAG_END
+FLAGS_SYSTEM_ERROR: Final = FLAG_RESPONSE | FLAG_END | FLAG_SYSTEM_ERROR
+HEADER_FORMAT_FLATBUFFERS: Final = 1
+
+LENGTH_STRUCT: Final = struct.Struct(">I")
+# everything from frame_length to header_length: 4+1+2+1+4+1+3 = 16 bytes
+FIXED_STRUCT: Final = struct.Struct(">IBHBIB3s")
+FIXED_SIZE: Final = 16
+CRC_STRUCT: Final = struct.Struct(">I")
+CRC_SIZE: Final = 4
+assert FIXED_STRUCT.size == FIXED_SIZE
+# frame_length counts the 12 bytes after itself plus the CRC: 16 + H + P = 12 + H + P + 4
+_FIXED_AFTER_LENGTH: Final = FIXED_SIZE - LENGTH_STRUCT.size
+
+Buffer = bytes | bytearray | memoryview
+
+
+class FramingError(Exception):
+    """The byte stream broke the framing: nothing after this point can be trusted."""
+
+
+@dataclass(slots=True)
+class Frame:
+    opcode: int
+    flags: int
+    stream_id: int
+    header: Buffer = b""
+    payload: Buffer = b""
+    header_format: int = HEADER_FORMAT_FLATBUFFERS
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & FLAG_RESPONSE)
+
+    @property
+    def is_end(self) -> bool:
+        return bool(self.flags & FLAG_END)
+
+    @property
+    def is_system_error(self) -> bool:
+        return bool(self.flags & FLAG_SYSTEM_ERROR) and bool(self.flags & FLAG_RESPONSE)
+
+    @property
+    def wire_size(self) -> int:
+        return 4 + FIXED_SIZE + len(self.header) + len(self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameDiscarded:
+    """A frame the spec says to drop: ``reason`` is ``"bad_magic"`` or ``"unknown_opcode"``."""
+
+    reason: str
+    opcode: int
+    flags: int
+    stream_id: int
+    magic: int
+
+
+@dataclass(frozen=True, slots=True)
+class FrameCorrupt:
+    """A well-framed frame the receiver cannot use: answer with a system error on its stream id.
+
+    ``reason`` is ``"crc_mismatch"`` or ``"header_format"``.
+    """
+
+    reason: str
+    opcode: int
+    flags: int
+    stream_id: int
+    detail: str
+
+
+Event = Frame | FrameDiscarded | FrameCorrupt
+
+
+def _crc(parts: Iterable[Buffer]) -> int:
+    crc = 0
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    return crc
+
+
+def encode_frame_parts(
+    opcode: int,
+    stream_id: int,
+    flags: int,
+    header: Buffer = b"",
+    payload: Buffer | Sequence[Buffer] = b"",
+    header_format: int = HEADER_FORMAT_FLATBUFFERS,
+    *,
+    max_frame_length: int = MAX_FRAME_LENGTH,
+) -> list[Buffer]:
+    """Encode one frame as a list of buffers for ``transport.writelines`` (payload not copied)."""
+    parts: Sequence[Buffer]
+    if isinstance(payload, bytes | bytearray | memoryview):
+        parts = (payload,) if len(payload) else ()
+    else:
+        parts = [p for p in payload if len(p)]
+    payload_len = sum(len(p) for p in parts)
+    header_len = len(header)
+    frame_length = FIXED_SIZE + header_len + payload_len
+    if frame_length > max_frame_length:
+        raise ValueError(f"frame of {frame_length} bytes exceeds the limit of {max_frame_length}")
+    if not 0 <= stream_id <= MAX_STREAM_ID:
+        raise ValueError(f"stream id {stream_id} outside [0, {MAX_STREAM_ID}]")
+    fixed = FIXED_STRUCT.pack(
+        frame_length, MAGIC, opcode, flags, stream_id, header_format, header_len.to_bytes(3, "big")
+    )
+    crc = _crc(parts) if payload_len else 0
+    out: list[Buffer] = [fixed + bytes(header)] if header_len else [fixed]
+    out.extend(parts)
+    out.append(CRC_STRUCT.pack(crc))
+    return out
+
+
+def encode_frame(
+    opcode: int,
+    stream_id: int,
+    flags: int,
+    header: Buffer = b"",
+    payload: Buffer | Sequence[Buffer] = b"",
+    header_format: int = HEADER_FORMAT_FLATBUFFERS,
+) -> bytes:
+    """Encode one frame into a single bytes object (copies the payload; see encode_frame_parts)."""
+    return b"".join(encode_frame_parts(opcode, stream_id, flags, header, payload, header_format))
+
+
+class FrameDecoder:
+    """Incremental decoder: ``feed()`` any chunking of bytes, then drain ``next_event()``.
+
+    Memory is bounded by ``max_frame_length`` plus one read chunk: the length is checked as soon as
+    its 4 bytes arrive, before any of the body is buffered.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_broken",
+        "_known_opcodes",
+        "_need",
+        "_pos",
+        "corrupt",
+        "discarded_bad_magic",
+        "discarded_unknown_opcode",
+        "frames",
+        "max_frame_length",
+    )
+
+    def __init__(
+        self,
+        max_frame_length: int = MAX_FRAME_LENGTH,
+        known_opcodes: frozenset[int] = KNOWN_OPCODES,
+    ) -> None:
+        self.max_frame_length = max_frame_length
+        self._known_opcodes = known_opcodes
+        self._buf = bytearray()
+        self._pos = 0
+        self._need = 0  # body length of the frame being read, 0 while reading its length
+        self._broken: FramingError | None = None
+        self.frames = 0
+        self.discarded_bad_magic = 0
+        self.discarded_unknown_opcode = 0
+        self.corrupt = 0
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf) - self._pos
+
+    def feed(self, data: Buffer) -> None:
+        if self._broken is not None:
+            raise self._broken
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        elif self._pos > 65536 and self._pos * 2 > len(self._buf):
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_event(self) -> Event | None:
+        """The next complete event, or None when more bytes are needed. Raises FramingError."""
+        if self._broken is not None:
+            raise self._broken
+        buf = self._buf
+        avail = len(buf) - self._pos
+        if self._need == 0:
+            if avail < 4:
+                return None
+            (frame_length,) = LENGTH_STRUCT.unpack_from(buf, self._pos)
+            if not MIN_FRAME_LENGTH <= frame_length <= self.max_frame_length:
+                self._broken = FramingError(
+                    f"frame length {frame_length} outside [{MIN_FRAME_LENGTH}, "
+                    f"{self.max_frame_length}]"
+                )
+                raise self._broken
+            self._need = frame_length
+        if avail < 4 + self._need:
+            return None
+        start = self._pos
+        frame_length = self._need
+        end = start + 4 + frame_length
+        self._need = 0
+        _, magic, opcode, flags, stream_id, fmt, hlen_b = FIXED_STRUCT.unpack_from(buf, start)
+        header_len = int.from_bytes(hlen_b, "big")
+        if header_len > frame_length - FIXED_SIZE:
+            self._broken = FramingError(
+                f"header length {header_len} exceeds frame length {frame_length} - 16"
+            )
+            raise self._broken
+        self._pos = end
+        if magic != MAGIC:
+            self.discarded_bad_magic += 1
+            return FrameDiscarded("bad_magic", opcode, flags, stream_id, magic)
+        if opcode not in self._known_opcodes:
+            self.discarded_unknown_opcode += 1
+            return FrameDiscarded("unknown_opcode", opcode, flags, stream_id, magic)
+        body = bytes(buf[start + FIXED_SIZE : end])  # one copy; the frame outlives the buffer
+        mv = memoryview(body)
+        payload_len = len(body) - header_len - CRC_SIZE
+        header = mv[:header_len]
+        payload = mv[header_len : header_len + payload_len]
+        (crc,) = CRC_STRUCT.unpack_from(body, header_len + payload_len)
+        expected = zlib.crc32(payload) if payload_len else 0
+        if crc != expected:
+            self.corrupt += 1
+            return FrameCorrupt(
+                "crc_mismatch", opcode, flags, stream_id,
+                f"payload CRC 0x{crc:08x} does not match computed 0x{expected:08x}",
+            )
+        if fmt != HEADER_FORMAT_FLATBUFFERS:
+            self.corrupt += 1
+            return FrameCorrupt(
+                "header_format", opcode, flags, stream_id, f"unsupported header format {fmt}"
+            )
+        self.frames += 1
+        return Frame(opcode, flags, stream_id, header, payload, fmt)
+
+    def events(self) -> list[Event]:
+        """Drain every complete event now buffered."""
+        out: list[Event] = []
+        while (ev := self.next_event()) is not None:
+            out.append(ev)
+        return out

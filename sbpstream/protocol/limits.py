@@ -1,0 +1,40 @@
+"""Every protocol and connection limit, each with the reason it exists (design.md section 9).
+
+Limits are checked as early as the bytes allow: the frame length as soon as its 4 bytes arrive,
+item counts as soon as a header is decoded. Exceeding one is a clear error, never unbounded memory.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+
+# frame_length counts every byte after the length field: 16 bytes of fixed header, format byte and
+# header length, then header, payload and the 4-byte CRC. 16 is the smallest legal frame.
+MIN_FRAME_LENGTH: Final = 16
+# 16 MiB bounds what one frame can make a peer buffer; batches are far smaller (MAX_BATCH_BYTES).
+MAX_FRAME_LENGTH: Final = 16 * MiB
+# The header length field is 24 bits wide.
+MAX_HEADER_LENGTH: Final = (1 << 24) - 1
+# Stream ids are client-chosen with the top bit clear (the spec says non-negative).
+MAX_STREAM_ID: Final = (1 << 31) - 1
+
+# A connection may have this many requests being served at once; past it the server stops reading
+# from the socket (TCP back-pressure) until one completes. Bounds handler tasks per connection.
+MAX_IN_FLIGHT_REQUESTS: Final = 1024
+# Response frames received but not yet consumed by the application, per client connection. Past
+# it the client stops reading the socket, so a slow consumer cannot make us buffer without end.
+MAX_BUFFERED_RESPONSE_BYTES: Final = 64 * MiB
+# Transport write buffer high/low water marks: past HIGH a writer awaits drain (peer not reading).
+WRITE_BUFFER_HIGH_WATER: Final = 4 * MiB
+WRITE_BUFFER_LOW_WATER: Final = 1 * MiB
+# A server keeps at most this many client connections; more are closed at accept with GOAWAY.
+MAX_CONNECTIONS: Final = 10_000
+# A connection with no frames and nothing in flight for this long is closed (GOAWAY first).
+DEFAULT_IDLE_TIMEOUT_S: Final = 600.0
+# How long a GOAWAY'd connection waits for in-flight requests before closing anyway.
+DEFAULT_DRAIN_TIMEOUT_S: Final = 10.0
+# Connect timeout of the client side.
+DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the system packages the test suite and benchmarks use, only when missing:
+# Java (Spark), etcd (PM on etcd), flatc (schema regeneration check), redis and nats (benchmark peers).
+set -euo pipefail
+need=()
+command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v flatc >/dev/null 2>&1 || need+=(flatbuffers-compiler)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+if [ ${#need[@]} -eq 0 ]; then exit 0; fi
+echo "installing system packages: ${need[*]}"
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"

@@ -1,0 +1,189 @@
+"""Frame codec: golden vectors, every framing rule, and hypothesis over arbitrary bytes."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sbpstream.protocol.frame import (
+    FLAGS_SYSTEM_ERROR,
+    Frame,
+    FrameCorrupt,
+    FrameDecoder,
+    FrameDiscarded,
+    FramingError,
+    encode_frame,
+    encode_frame_parts,
+)
+from sbpstream.protocol.limits import MAX_FRAME_LENGTH
+from sbpstream.protocol.opcodes import Opcode
+
+PING_1 = bytes.fromhex("00000010 17 0001 00 00000001 01 000000 00000000".replace(" ", ""))
+PONG_1 = bytes.fromhex("00000010 17 0001 03 00000001 01 000000 00000000".replace(" ", ""))
+PING_7_ABC = bytes.fromhex("00000013 17 0001 00 00000007 01 000000 616263 352441c2".replace(" ", ""))
+
+
+def decode_all(data: bytes, chunk: int | None = None) -> list[object]:
+    d = FrameDecoder()
+    out: list[object] = []
+    if chunk is None:
+        d.feed(data)
+        out.extend(d.events())
+    else:
+        for i in range(0, len(data), chunk):
+            d.feed(data[i : i + chunk])
+            out.extend(d.events())
+    return out
+
+
+def test_golden_ping_vectors() -> None:
+    assert encode_frame(Opcode.PING, 1, 0) == PING_1
+    assert encode_frame(Opcode.PING, 1, 0x03) == PONG_1
+    assert encode_frame(Opcode.PING, 7, 0, payload=b"abc") == PING_7_ABC
+    (f,) = decode_all(PING_7_ABC)
+    assert isinstance(f, Frame)
+    assert (f.opcode, f.flags, f.stream_id, bytes(f.payload), bytes(f.header)) == (1, 0, 7, b"abc", b"")
+
+
+def test_system_error_frame_flags() -> None:
+    raw = encode_frame(Opcode.APPEND, 9, FLAGS_SYSTEM_ERROR, header=b"\x01\x02\x03\x04")
+    assert raw[7] == 0x07
+    (f,) = decode_all(raw)
+    assert isinstance(f, Frame) and f.is_system_error and f.is_end and f.is_response
+    assert bytes(f.header) == b"\x01\x02\x03\x04"
+
+
+def test_payload_as_parts_equals_joined() -> None:
+    parts = [b"ab", memoryview(b"cdef"), bytearray(b"g")]
+    joined = b"".join(encode_frame_parts(Opcode.FETCH, 3, 1, b"hh", parts))
+    assert joined == encode_frame(Opcode.FETCH, 3, 1, b"hh", b"abcdefg")
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1000])
+def test_any_chunking(chunk: int) -> None:
+    frames = [encode_frame(Opcode.APPEND, i, 0, b"h" * i, b"p" * (i * 3)) for i in range(20)]
+    evs = decode_all(b"".join(frames), chunk)
+    assert [e.stream_id for e in evs if isinstance(e, Frame)] == list(range(20))
+
+
+def test_length_bound_checked_on_first_four_bytes() -> None:
+    d = FrameDecoder()
+    d.feed((MAX_FRAME_LENGTH + 1).to_bytes(4, "big"))
+    with pytest.raises(FramingError):
+        d.next_event()
+    assert d.buffered_bytes == 4  # nothing of the body was waited for
+    with pytest.raises(FramingError):
+        d.feed(b"more")
+
+
+def test_length_too_small() -> None:
+    d = FrameDecoder()
+    d.feed((15).to_bytes(4, "big"))
+    with pytest.raises(FramingError):
+        d.next_event()
+
+
+def test_header_length_exceeding_frame_is_framing_error() -> None:
+    raw = bytearray(encode_frame(Opcode.PING, 1, 0, b"", b"abc"))
+    raw[13:16] = (100).to_bytes(3, "big")
+    with pytest.raises(FramingError):
+        decode_all(bytes(raw))
+
+
+def test_bad_magic_discarded_and_counted_stream_continues() -> None:
+    bad = bytearray(encode_frame(Opcode.PING, 1, 0, b"", b"x"))
+    bad[4] = 99
+    good = encode_frame(Opcode.PING, 2, 0)
+    d = FrameDecoder()
+    d.feed(bytes(bad) + good)
+    evs = d.events()
+    assert isinstance(evs[0], FrameDiscarded) and evs[0].reason == "bad_magic"
+    assert isinstance(evs[1], Frame) and evs[1].stream_id == 2
+    assert d.discarded_bad_magic == 1
+
+
+def test_unknown_opcode_discarded_and_counted() -> None:
+    d = FrameDecoder()
+    d.feed(encode_frame(0x7777, 1, 0, b"", b"x") + encode_frame(Opcode.PING, 2, 0))
+    evs = d.events()
+    assert isinstance(evs[0], FrameDiscarded) and evs[0].reason == "unknown_opcode"
+    assert isinstance(evs[1], Frame)
+    assert d.discarded_unknown_opcode == 1
+
+
+def test_crc_mismatch_reported_not_raised() -> None:
+    raw = bytearray(encode_frame(Opcode.APPEND, 5, 0, b"", b"payload"))
+    raw[-1] ^= 0xFF
+    (ev,) = decode_all(bytes(raw))
+    assert isinstance(ev, FrameCorrupt) and ev.reason == "crc_mismatch" and ev.stream_id == 5
+
+
+def test_crc_zero_when_no_payload_and_checked() -> None:
+    raw = bytearray(encode_frame(Opcode.PING, 5, 0))
+    assert raw[-4:] == b"\0\0\0\0"
+    raw[-1] = 1
+    (ev,) = decode_all(bytes(raw))
+    assert isinstance(ev, FrameCorrupt)
+
+
+def test_bad_header_format_reported() -> None:
+    raw = bytearray(encode_frame(Opcode.PING, 5, 0, b"hdr", b""))
+    raw[12] = 2
+    (ev,) = decode_all(bytes(raw))
+    assert isinstance(ev, FrameCorrupt) and ev.reason == "header_format"
+
+
+def test_unknown_flag_bits_ignored() -> None:
+    (f,) = decode_all(encode_frame(Opcode.PING, 5, 0xF0))
+    assert isinstance(f, Frame) and not f.is_response
+
+
+def test_encoder_refuses_oversize_and_bad_stream_id() -> None:
+    with pytest.raises(ValueError):
+        encode_frame(Opcode.APPEND, 1, 0, b"", b"x" * MAX_FRAME_LENGTH)
+    with pytest.raises(ValueError):
+        encode_frame(Opcode.APPEND, 1 << 31, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2048), st.integers(min_value=1, max_value=64))
+def test_fuzz_any_bytes_yield_events_or_framing_error(data: bytes, chunk: int) -> None:
+    d = FrameDecoder(max_frame_length=1024)
+    try:
+        for i in range(0, len(data), chunk):
+            d.feed(data[i : i + chunk])
+            for ev in d.events():
+                assert isinstance(ev, Frame | FrameDiscarded | FrameCorrupt)
+            assert d.buffered_bytes <= 1024 + 4 + chunk
+    except FramingError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(list(Opcode)),
+            st.integers(0, (1 << 31) - 1),
+            st.integers(0, 255),
+            st.binary(max_size=64),
+            st.binary(max_size=256),
+        ),
+        max_size=10,
+    ),
+    st.integers(min_value=1, max_value=50),
+)
+def test_roundtrip_whole_and_bytewise(frames: list[tuple[int, int, int, bytes, bytes]],
+                                      chunk: int) -> None:
+    raw = b"".join(encode_frame(*f) for f in frames)
+    for c in (None, chunk):
+        evs = decode_all(raw, c)
+        got = [(e.opcode, e.stream_id, e.flags, bytes(e.header), bytes(e.payload))
+               for e in evs if isinstance(e, Frame)]
+        assert got == [(o, s, fl, h, p) for o, s, fl, h, p in frames]
+        for (_, _, _, _, p), e in zip(frames, evs, strict=True):
+            assert isinstance(e, Frame)
+            assert zlib.crc32(e.payload) == zlib.crc32(p)
