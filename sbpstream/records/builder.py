@@ -1,0 +1,256 @@
+"""Build record batches (design.md section 4): the producer's hot path. No I/O.
+
+Each record is encoded once, on ``append``, into small ``bytes`` pieces kept in a list; keys and
+values are referenced, not copied, until ``build`` joins everything in one pass. The size bound is
+on the *uncompressed* batch, which is what the builder knows as it goes; it also bounds what a
+consumer must decompress.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import crc32c
+
+from sbpstream.records.compression import compress
+from sbpstream.records.header import (
+    BATCH_MAGIC,
+    CODEC_NONE,
+    CRC_START,
+    HEADER_SIZE,
+    HEADER_STRUCT,
+    KNOWN_CODECS,
+    LENGTH_PREFIX_SIZE,
+    MAX_BATCH_BYTES,
+)
+from sbpstream.records.varint import (
+    INT64_MAX,
+    INT64_MIN,
+    SMALL_MAX,
+    SMALL_MIN,
+    VARINT_TABLE,
+    encode_varint_slow,
+)
+
+# A producer's default batch bound: large enough to amortise per-batch costs (header, CRC,
+# frame, one fsync share on the data node), small enough to keep latency and memory low.
+DEFAULT_BATCH_BYTES_MAX: Final = 1024 * 1024
+MAX_RECORDS_PER_BATCH: Final = (1 << 31) - 1  # record_count is an int32
+
+_NULL: Final = VARINT_TABLE[-1 - SMALL_MIN]  # varint(-1): null key or value
+_ZERO: Final = VARINT_TABLE[0 - SMALL_MIN]  # varint(0): no headers
+
+
+class RecordTooLargeError(ValueError):
+    """One record does not fit in an empty batch under the builder's size bound."""
+
+
+class RecordLike(Protocol):
+    """What ``BatchBuilder.append`` reads from a record."""
+
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+    @property
+    def timestamp_ms(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record to produce."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes]] = ()
+    timestamp_ms: int = 0
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class BatchBuilder:
+    """Accumulate records for one batch under a size bound, then ``build()`` the batch bytes.
+
+    ``append``/``add`` return False, leaving the builder unchanged, when the record would push
+    the batch past ``batch_bytes_max``: the producer then builds this batch and starts another.
+    A record too large even for an empty batch raises RecordTooLargeError.
+    """
+
+    __slots__ = (
+        "_base_sequence",
+        "_batch_bytes_max",
+        "_codec",
+        "_count",
+        "_first_ts",
+        "_max_ts",
+        "_parts",
+        "_producer_epoch",
+        "_producer_id",
+        "_size",
+    )
+
+    def __init__(
+        self,
+        *,
+        codec: int = CODEC_NONE,
+        batch_bytes_max: int = DEFAULT_BATCH_BYTES_MAX,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        base_sequence: int = -1,
+    ) -> None:
+        if codec not in KNOWN_CODECS:
+            raise ValueError(f"unknown codec {codec}")
+        if not HEADER_SIZE < batch_bytes_max <= MAX_BATCH_BYTES:
+            raise ValueError(f"batch_bytes_max {batch_bytes_max} not in (53, {MAX_BATCH_BYTES}]")
+        self._codec = codec
+        self._batch_bytes_max = batch_bytes_max
+        self._producer_id = producer_id
+        self._producer_epoch = producer_epoch
+        self._base_sequence = base_sequence
+        self._parts: list[bytes] = []
+        self._count = 0
+        self._size = HEADER_SIZE
+        self._first_ts = 0
+        self._max_ts = INT64_MIN
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def size_bytes(self) -> int:
+        """Size of the batch built now, before compression."""
+        return self._size
+
+    def append(self, record: RecordLike) -> bool:
+        return self.add(record.value, record.key, record.headers, record.timestamp_ms)
+
+    def add(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+        timestamp_ms: int | None = None,
+    ) -> bool:
+        """Encode one record; return False (and change nothing) if it does not fit."""
+        table = VARINT_TABLE
+        ts = now_ms() if timestamp_ms is None else timestamp_ms
+        if self._count:
+            delta = ts - self._first_ts
+            if not SMALL_MIN <= delta < SMALL_MAX or ts < 0:
+                _check_timestamp(ts)
+                d = encode_varint_slow(delta)
+            else:
+                d = table[delta - SMALL_MIN]
+        else:
+            _check_timestamp(ts)
+            d = _ZERO
+        if key is None:
+            kl, klen = _NULL, 0
+        else:
+            klen = len(key)
+            kl = table[klen - SMALL_MIN] if klen < SMALL_MAX else encode_varint_slow(klen)
+        if value is None:
+            vl, vlen = _NULL, 0
+        else:
+            vlen = len(value)
+            vl = table[vlen - SMALL_MIN] if vlen < SMALL_MAX else encode_varint_slow(vlen)
+        hdr = _encode_headers(headers) if headers else _ZERO
+        body = len(d) + len(kl) + klen + len(vl) + vlen + len(hdr)
+        ln = table[body - SMALL_MIN] if body < SMALL_MAX else encode_varint_slow(body)
+        size = self._size + len(ln) + body
+        if size > self._batch_bytes_max or self._count == MAX_RECORDS_PER_BATCH:
+            if self._count == 0:
+                raise RecordTooLargeError(
+                    f"record of {size - HEADER_SIZE} bytes exceeds the batch bound "
+                    f"{self._batch_bytes_max} on its own"
+                )
+            return False
+        parts = self._parts
+        parts.append(ln)
+        parts.append(d)
+        parts.append(kl)
+        if key is not None:
+            parts.append(key)
+        parts.append(vl)
+        if value is not None:
+            parts.append(value)
+        parts.append(hdr)
+        if self._count == 0:
+            self._first_ts = ts
+        if ts > self._max_ts:
+            self._max_ts = ts
+        self._count += 1
+        self._size = size
+        return True
+
+    def build(self) -> bytes:
+        """The batch, base_offset -1; stored uncompressed if compression does not shrink it."""
+        if not self._count:
+            raise ValueError("cannot build an empty batch")
+        raw = b"".join(self._parts)
+        codec = self._codec
+        payload = compress(codec, raw) if codec != CODEC_NONE else raw
+        if len(payload) >= len(raw):
+            codec, payload = CODEC_NONE, raw
+        header = bytearray(
+            HEADER_STRUCT.pack(
+                -1,
+                HEADER_SIZE - LENGTH_PREFIX_SIZE + len(payload),
+                BATCH_MAGIC,
+                0,
+                codec,
+                self._count,
+                self._first_ts,
+                self._max_ts,
+                self._producer_id,
+                self._producer_epoch,
+                self._base_sequence,
+            )
+        )
+        crc = crc32c.crc32c(payload, crc32c.crc32c(memoryview(header)[CRC_START:]))
+        header[13:17] = crc.to_bytes(4, "big")
+        return b"".join((header, payload))
+
+
+def _check_timestamp(ts: int) -> None:
+    # Deltas from the first timestamp must stay int64 too: keep timestamps non-negative.
+    if not 0 <= ts <= INT64_MAX:
+        raise ValueError(f"timestamp_ms {ts} not in [0, 2**63)")
+
+
+def _encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes:
+    parts = [encode_varint_slow(len(headers))]
+    for name, value in headers:
+        raw_name = name.encode("utf-8")
+        parts += (encode_varint_slow(len(raw_name)), raw_name)
+        parts += (encode_varint_slow(len(value)), value)
+    return b"".join(parts)
+
+
+def build_batch(
+    records: Iterable[RecordLike],
+    *,
+    codec: int = CODEC_NONE,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytes:
+    """One batch holding all ``records``; ValueError if they exceed MAX_BATCH_BYTES."""
+    b = BatchBuilder(
+        codec=codec,
+        batch_bytes_max=MAX_BATCH_BYTES,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
+    for r in records:
+        if not b.append(r):
+            raise ValueError(f"records exceed MAX_BATCH_BYTES ({MAX_BATCH_BYTES})")
+    return b.build()

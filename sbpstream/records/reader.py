@@ -1,0 +1,218 @@
+"""Decode record batches (design.md section 4), lazily and without copying. No I/O.
+
+``iter_batches`` walks a buffer of whole batches back to back (what FETCH returns) and yields a
+memoryview per batch; ``iter_records`` validates one batch and yields its records, whose key and
+value are memoryviews into the batch (or into its decompressed records): nothing is copied that
+the consumer does not touch. Those views keep the underlying buffer alive.
+
+Every malformation raises BatchError, never IndexError, UnicodeDecodeError or a decompressor's
+own exception; decompression is bounded by MAX_DECOMPRESSED_BYTES.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+from sbpstream.records.compression import decompress
+from sbpstream.records.header import (
+    CODEC_NONE,
+    HEADER_SIZE,
+    BatchError,
+    BatchHeader,
+    read_header,
+    validate_batch,
+)
+from sbpstream.records.varint import ZIGZAG_BYTE, decode_varint
+
+# Smallest record: length, timestamp_delta, key_length, value_length, header_count, 1 byte each.
+MIN_RECORD_BYTES: Final = 5
+MIN_RECORD_BODY_BYTES: Final = MIN_RECORD_BYTES - 1
+
+Buffer = bytes | bytearray | memoryview
+Headers = tuple[tuple[str, memoryview], ...]
+
+
+class DecodedRecord(NamedTuple):
+    offset: int  # base_offset + index in the batch
+    timestamp_ms: int  # first_timestamp + timestamp_delta
+    key: memoryview | None
+    value: memoryview | None
+    headers: Headers
+
+
+@dataclass(slots=True)
+class Columns:
+    """Records as parallel lists (the Spark/Arrow path); keys and values are copied to bytes."""
+
+    offsets: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    headers: list[tuple[tuple[str, bytes], ...]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def _view(buf: Buffer) -> memoryview:
+    mv = memoryview(buf)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+def iter_batches(buf: Buffer, *, allow_partial_tail: bool = False) -> Iterator[memoryview]:
+    """Yield a view of each batch in a buffer of batches back to back.
+
+    Checks each fixed header and that the batch is whole; the CRC is left to ``iter_records``.
+    With ``allow_partial_tail`` a cut-off last batch ends the iteration instead of raising.
+    """
+    mv = _view(buf)
+    n = len(mv)
+    pos = 0
+    while pos < n:
+        if allow_partial_tail and n - pos < HEADER_SIZE:
+            return
+        end = pos + read_header(mv, pos).total_size
+        if end > n:
+            if allow_partial_tail:
+                return
+            raise BatchError(f"truncated batch at byte {pos}: {n - pos} of {end - pos} bytes")
+        yield mv[pos:end]
+        pos = end
+
+
+def open_batch(batch: Buffer, *, verify_crc: bool = True) -> tuple[BatchHeader, memoryview]:
+    """Validate one whole batch; return its header and its (decompressed) records section."""
+    mv = _view(batch)
+    h = validate_batch(mv) if verify_crc else read_header(mv)
+    if h.total_size != len(mv):
+        raise BatchError(f"batch of {h.total_size} bytes in a buffer of {len(mv)}")
+    section = mv[HEADER_SIZE:]
+    if h.codec != CODEC_NONE:
+        section = memoryview(decompress(h.codec, section))
+    if h.record_count > len(section) // MIN_RECORD_BYTES:
+        raise BatchError(f"record_count {h.record_count} cannot fit in {len(section)} bytes")
+    return h, section
+
+
+def iter_records(batch: Buffer, *, verify_crc: bool = True) -> Iterator[DecodedRecord]:
+    """Records of one whole batch. The batch is validated (and decompressed) on this call."""
+    h, section = open_batch(batch, verify_crc=verify_crc)
+    return _decode_section(section, h.record_count, h.base_offset, h.first_timestamp)
+
+
+def iter_all_records(buf: Buffer, *, start_offset: int = 0) -> Iterator[DecodedRecord]:
+    """Records of every batch in a FETCH buffer, skipping offsets before ``start_offset``."""
+    for batch in iter_batches(buf):
+        h = read_header(batch)
+        if h.base_offset + h.record_count <= start_offset:
+            continue
+        for record in iter_records(batch):
+            if record.offset >= start_offset:
+                yield record
+
+
+def decode_columns(buf: Buffer, *, start_offset: int = 0) -> Columns:
+    """Decode a buffer of batches into columns, skipping offsets before ``start_offset``."""
+    cols = Columns()
+    offsets, timestamps = cols.offsets, cols.timestamps
+    keys, values, headers = cols.keys, cols.values, cols.headers
+    for offset, ts, key, value, hdrs in iter_all_records(buf, start_offset=start_offset):
+        offsets.append(offset)
+        timestamps.append(ts)
+        keys.append(None if key is None else key.tobytes())
+        values.append(None if value is None else value.tobytes())
+        headers.append(tuple((k, v.tobytes()) for k, v in hdrs) if hdrs else ())
+    return cols
+
+
+def _decode_section(
+    mv: memoryview, count: int, base_offset: int, first_ts: int
+) -> Iterator[DecodedRecord]:
+    """The hot loop. One-byte varints (the usual case) are decoded inline by table."""
+    zz = ZIGZAG_BYTE
+    new = tuple.__new__
+    cls = DecodedRecord
+    end = len(mv)
+    pos = 0
+    try:
+        for index in range(count):
+            b = mv[pos]
+            if b < 0x80:
+                length = zz[b]
+                pos += 1
+            else:
+                length, pos = decode_varint(mv, pos)
+            rec_end = pos + length
+            if length < MIN_RECORD_BODY_BYTES or rec_end > end:
+                raise BatchError(f"record {index}: bad length {length} at byte {pos}")
+            b = mv[pos]
+            if b < 0x80:
+                delta = zz[b]
+                pos += 1
+            else:
+                delta, pos = decode_varint(mv, pos)
+            b = mv[pos]
+            if b < 0x80:
+                n = zz[b]
+                pos += 1
+            else:
+                n, pos = decode_varint(mv, pos)
+            if n >= 0 and pos + n <= rec_end:
+                key: memoryview | None = mv[pos : pos + n]
+                pos += n
+            elif n == -1:
+                key = None
+            else:
+                raise BatchError(f"record {index}: bad key length {n}")
+            b = mv[pos]
+            if b < 0x80:
+                n = zz[b]
+                pos += 1
+            else:
+                n, pos = decode_varint(mv, pos)
+            if n >= 0 and pos + n <= rec_end:
+                value: memoryview | None = mv[pos : pos + n]
+                pos += n
+            elif n == -1:
+                value = None
+            else:
+                raise BatchError(f"record {index}: bad value length {n}")
+            b = mv[pos]
+            pos += 1
+            if b == 0:
+                headers: Headers = ()
+            else:
+                headers, pos = _decode_headers(mv, pos - 1, rec_end)
+            if pos != rec_end:
+                raise BatchError(f"record {index}: {rec_end - pos} bytes unaccounted for")
+            yield new(cls, (base_offset + index, first_ts + delta, key, value, headers))
+    except IndexError:
+        raise BatchError(f"record runs past the end of the records section ({end} bytes)") from None
+    if pos != end:
+        raise BatchError(f"{end - pos} bytes after the last of {count} records")
+
+
+def _decode_headers(mv: memoryview, pos: int, end: int) -> tuple[Headers, int]:
+    count, pos = decode_varint(mv, pos)
+    if not 0 <= count <= (end - pos) // 2:
+        raise BatchError(f"bad header count {count}")
+    out: list[tuple[str, memoryview]] = []
+    for _ in range(count):
+        n, pos = decode_varint(mv, pos)
+        if not 0 <= n <= end - pos:
+            raise BatchError(f"bad header key length {n}")
+        try:
+            name = str(mv[pos : pos + n], "utf-8")
+        except UnicodeDecodeError as e:
+            raise BatchError(f"header key is not UTF-8: {e}") from None
+        pos += n
+        n, pos = decode_varint(mv, pos)
+        if not 0 <= n <= end - pos:
+            raise BatchError(f"bad header value length {n}")
+        out.append((name, mv[pos : pos + n]))
+        pos += n
+    return tuple(out), pos

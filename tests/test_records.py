@@ -1,0 +1,367 @@
+"""Record batch format (design.md section 4): pure codec tests, no I/O."""
+
+from __future__ import annotations
+
+import contextlib
+
+import lz4.frame
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sbpstream.records import (
+    CODEC_LZ4,
+    CODEC_NONE,
+    CODEC_ZSTD,
+    HEADER_SIZE,
+    MAX_DECOMPRESSED_BYTES,
+    BatchBuilder,
+    BatchError,
+    Record,
+    RecordTooLargeError,
+    build_batch,
+    decode_columns,
+    iter_all_records,
+    iter_batches,
+    iter_records,
+    patch_base_offset,
+    read_header,
+    validate_batch,
+)
+from sbpstream.records.header import HEADER_STRUCT, LENGTH_PREFIX_SIZE, compute_crc
+from sbpstream.records.varint import decode_varint, encode_varint, encode_varint_slow
+
+CODECS = [CODEC_NONE, CODEC_ZSTD, CODEC_LZ4]
+
+
+def wrap_section(section: bytes, count: int, codec: int = CODEC_NONE, first_ts: int = 0) -> bytes:
+    """A batch around arbitrary (possibly malformed) records bytes, with a valid CRC."""
+    header = bytearray(
+        HEADER_STRUCT.pack(
+            -1,
+            HEADER_SIZE - LENGTH_PREFIX_SIZE + len(section),
+            2,
+            0,
+            codec,
+            count,
+            first_ts,
+            first_ts,
+            -1,
+            -1,
+            -1,
+        )
+    )
+    out = bytearray(header + section)
+    out[13:17] = compute_crc(out, 0, len(out)).to_bytes(4, "big")
+    return bytes(out)
+
+
+def small_batch() -> bytes:
+    b = BatchBuilder()
+    assert b.append(Record(value=b"v1", key=b"k", timestamp_ms=1000))
+    assert b.append(Record(value=None, key=None, headers=[("h", b"x")], timestamp_ms=1005))
+    return b.build()
+
+
+# -- golden bytes -----------------------------------------------------------------------------
+
+GOLDEN = bytes.fromhex(
+    "ffffffffffffffff"  # base_offset -1
+    "0000003a"  # batch_length 58 = 41 + 17
+    "02"  # magic
+    "0b111bc8"  # crc32c of [17, end)
+    "0000"  # attributes: no codec
+    "00000002"  # record_count
+    "00000000000003e8"  # first_timestamp 1000
+    "00000000000003ed"  # max_timestamp 1005
+    "ffffffffffffffff"  # producer_id
+    "ffff"  # producer_epoch
+    "ffffffff"  # base_sequence
+    "0e00026b04763100"  # len 7, delta 0, key "k", value "v1", 0 headers
+    "100a01010202680278"  # len 8, delta 5, null key, null value, 1 header ("h", "x")
+)
+
+
+def test_golden_bytes() -> None:
+    assert small_batch() == GOLDEN
+    h = validate_batch(GOLDEN)
+    assert (h.record_count, h.first_timestamp, h.max_timestamp) == (2, 1000, 1005)
+    recs = list(iter_records(GOLDEN))
+    assert [(r.offset, r.timestamp_ms) for r in recs] == [(-1, 1000), (0, 1005)]
+    assert recs[0].key is not None and recs[0].value is not None
+    assert (recs[0].key.tobytes(), recs[0].value.tobytes(), recs[0].headers) == (b"k", b"v1", ())
+    assert recs[1].key is None and recs[1].value is None
+    assert [(k, bytes(v)) for k, v in recs[1].headers] == [("h", b"x")]
+
+
+# -- round trip -------------------------------------------------------------------------------
+
+opt_bytes = st.none() | st.binary(max_size=300)
+headers_st = st.lists(st.tuples(st.text(max_size=10), st.binary(max_size=20)), max_size=3)
+records_st = st.lists(
+    st.builds(
+        Record,
+        value=opt_bytes,
+        key=opt_bytes,
+        headers=headers_st,
+        timestamp_ms=st.integers(0, 2**62) | st.integers(1_700_000_000_000, 1_700_000_100_000),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=records_st, codec=st.sampled_from(CODECS), base=st.integers(0, 2**40))
+def test_round_trip(records: list[Record], codec: int, base: int) -> None:
+    batch = bytearray(build_batch(records, codec=codec, producer_id=7, base_sequence=3))
+    h = validate_batch(batch)
+    assert h.base_offset == -1 and h.record_count == len(records)
+    assert h.first_timestamp == records[0].timestamp_ms
+    assert h.max_timestamp == max(r.timestamp_ms for r in records)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence) == (7, -1, 3)
+    patch_base_offset(batch, base)
+    decoded = list(iter_records(batch))
+    assert len(decoded) == len(records)
+    for i, (d, r) in enumerate(zip(decoded, records, strict=True)):
+        assert d.offset == base + i
+        assert d.timestamp_ms == r.timestamp_ms
+        assert (None if d.key is None else bytes(d.key)) == r.key
+        assert (None if d.value is None else bytes(d.value)) == r.value
+        assert [(k, bytes(v)) for k, v in d.headers] == list(r.headers)
+    cols = decode_columns(batch)
+    assert cols.values == [r.value for r in records]
+    assert cols.keys == [r.key for r in records]
+    assert cols.headers == [tuple(r.headers) for r in records]
+
+
+def test_compression_is_used_when_it_helps() -> None:
+    records = [Record(value=b"abc" * 300, timestamp_ms=1) for _ in range(50)]
+    for codec in (CODEC_ZSTD, CODEC_LZ4):
+        batch = build_batch(records, codec=codec)
+        assert read_header(batch).codec == codec
+        assert len(batch) < 50 * 900 // 10
+        assert [bytes(r.value or b"") for r in iter_records(batch)] == [b"abc" * 300] * 50
+
+
+def test_incompressible_falls_back_to_no_codec() -> None:
+    batch = build_batch([Record(value=bytes(range(256)), timestamp_ms=1)], codec=CODEC_ZSTD)
+    assert read_header(batch).codec == CODEC_NONE
+
+
+# -- builder bounds -----------------------------------------------------------------------------
+
+
+def test_builder_size_bound() -> None:
+    b = BatchBuilder(batch_bytes_max=1000)
+    n = 0
+    while b.append(Record(value=b"x" * 100, timestamp_ms=5)):
+        n += 1
+    assert n == (1000 - HEADER_SIZE) // 107  # 100 B value + 7 B: two 2-byte varints, three 1-byte
+    assert len(b) == n
+    batch = b.build()
+    assert len(batch) == b.size_bytes <= 1000
+    assert sum(1 for _ in iter_records(batch)) == n
+
+
+def test_builder_rejects_what_never_fits() -> None:
+    with pytest.raises(RecordTooLargeError):
+        BatchBuilder(batch_bytes_max=100).append(Record(value=b"x" * 100))
+    with pytest.raises(ValueError):
+        BatchBuilder().build()
+    with pytest.raises(ValueError):
+        BatchBuilder().append(Record(value=b"", timestamp_ms=-1))
+    with pytest.raises(ValueError):
+        BatchBuilder(codec=5)
+    b = BatchBuilder()
+    b.append(Record(value=b"", timestamp_ms=10))
+    with pytest.raises(ValueError):
+        b.append(Record(value=b"", timestamp_ms=-10))  # small negative delta, negative time
+
+
+def test_builder_default_timestamp_is_now() -> None:
+    b = BatchBuilder()
+    assert b.add(b"v")
+    (rec,) = iter_records(b.build())
+    assert rec.timestamp_ms > 1_600_000_000_000
+
+
+# -- integrity ----------------------------------------------------------------------------------
+
+
+def test_every_bit_flip_after_crc_start_is_detected() -> None:
+    batch = small_batch()
+    for pos in range(13, len(batch)):  # the CRC itself, then everything it covers
+        for bit in range(8):
+            bad = bytearray(batch)
+            bad[pos] ^= 1 << bit
+            with pytest.raises(BatchError):
+                validate_batch(bad)
+            with pytest.raises(BatchError):
+                list(iter_records(bad))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_truncation_is_rejected(codec: int) -> None:
+    batch = build_batch(
+        [Record(value=b"value" * 20, key=b"k", headers=[("a", b"b")], timestamp_ms=9)] * 5,
+        codec=codec,
+    )
+    for n in range(len(batch)):
+        cut = batch[:n]
+        with pytest.raises(BatchError):
+            validate_batch(cut)
+        with pytest.raises(BatchError):
+            list(iter_records(cut))
+        if n:
+            with pytest.raises(BatchError):
+                list(iter_batches(batch + cut))
+        assert list(iter_batches(batch + cut, allow_partial_tail=True)) == [batch]
+
+
+def test_patch_base_offset_keeps_crc() -> None:
+    batch = bytearray(small_batch())
+    patch_base_offset(batch, 1234)
+    h = validate_batch(batch)
+    assert h.base_offset == 1234 and h.next_offset == 1236
+    assert [r.offset for r in iter_records(batch)] == [1234, 1235]
+    view = memoryview(bytearray(b"\0" * 10) + batch)
+    patch_base_offset(view, 99, offset=10)
+    assert [r.offset for r in iter_records(view[10:])] == [99, 100]
+
+
+# -- many batches -------------------------------------------------------------------------------
+
+
+def test_decode_columns_skips_before_start_offset() -> None:
+    buf = bytearray()
+    for base in (0, 3, 6):
+        batch = bytearray(
+            build_batch([Record(value=b"%d" % (base + i), timestamp_ms=base) for i in range(3)])
+        )
+        patch_base_offset(batch, base)
+        buf += batch
+    cols = decode_columns(buf, start_offset=4)
+    assert cols.offsets == [4, 5, 6, 7, 8]
+    assert cols.values == [b"4", b"5", b"6", b"7", b"8"]
+    assert cols.timestamps == [3, 3, 6, 6, 6]
+    assert [r.offset for r in iter_all_records(bytes(buf), start_offset=7)] == [7, 8]
+    assert [len(b) for b in iter_batches(buf)] == [len(buf) // 3] * 3
+
+
+# -- malformed input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "count", "message"),
+    [
+        (bytes.fromhex("0e00026b0476310000"), 1, "after the last"),  # trailing byte
+        (bytes.fromhex("0e00026b04763100"), 2, "cannot fit"),  # count too large
+        (bytes.fromhex("0e00036b047631000000"), 2, "bad key length"),  # key past the record
+        (bytes.fromhex("0e00026b057631000000"), 2, "bad value length"),
+        (bytes.fromhex("0e00026b047631020000"), 2, "bad header"),  # 1 header, no room
+        (bytes.fromhex("ffffffffffffffffffffff01"), 2, "longer than"),  # 11-byte varint
+        (bytes.fromhex("140001010000000000000000000000"), 2, "unaccounted"),
+    ],
+)
+def test_malformed_records_raise_batch_error(section: bytes, count: int, message: str) -> None:
+    with pytest.raises(BatchError, match=message):
+        list(iter_records(wrap_section(section, count)))
+
+
+def test_bad_utf8_header_key() -> None:
+    section = bytes.fromhex("0c0001010204fffe0278")  # 1 header, key ff fe, value "x"
+    section = bytes.fromhex("%02x" % (2 * (len(section) - 1))) + section[1:]
+    with pytest.raises(BatchError, match="UTF-8"):
+        list(iter_records(wrap_section(section, 1)))
+
+
+def bomb_batch(codec: int, store_size: bool) -> bytes:
+    raw = bytes(MAX_DECOMPRESSED_BYTES + 1)
+    if codec == CODEC_ZSTD:
+        data = zstandard.ZstdCompressor(write_content_size=store_size).compress(raw)
+    else:
+        data = lz4.frame.compress(raw, store_size=store_size)
+    return wrap_section(data, 1, codec)
+
+
+@pytest.mark.parametrize("codec", [CODEC_ZSTD, CODEC_LZ4])
+@pytest.mark.parametrize("store_size", [True, False])
+def test_decompression_bomb_is_refused(codec: int, store_size: bool) -> None:
+    with pytest.raises(BatchError, match=r"MAX_DECOMPRESSED_BYTES|decompress"):
+        iter_records(bomb_batch(codec, store_size))
+
+
+@pytest.mark.parametrize("codec", [CODEC_ZSTD, CODEC_LZ4])
+def test_garbage_and_trailing_compressed_data(codec: int) -> None:
+    with pytest.raises(BatchError, match="decompress"):
+        iter_records(wrap_section(b"not compressed at all", 1, codec))
+    good = build_batch([Record(value=b"a" * 500, timestamp_ms=1)], codec=codec)
+    section = good[HEADER_SIZE:]
+    with pytest.raises(BatchError):
+        iter_records(wrap_section(section + section, 1, codec))  # two frames
+    with pytest.raises(BatchError):
+        iter_records(wrap_section(section + b"\0", 1, codec))
+
+
+# -- fuzz ---------------------------------------------------------------------------------------
+
+
+def drain(buf: bytes) -> None:
+    for batch in iter_batches(buf):
+        for rec in iter_records(batch):
+            _ = (rec.key, rec.value, rec.headers)
+    decode_columns(buf)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(max_size=200))
+def test_fuzz_arbitrary_bytes(data: bytes) -> None:
+    with contextlib.suppress(BatchError):
+        drain(data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    section=st.binary(max_size=120),
+    count=st.integers(-2, 40),
+    codec=st.sampled_from(CODECS),
+)
+def test_fuzz_records_section_behind_valid_crc(section: bytes, count: int, codec: int) -> None:
+    with contextlib.suppress(BatchError):
+        drain(wrap_section(section, count, codec))
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=records_st, data=st.data())
+def test_fuzz_mutated_valid_batch(records: list[Record], data: st.DataObject) -> None:
+    batch = bytearray(build_batch(records))
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(HEADER_SIZE, len(batch) - 1))
+        batch[pos] = data.draw(st.integers(0, 255))
+    batch[13:17] = compute_crc(batch, 0, len(batch)).to_bytes(4, "big")
+    with contextlib.suppress(BatchError):
+        drain(bytes(batch))
+
+
+# -- varints ------------------------------------------------------------------------------------
+
+
+@given(st.integers(-(2**63), 2**63 - 1))
+def test_varint_round_trip(v: int) -> None:
+    enc = encode_varint(v)
+    assert enc == encode_varint_slow(v)
+    assert decode_varint(enc + b"\xff", 0) == (v, len(enc))
+
+
+def test_varint_limits() -> None:
+    assert encode_varint(-1) == b"\x01" and encode_varint(1) == b"\x02"
+    assert encode_varint(-64) == b"\x7f" and encode_varint(64) == b"\x80\x01"
+    assert len(encode_varint(-(2**63))) == 10
+    with pytest.raises(ValueError):
+        encode_varint(2**63)
+    with pytest.raises(BatchError, match="truncated"):
+        decode_varint(b"\x80\x80", 0)
+    with pytest.raises(BatchError, match="overflows"):
+        decode_varint(b"\xff" * 9 + b"\x7f", 0)
