@@ -1,0 +1,1 @@
+"""Placement Manager: metadata (sqlite | etcd), placement, liveness, the PM server."""

@@ -1,0 +1,269 @@
+"""The one interface to all Placement Manager metadata.
+
+Everything the PM knows lives behind :class:`MetadataStore`: streams, their ranges and replica
+placement, data nodes, and id counters. The embedded backend is SQLite
+(:mod:`sbpstream.pm.sqlite_meta`); an etcd backend implements the same protocol for several PMs.
+
+The records here are plain frozen dataclasses, independent of the wire messages, so a backend
+never imports the codec and the server converts at the edge.
+
+Atomicity contract (every backend):
+
+- ``create_streams``: one call is one transaction; each item is all-or-nothing (the stream row
+  and its first range appear together or not at all) and gets its own outcome.
+- ``seal_and_new``: marking a range sealed at ``end_offset`` and inserting range ``index + 1``
+  starting there is one transaction; repeating it for a range already sealed returns the same
+  pair and never creates a third range.
+- ``trim_stream`` and ``delete_stream`` change the stream and its ranges in one transaction.
+- A call that returns has made its writes durable (``synchronous=FULL`` in SQLite), except the
+  *soft state* (heartbeat time, metrics), which a backend may persist lazily: losing a few
+  seconds of it in a crash is harmless because a restarted PM gives every node a fresh grace
+  period and nodes report again within one interval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sbpstream.protocol.errors import SbpError
+
+WRITABLE_END_OFFSET = -1
+"""``end_offset`` of a writable (open) range, as the wire says (design.md, "unclear spec")."""
+
+FIRST_STREAM_ID = 1
+"""Stream ids start at 1: 0 is the FlatBuffers default, so a missing field never names a stream."""
+
+FIRST_NODE_ID = 1
+"""Node ids start at 1 for the same reason: ``node_id = 0`` means "not set" on the wire."""
+
+MAX_NODE_ID = 2**31 - 1
+"""Node ids are int32 on the wire (design.md: ALLOCATE_ID ``id`` is int32)."""
+
+MAX_STREAM_ID = 2**63 - 1
+"""Stream ids are int64 on the wire."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMeta:
+    stream_id: int
+    replica_nums: int
+    retention_period_ms: int
+    start_offset: int
+    """The trim point: records below it are gone."""
+    deleted: bool = False
+    created_ms: int = 0
+    updated_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaMeta:
+    node_id: int
+    is_primary: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RangeMeta:
+    stream_id: int
+    range_index: int
+    start_offset: int
+    end_offset: int
+    """-1 while the range is writable; the sealed end afterwards."""
+    next_offset: int
+    """Best known next offset: the sealed end, or the last one a data node reported."""
+    replicas: tuple[ReplicaMeta, ...]
+
+    @property
+    def writable(self) -> bool:
+        return self.end_offset == WRITABLE_END_OFFSET
+
+    @property
+    def primary_node_id(self) -> int | None:
+        for r in self.replicas:
+            if r.is_primary:
+                return r.node_id
+        return None
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        return tuple(r.node_id for r in self.replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMetrics:
+    """The last REPORT_METRICS of a data node (the spec's fields; units as the spec says)."""
+
+    disk_in_rate: int = 0
+    disk_out_rate: int = 0
+    disk_free_space: int = 0
+    disk_unindexed_data_size: int = 0
+    memory_used: int = 0
+    uring_task_rate: int = 0
+    uring_inflight_task_cnt: int = 0
+    uring_pending_task_cnt: int = 0
+    uring_task_avg_latency: int = 0
+    network_append_rate: int = 0
+    network_fetch_rate: int = 0
+    network_failed_append_rate: int = 0
+    network_failed_fetch_rate: int = 0
+    network_append_avg_latency: int = 0
+    network_fetch_avg_latency: int = 0
+    range_missing_replica_cnt: int = 0
+    range_active_cnt: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> NodeMetrics:
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: int(v) for k, v in d.items() if k in names and isinstance(v, int)}
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMeta:
+    node_id: int
+    host: str
+    advertise_addr: str
+    registered_ms: int
+    last_heartbeat_ms: int = 0
+    """Wall-clock ms of the last heartbeat (soft state; liveness itself uses a monotonic clock)."""
+    metrics: NodeMetrics | None = None
+    metrics_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """Highest sequence stored per idempotent producer in a sealed range (design.md section 5)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewStream:
+    """One CREATE_STREAMS item after validation and placement."""
+
+    replica_nums: int
+    retention_period_ms: int
+    replicas: tuple[ReplicaMeta, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedStream:
+    stream: StreamMeta
+    first_range: RangeMeta
+
+
+@dataclass(frozen=True, slots=True)
+class SealResult:
+    sealed: RangeMeta
+    new: RangeMeta
+    producers: tuple[ProducerState, ...]
+    created: bool
+    """True when this call sealed the range; False when it was already sealed (idempotent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrimResult:
+    stream: StreamMeta
+    first_range: RangeMeta | None
+    """The smallest range left after the trim (None only if the stream has no ranges)."""
+    dropped: tuple[RangeMeta, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    stream: StreamMeta
+    removed: tuple[RangeMeta, ...]
+
+
+class MetadataStore(Protocol):
+    """Everything the PM persists. All methods are coroutines; failures of the store itself raise
+    :class:`~sbpstream.protocol.errors.MetadataError`; per-item problems are returned as
+    :class:`~sbpstream.protocol.errors.SbpError` instances in the item's slot."""
+
+    async def open(self) -> None:
+        """Open (creating or migrating the schema if needed)."""
+
+    async def close(self) -> None:
+        """Persist soft state and release the store. Idempotent."""
+
+    # --- ids and data nodes
+    async def allocate_node_id(self, host: str, now_ms: int) -> int:
+        """A fresh int32 node id, registered with ``host`` and no address yet."""
+
+    async def get_node(self, node_id: int) -> NodeMeta | None: ...
+
+    async def list_nodes(self) -> list[NodeMeta]: ...
+
+    async def update_node_address(self, node_id: int, advertise_addr: str) -> NodeMeta:
+        """Durably record a node's advertise address; DataNodeNotFoundError if unknown."""
+
+    async def record_heartbeat(self, node_id: int, now_ms: int) -> None:
+        """Soft state: the wall-clock time of the node's last heartbeat."""
+
+    async def record_metrics(self, node_id: int, metrics: NodeMetrics, now_ms: int) -> None:
+        """Soft state: the node's latest REPORT_METRICS."""
+
+    # --- streams
+    async def create_streams(
+        self, items: Sequence[NewStream], now_ms: int
+    ) -> list[CreatedStream | SbpError]:
+        """One transaction; each item all-or-nothing (the stream and range 0 at offset 0)."""
+
+    async def get_streams(self, stream_ids: Sequence[int]) -> list[StreamMeta | None]:
+        """The streams (deleted ones included, flagged), None where unknown; order kept."""
+
+    async def list_streams(self, after_stream_id: int, limit: int) -> list[StreamMeta]:
+        """Live (not deleted) streams with id > ``after_stream_id``, ascending, <= ``limit``."""
+
+    async def update_stream(
+        self, stream_id: int, replica_nums: int, retention_period_ms: int, now_ms: int
+    ) -> StreamMeta:
+        """Raises StreamNotFoundError / StreamDeletedError."""
+
+    async def trim_stream(self, stream_id: int, trim_offset: int, now_ms: int) -> TrimResult:
+        """Drop sealed ranges wholly below ``trim_offset``, raise the start of the first remaining
+        one, and set the stream's start. Never lowers the start (a smaller offset is a no-op)."""
+
+    async def delete_stream(self, stream_id: int, now_ms: int) -> DeleteResult:
+        """Mark the stream deleted and remove its ranges. StreamDeletedError if already deleted."""
+
+    # --- ranges
+    async def list_ranges(self, stream_ids: Sequence[int]) -> list[list[RangeMeta]]:
+        """Ranges per stream (ascending index), in the order of ``stream_ids``."""
+
+    async def list_node_ranges(
+        self, node_id: int, writable_only: bool = False
+    ) -> list[RangeMeta]:
+        """Every range with a replica on ``node_id`` (all replicas listed), by stream and index."""
+
+    async def get_range(self, stream_id: int, range_index: int) -> RangeMeta | None: ...
+
+    async def writable_range_counts(self) -> dict[int, int]:
+        """node id -> number of writable ranges it hosts (placement's load term)."""
+
+    async def record_next_offsets(self, updates: Sequence[tuple[int, int, int]]) -> None:
+        """Soft: (stream_id, range_index, next_offset) reported by data nodes; never lowers."""
+
+    async def seal_and_new(
+        self,
+        stream_id: int,
+        range_index: int,
+        end_offset: int,
+        new_replicas: tuple[ReplicaMeta, ...],
+        producers: Sequence[ProducerState],
+    ) -> SealResult:
+        """Seal writable range ``range_index`` at ``end_offset`` and open ``range_index + 1`` there
+        on ``new_replicas``, atomically. Already sealed: the existing pair, ``created=False``.
+        RangeNotFoundError if there is no such range, InvalidRequestError if ``range_index`` is
+        neither the writable range nor the last sealed one, StreamDeletedError if deleted."""
+
+    async def get_seal_producers(
+        self, stream_id: int, range_index: int
+    ) -> tuple[ProducerState, ...]: ...
