@@ -10,10 +10,14 @@ import pytest
 
 from sbpstream.pm.metadata import (
     CreatedStream,
+    DeleteResult,
     NewStream,
     NodeMetrics,
     ProducerState,
     ReplicaMeta,
+    StreamMeta,
+    StreamUpdate,
+    TrimResult,
 )
 from sbpstream.pm.placement import (
     DISK_FREE_MIN_BYTES,
@@ -52,6 +56,27 @@ async def reopen(s: SqliteMetadataStore) -> SqliteMetadataStore:
     return s2
 
 
+async def trim1(s: SqliteMetadataStore, sid: int, off: int) -> TrimResult:
+    (out,) = await s.trim_streams([(sid, off)], 1)
+    if isinstance(out, SbpError):
+        raise out
+    return out
+
+
+async def delete1(s: SqliteMetadataStore, sid: int) -> DeleteResult:
+    (out,) = await s.delete_streams([sid], 1)
+    if isinstance(out, SbpError):
+        raise out
+    return out
+
+
+async def update1(s: SqliteMetadataStore, sid: int, rn: int, ret: int) -> StreamMeta:
+    (out,) = await s.update_streams([StreamUpdate(sid, rn, ret)], 1)
+    if isinstance(out, SbpError):
+        raise out
+    return out
+
+
 def created(outcomes: list[CreatedStream | SbpError]) -> list[CreatedStream]:
     out = []
     for o in outcomes:
@@ -73,9 +98,9 @@ async def test_create_and_restart_keeps_everything(store: SqliteMetadataStore) -
     assert ids == [1, 2, 3, 4, 5]
     assert all(c.first_range.range_index == 0 and c.first_range.writable for c in res)
     sealed = await store.seal_and_new(1, 0, 42, (ReplicaMeta(n2, True),),
-                                      [ProducerState(7, 0, 11)])
-    await store.trim_stream(2, 0, 3000)
-    await store.delete_stream(3, 3000)
+                                      [ProducerState(7, 0, 11, 30)])
+    await store.trim_streams([(2, 0)], 3000)
+    await store.delete_streams([3], 3000)
 
     s2 = await reopen(store)
     try:
@@ -87,7 +112,7 @@ async def test_create_and_restart_keeps_everything(store: SqliteMetadataStore) -
         assert ranges == [sealed.sealed, sealed.new]
         assert ranges[0].end_offset == 42 and ranges[1].start_offset == 42
         assert ranges[1].replicas == (ReplicaMeta(n2, True),)
-        assert await s2.get_seal_producers(1, 0) == (ProducerState(7, 0, 11),)
+        assert await s2.get_seal_producers(1, 0) == (ProducerState(7, 0, 11, 30),)
         node = await s2.get_node(n1)
         assert node is not None and node.advertise_addr == "127.0.0.1:9001"
         assert node.last_heartbeat_ms == 5000
@@ -180,40 +205,40 @@ async def test_trim(store: SqliteMetadataStore) -> None:
     await store.seal_and_new(1, 0, 10, R1, [])
     await store.seal_and_new(1, 1, 20, R1, [])
     # Ranges: [0,10) [10,20) [20,-1)
-    t = await store.trim_stream(1, 5, 2)
+    t = await trim1(store, 1, 5)
     assert t.dropped == () and t.first_range is not None
     assert (t.first_range.range_index, t.first_range.start_offset) == (0, 5)
     assert t.stream.start_offset == 5
-    t = await store.trim_stream(1, 10, 3)  # range 0 ends exactly at 10: wholly below
+    t = await trim1(store, 1, 10)  # range 0 ends exactly at 10: wholly below
     assert [r.range_index for r in t.dropped] == [0]
     assert t.first_range is not None and t.first_range.range_index == 1
     assert t.first_range.start_offset == 10
-    t = await store.trim_stream(1, 3, 4)  # never lowers
+    t = await trim1(store, 1, 3)  # never lowers
     assert t.stream.start_offset == 10 and t.dropped == ()
-    t = await store.trim_stream(1, 27, 5)  # into the writable range
+    t = await trim1(store, 1, 27)  # into the writable range
     assert t.first_range is not None and t.first_range.range_index == 2
     assert t.first_range.start_offset == 27 and t.first_range.writable
     assert t.first_range.next_offset == 27
     assert [r.range_index for r in (await store.list_ranges([1]))[0]] == [2]
     with pytest.raises(InvalidRequestError):
-        await store.trim_stream(1, -1, 5)
+        await trim1(store, 1, -1)
     with pytest.raises(StreamNotFoundError):
-        await store.trim_stream(9, 1, 5)
+        await trim1(store, 9, 1)
 
 
 async def test_delete_and_update(store: SqliteMetadataStore) -> None:
     created(await store.create_streams([NewStream(1, 0, R1), NewStream(1, 5, R1)], 1))
-    u = await store.update_stream(2, 1, 777, 2)
+    u = await update1(store, 2, 1, 777)
     assert u.retention_period_ms == 777
-    d = await store.delete_stream(1, 3)
+    d = await delete1(store, 1)
     assert d.stream.deleted and [r.range_index for r in d.removed] == [0]
     assert (await store.list_ranges([1]))[0] == []
     with pytest.raises(StreamDeletedError):
-        await store.delete_stream(1, 4)
+        await delete1(store, 1)
     with pytest.raises(StreamDeletedError):
-        await store.update_stream(1, 1, 1, 4)
+        await update1(store, 1, 1, 1)
     with pytest.raises(StreamNotFoundError):
-        await store.delete_stream(77, 4)
+        await delete1(store, 77)
     assert [s.stream_id for s in await store.list_streams(0, 10)] == [2]
     with pytest.raises(DataNodeNotFoundError):
         await store.update_node_address(55, "x:1")
@@ -292,3 +317,21 @@ def test_registry_grace_after_restart() -> None:
     assert reg.is_dead(1, 105.5)
     assert reg.heartbeat(1, "127.0.0.1:2", 106.0)  # address change reported
     assert reg.is_live(1, 106.0)
+
+
+async def test_mixed_batches_per_item(store: SqliteMetadataStore) -> None:
+    created(await store.create_streams([NewStream(1, 0, R1)] * 3, 1))
+    await delete1(store, 2)
+    out = await store.trim_streams([(1, 5), (2, 5), (3, -4), (99, 1), (3, 2)], 2)
+    assert isinstance(out[0], TrimResult) and out[0].stream.start_offset == 5
+    assert isinstance(out[1], StreamDeletedError)
+    assert isinstance(out[2], InvalidRequestError)
+    assert isinstance(out[3], StreamNotFoundError)
+    assert isinstance(out[4], TrimResult) and out[4].stream.start_offset == 2
+    dels = await store.delete_streams([1, 1, 42], 3)
+    assert isinstance(dels[0], DeleteResult)
+    assert isinstance(dels[1], StreamDeletedError)
+    assert isinstance(dels[2], StreamNotFoundError)
+    ups = await store.update_streams([StreamUpdate(3, 1, 9), StreamUpdate(1, 1, 9)], 4)
+    assert isinstance(ups[0], StreamMeta) and ups[0].retention_period_ms == 9
+    assert isinstance(ups[1], StreamDeletedError)

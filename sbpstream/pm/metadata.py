@@ -14,7 +14,8 @@ Atomicity contract (every backend):
 - ``seal_and_new``: marking a range sealed at ``end_offset`` and inserting range ``index + 1``
   starting there is one transaction; repeating it for a range already sealed returns the same
   pair and never creates a third range.
-- ``trim_stream`` and ``delete_stream`` change the stream and its ranges in one transaction.
+- ``update_streams``, ``trim_streams`` and ``delete_streams``: one transaction per call; each
+  item changes its stream and that stream's ranges all-or-nothing and gets its own outcome.
 - A call that returns has made its writes durable (``synchronous=FULL`` in SQLite), except the
   *soft state* (heartbeat time, metrics), which a backend may persist lazily: losing a few
   seconds of it in a crash is harmless because a restarted PM gives every node a fresh grace
@@ -142,6 +143,8 @@ class ProducerState:
     producer_id: int
     producer_epoch: int
     last_sequence: int
+    last_base_offset: int = -1
+    """Offset of that producer's last stored batch (-1 unknown), so a resend can be answered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,15 @@ class NewStream:
     replica_nums: int
     retention_period_ms: int
     replicas: tuple[ReplicaMeta, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamUpdate:
+    """One UPDATE_STREAMS item after validation."""
+
+    stream_id: int
+    replica_nums: int
+    retention_period_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,17 +234,24 @@ class MetadataStore(Protocol):
     async def list_streams(self, after_stream_id: int, limit: int) -> list[StreamMeta]:
         """Live (not deleted) streams with id > ``after_stream_id``, ascending, <= ``limit``."""
 
-    async def update_stream(
-        self, stream_id: int, replica_nums: int, retention_period_ms: int, now_ms: int
-    ) -> StreamMeta:
-        """Raises StreamNotFoundError / StreamDeletedError."""
+    async def update_streams(
+        self, items: Sequence[StreamUpdate], now_ms: int
+    ) -> list[StreamMeta | SbpError]:
+        """One transaction; per item the updated stream, or StreamNotFoundError /
+        StreamDeletedError."""
 
-    async def trim_stream(self, stream_id: int, trim_offset: int, now_ms: int) -> TrimResult:
-        """Drop sealed ranges wholly below ``trim_offset``, raise the start of the first remaining
-        one, and set the stream's start. Never lowers the start (a smaller offset is a no-op)."""
+    async def trim_streams(
+        self, items: Sequence[tuple[int, int]], now_ms: int
+    ) -> list[TrimResult | SbpError]:
+        """(stream_id, trim_offset) items, one transaction. Per item: drop sealed ranges wholly
+        below the offset, raise the start of the first remaining one, set the stream's start.
+        Never lowers the start (a smaller offset is a no-op); a negative one is invalid."""
 
-    async def delete_stream(self, stream_id: int, now_ms: int) -> DeleteResult:
-        """Mark the stream deleted and remove its ranges. StreamDeletedError if already deleted."""
+    async def delete_streams(
+        self, stream_ids: Sequence[int], now_ms: int
+    ) -> list[DeleteResult | SbpError]:
+        """One transaction; per item mark the stream deleted and remove its ranges
+        (StreamDeletedError if already deleted)."""
 
     # --- ranges
     async def list_ranges(self, stream_ids: Sequence[int]) -> list[list[RangeMeta]]:

@@ -42,6 +42,7 @@ from sbpstream.pm.metadata import (
     ReplicaMeta,
     SealResult,
     StreamMeta,
+    StreamUpdate,
     TrimResult,
 )
 from sbpstream.protocol.errors import (
@@ -58,6 +59,7 @@ from sbpstream.protocol.errors import (
 log = logging.getLogger("sbpstream.pm.sqlite")
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 SCHEMA_VERSION: Final = 1
 """Bumped by every schema change; ``_MIGRATIONS[v]`` upgrades a file from version ``v``."""
@@ -118,6 +120,7 @@ _SCHEMA: Final = (
         producer_id INTEGER NOT NULL,
         producer_epoch INTEGER NOT NULL,
         last_sequence INTEGER NOT NULL,
+        last_base_offset INTEGER NOT NULL,
         PRIMARY KEY (stream_id, range_index, producer_id)
     ) WITHOUT ROWID""",
 )
@@ -552,78 +555,116 @@ class SqliteMetadataStore:
             raise StreamDeletedError(f"stream {stream_id} was deleted")
         return s
 
-    async def update_stream(
-        self, stream_id: int, replica_nums: int, retention_period_ms: int, now_ms: int
-    ) -> StreamMeta:
-        return await self._run(
-            self._update_stream, stream_id, replica_nums, retention_period_ms, now_ms
-        )
+    def _per_item(
+        self, c: sqlite3.Connection, items: Sequence[U], fn: Callable[[sqlite3.Connection, U], T]
+    ) -> list[T | SbpError]:
+        """Run ``fn`` per item under its own savepoint: an item that fails leaves no trace."""
+        out: list[T | SbpError] = []
+        for item in items:
+            c.execute("SAVEPOINT item")
+            try:
+                out.append(fn(c, item))
+            except (SbpError, sqlite3.IntegrityError) as e:
+                c.execute("ROLLBACK TO item")
+                c.execute("RELEASE item")
+                out.append(e if isinstance(e, SbpError) else MetadataError(f"sqlite: {e}"))
+                continue
+            c.execute("RELEASE item")
+        return out
 
-    def _update_stream(
-        self, stream_id: int, replica_nums: int, retention_period_ms: int, now_ms: int
-    ) -> StreamMeta:
-        with self._tx() as c:
-            self._live_stream(c, stream_id)
+    async def update_streams(
+        self, items: Sequence[StreamUpdate], now_ms: int
+    ) -> list[StreamMeta | SbpError]:
+        if not items:
+            return []
+        return await self._run(self._update_streams, list(items), now_ms)
+
+    def _update_streams(
+        self, items: list[StreamUpdate], now_ms: int
+    ) -> list[StreamMeta | SbpError]:
+        def one(c: sqlite3.Connection, u: StreamUpdate) -> StreamMeta:
+            self._live_stream(c, u.stream_id)
             c.execute(
                 "UPDATE streams SET replica_nums = ?, retention_period_ms = ?, updated_ms = ? "
                 "WHERE stream_id = ?",
-                (replica_nums, retention_period_ms, now_ms, stream_id),
+                (u.replica_nums, u.retention_period_ms, now_ms, u.stream_id),
             )
-            return self._live_stream(c, stream_id)
+            return self._live_stream(c, u.stream_id)
 
-    async def trim_stream(self, stream_id: int, trim_offset: int, now_ms: int) -> TrimResult:
-        return await self._run(self._trim_stream, stream_id, trim_offset, now_ms)
+        with self._tx() as c:
+            return self._per_item(c, items, one)
 
-    def _trim_stream(self, stream_id: int, trim_offset: int, now_ms: int) -> TrimResult:
+    async def trim_streams(
+        self, items: Sequence[tuple[int, int]], now_ms: int
+    ) -> list[TrimResult | SbpError]:
+        if not items:
+            return []
+        return await self._run(self._trim_streams, list(items), now_ms)
+
+    def _trim_streams(
+        self, items: list[tuple[int, int]], now_ms: int
+    ) -> list[TrimResult | SbpError]:
+        with self._tx() as c:
+            return self._per_item(c, items, lambda c, it: self._trim_one(c, it[0], it[1], now_ms))
+
+    def _trim_one(
+        self, c: sqlite3.Connection, stream_id: int, trim_offset: int, now_ms: int
+    ) -> TrimResult:
         if trim_offset < 0:
             raise InvalidRequestError(f"trim offset {trim_offset} is negative")
-        with self._tx() as c:
-            stream = self._live_stream(c, stream_id)
-            ranges = self._stream_ranges(c, stream_id)
-            if trim_offset <= stream.start_offset:
-                return TrimResult(stream, ranges[0] if ranges else None, ())
-            dropped = tuple(
-                r for r in ranges if not r.writable and r.end_offset <= trim_offset
-            )
-            for r in dropped:
-                self._delete_range(c, r.stream_id, r.range_index)
-            remaining = ranges[len(dropped):]
-            first: RangeMeta | None = None
-            if remaining:
-                r0 = remaining[0]
-                start = max(r0.start_offset, trim_offset)
-                nxt = max(r0.next_offset, start)
-                c.execute(
-                    "UPDATE ranges SET start_offset = ?, next_offset = ? "
-                    "WHERE stream_id = ? AND range_index = ?",
-                    (start, nxt, stream_id, r0.range_index),
-                )
-                first = RangeMeta(r0.stream_id, r0.range_index, start, r0.end_offset, nxt,
-                                  r0.replicas)
+        stream = self._live_stream(c, stream_id)
+        ranges = self._stream_ranges(c, stream_id)
+        if trim_offset <= stream.start_offset:
+            return TrimResult(stream, ranges[0] if ranges else None, ())
+        dropped = tuple(r for r in ranges if not r.writable and r.end_offset <= trim_offset)
+        for r in dropped:
+            self._delete_range(c, r.stream_id, r.range_index)
+        remaining = ranges[len(dropped):]
+        first: RangeMeta | None = None
+        if remaining:
+            r0 = remaining[0]
+            start = max(r0.start_offset, trim_offset)
+            nxt = max(r0.next_offset, start)
             c.execute(
-                "UPDATE streams SET start_offset = ?, updated_ms = ? WHERE stream_id = ?",
-                (trim_offset, now_ms, stream_id),
+                "UPDATE ranges SET start_offset = ?, next_offset = ? "
+                "WHERE stream_id = ? AND range_index = ?",
+                (start, nxt, stream_id, r0.range_index),
             )
-            return TrimResult(self._live_stream(c, stream_id), first, dropped)
+            first = RangeMeta(r0.stream_id, r0.range_index, start, r0.end_offset, nxt,
+                              r0.replicas)
+        c.execute(
+            "UPDATE streams SET start_offset = ?, updated_ms = ? WHERE stream_id = ?",
+            (trim_offset, now_ms, stream_id),
+        )
+        return TrimResult(self._live_stream(c, stream_id), first, dropped)
 
-    async def delete_stream(self, stream_id: int, now_ms: int) -> DeleteResult:
-        return await self._run(self._delete_stream, stream_id, now_ms)
+    async def delete_streams(
+        self, stream_ids: Sequence[int], now_ms: int
+    ) -> list[DeleteResult | SbpError]:
+        if not stream_ids:
+            return []
+        return await self._run(self._delete_streams, list(stream_ids), now_ms)
 
-    def _delete_stream(self, stream_id: int, now_ms: int) -> DeleteResult:
+    def _delete_streams(
+        self, stream_ids: list[int], now_ms: int
+    ) -> list[DeleteResult | SbpError]:
         with self._tx() as c:
-            self._live_stream(c, stream_id)
-            ranges = self._stream_ranges(c, stream_id)
-            c.execute("DELETE FROM range_replicas WHERE stream_id = ?", (stream_id,))
-            c.execute("DELETE FROM ranges WHERE stream_id = ?", (stream_id,))
-            c.execute("DELETE FROM seal_producers WHERE stream_id = ?", (stream_id,))
-            c.execute(
-                "UPDATE streams SET deleted = 1, updated_ms = ? WHERE stream_id = ?",
-                (now_ms, stream_id),
-            )
-            row = c.execute(
-                f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id = ?", (stream_id,)
-            ).fetchone()
-            return DeleteResult(_stream(row), tuple(ranges))
+            return self._per_item(c, stream_ids, lambda c, sid: self._delete_one(c, sid, now_ms))
+
+    def _delete_one(self, c: sqlite3.Connection, stream_id: int, now_ms: int) -> DeleteResult:
+        self._live_stream(c, stream_id)
+        ranges = self._stream_ranges(c, stream_id)
+        c.execute("DELETE FROM range_replicas WHERE stream_id = ?", (stream_id,))
+        c.execute("DELETE FROM ranges WHERE stream_id = ?", (stream_id,))
+        c.execute("DELETE FROM seal_producers WHERE stream_id = ?", (stream_id,))
+        c.execute(
+            "UPDATE streams SET deleted = 1, updated_ms = ? WHERE stream_id = ?",
+            (now_ms, stream_id),
+        )
+        row = c.execute(
+            f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id = ?", (stream_id,)
+        ).fetchone()
+        return DeleteResult(_stream(row), tuple(ranges))
 
     # ------------------------------------------------------------------ ranges
     @staticmethod
@@ -774,10 +815,10 @@ class SqliteMetadataStore:
             self._insert_ranges(c, [new])
             c.executemany(
                 "INSERT OR REPLACE INTO seal_producers "
-                "(stream_id, range_index, producer_id, producer_epoch, last_sequence) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [(stream_id, range_index, p.producer_id, p.producer_epoch, p.last_sequence)
-                 for p in producers],
+                "(stream_id, range_index, producer_id, producer_epoch, last_sequence, "
+                "last_base_offset) VALUES (?, ?, ?, ?, ?, ?)",
+                [(stream_id, range_index, p.producer_id, p.producer_epoch, p.last_sequence,
+                  p.last_base_offset) for p in producers],
             )
             sealed = self._one_range(c, stream_id, range_index)
             fresh = self._one_range(c, stream_id, range_index + 1)
@@ -789,11 +830,11 @@ class SqliteMetadataStore:
         c: sqlite3.Connection, stream_id: int, range_index: int
     ) -> tuple[ProducerState, ...]:
         rows = c.execute(
-            "SELECT producer_id, producer_epoch, last_sequence FROM seal_producers "
-            "WHERE stream_id = ? AND range_index = ? ORDER BY producer_id",
+            "SELECT producer_id, producer_epoch, last_sequence, last_base_offset "
+            "FROM seal_producers WHERE stream_id = ? AND range_index = ? ORDER BY producer_id",
             (stream_id, range_index),
         ).fetchall()
-        return tuple(ProducerState(int(a), int(b), int(s)) for a, b, s in rows)
+        return tuple(ProducerState(int(a), int(b), int(s), int(o)) for a, b, s, o in rows)
 
     async def get_seal_producers(
         self, stream_id: int, range_index: int
