@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 from sbpstream.records.compression import decompress
 from sbpstream.records.header import (
@@ -101,7 +101,8 @@ def open_batch(batch: Buffer, *, verify_crc: bool = True) -> tuple[BatchHeader, 
 def iter_records(batch: Buffer, *, verify_crc: bool = True) -> Iterator[DecodedRecord]:
     """Records of one whole batch. The batch is validated (and decompressed) on this call."""
     h, section = open_batch(batch, verify_crc=verify_crc)
-    return _decode_section(section, h.record_count, h.base_offset, h.first_timestamp)
+    records = _decode_section(section, h.record_count, h.base_offset, h.first_timestamp)
+    return cast(Iterator[DecodedRecord], records)
 
 
 def iter_all_records(buf: Buffer, *, start_offset: int = 0) -> Iterator[DecodedRecord]:
@@ -116,26 +117,45 @@ def iter_all_records(buf: Buffer, *, start_offset: int = 0) -> Iterator[DecodedR
 
 
 def decode_columns(buf: Buffer, *, start_offset: int = 0) -> Columns:
-    """Decode a buffer of batches into columns, skipping offsets before ``start_offset``."""
+    """Decode a buffer of batches into columns, skipping offsets before ``start_offset``.
+
+    Each records section is copied to ``bytes`` once, so the per-record slices are ``bytes``
+    straight away (cheaper than a memoryview slice plus ``tobytes``).
+    """
     cols = Columns()
     offsets, timestamps = cols.offsets, cols.timestamps
     keys, values, headers = cols.keys, cols.values, cols.headers
-    for offset, ts, key, value, hdrs in iter_all_records(buf, start_offset=start_offset):
-        offsets.append(offset)
-        timestamps.append(ts)
-        keys.append(None if key is None else key.tobytes())
-        values.append(None if value is None else value.tobytes())
-        headers.append(tuple((k, v.tobytes()) for k, v in hdrs) if hdrs else ())
+    for batch in iter_batches(buf):
+        h = read_header(batch)
+        if h.base_offset + h.record_count <= start_offset:
+            continue
+        h, section = open_batch(batch)
+        records = _decode_section(
+            section.tobytes(), h.record_count, h.base_offset, h.first_timestamp, tuple
+        )
+        for offset, ts, key, value, hdrs in records:
+            if offset >= start_offset:
+                offsets.append(offset)
+                timestamps.append(ts)
+                keys.append(key)
+                values.append(value)
+                headers.append(hdrs)
     return cols
 
 
 def _decode_section(
-    mv: memoryview, count: int, base_offset: int, first_ts: int
-) -> Iterator[DecodedRecord]:
-    """The hot loop. One-byte varints (the usual case) are decoded inline by table."""
+    mv: memoryview | bytes,
+    count: int,
+    base_offset: int,
+    first_ts: int,
+    cls: type[tuple[Any, ...]] = DecodedRecord,
+) -> Iterator[tuple[Any, ...]]:
+    """The hot loop, yielding ``cls`` tuples whose slices have the type of ``mv``.
+
+    One-byte varints (the usual case) are decoded inline by table.
+    """
     zz = ZIGZAG_BYTE
     new = tuple.__new__
-    cls = DecodedRecord
     end = len(mv)
     pos = 0
     try:
@@ -162,7 +182,7 @@ def _decode_section(
             else:
                 n, pos = decode_varint(mv, pos)
             if n >= 0 and pos + n <= rec_end:
-                key: memoryview | None = mv[pos : pos + n]
+                key: memoryview | bytes | None = mv[pos : pos + n]
                 pos += n
             elif n == -1:
                 key = None
@@ -175,7 +195,7 @@ def _decode_section(
             else:
                 n, pos = decode_varint(mv, pos)
             if n >= 0 and pos + n <= rec_end:
-                value: memoryview | None = mv[pos : pos + n]
+                value: memoryview | bytes | None = mv[pos : pos + n]
                 pos += n
             elif n == -1:
                 value = None
@@ -184,7 +204,7 @@ def _decode_section(
             b = mv[pos]
             pos += 1
             if b == 0:
-                headers: Headers = ()
+                headers: tuple[tuple[str, Any], ...] = ()
             else:
                 headers, pos = _decode_headers(mv, pos - 1, rec_end)
             if pos != rec_end:
@@ -196,11 +216,13 @@ def _decode_section(
         raise BatchError(f"{end - pos} bytes after the last of {count} records")
 
 
-def _decode_headers(mv: memoryview, pos: int, end: int) -> tuple[Headers, int]:
+def _decode_headers(
+    mv: memoryview | bytes, pos: int, end: int
+) -> tuple[tuple[tuple[str, Any], ...], int]:
     count, pos = decode_varint(mv, pos)
     if not 0 <= count <= (end - pos) // 2:
         raise BatchError(f"bad header count {count}")
-    out: list[tuple[str, memoryview]] = []
+    out: list[tuple[str, memoryview | bytes]] = []
     for _ in range(count):
         n, pos = decode_varint(mv, pos)
         if not 0 <= n <= end - pos:
