@@ -23,7 +23,9 @@ from sbpstream.protocol.opcodes import Opcode
 
 PING_1 = bytes.fromhex("00000010 17 0001 00 00000001 01 000000 00000000".replace(" ", ""))
 PONG_1 = bytes.fromhex("00000010 17 0001 03 00000001 01 000000 00000000".replace(" ", ""))
-PING_7_ABC = bytes.fromhex("00000013 17 0001 00 00000007 01 000000 616263 352441c2".replace(" ", ""))
+PING_7_ABC = bytes.fromhex(
+    "00000013 17 0001 00 00000007 01 000000 616263 352441c2".replace(" ", "")
+)
 
 
 def decode_all(data: bytes, chunk: int | None = None) -> list[object]:
@@ -45,7 +47,13 @@ def test_golden_ping_vectors() -> None:
     assert encode_frame(Opcode.PING, 7, 0, payload=b"abc") == PING_7_ABC
     (f,) = decode_all(PING_7_ABC)
     assert isinstance(f, Frame)
-    assert (f.opcode, f.flags, f.stream_id, bytes(f.payload), bytes(f.header)) == (1, 0, 7, b"abc", b"")
+    assert (f.opcode, f.flags, f.stream_id, bytes(f.payload), bytes(f.header)) == (
+        1,
+        0,
+        7,
+        b"abc",
+        b"",
+    )
 
 
 def test_system_error_frame_flags() -> None:
@@ -176,13 +184,17 @@ def test_fuzz_any_bytes_yield_events_or_framing_error(data: bytes, chunk: int) -
     ),
     st.integers(min_value=1, max_value=50),
 )
-def test_roundtrip_whole_and_bytewise(frames: list[tuple[int, int, int, bytes, bytes]],
-                                      chunk: int) -> None:
+def test_roundtrip_whole_and_bytewise(
+    frames: list[tuple[int, int, int, bytes, bytes]], chunk: int
+) -> None:
     raw = b"".join(encode_frame(*f) for f in frames)
     for c in (None, chunk):
         evs = decode_all(raw, c)
-        got = [(e.opcode, e.stream_id, e.flags, bytes(e.header), bytes(e.payload))
-               for e in evs if isinstance(e, Frame)]
+        got = [
+            (e.opcode, e.stream_id, e.flags, bytes(e.header), bytes(e.payload))
+            for e in evs
+            if isinstance(e, Frame)
+        ]
         assert got == [(o, s, fl, h, p) for o, s, fl, h, p in frames]
         for (_, _, _, _, p), e in zip(frames, evs, strict=True):
             assert isinstance(e, Frame)

@@ -106,11 +106,15 @@ UnsupportedVersionError = _err(
     "UnsupportedVersionError", C.UNSUPPORTED_VERSION, _F, "the request's version is not supported"
 )
 PmNotLeaderError = _err(
-    "PmNotLeaderError", C.PM_NOT_LEADER, _D,
+    "PmNotLeaderError",
+    C.PM_NOT_LEADER,
+    _D,
     "this PM is not the leader; detail holds the leader's host:port (empty when unknown)",
 )
 UnsupportedOperationError = _err(
-    "UnsupportedOperationError", C.UNSUPPORTED_OPERATION, _F,
+    "UnsupportedOperationError",
+    C.UNSUPPORTED_OPERATION,
+    _F,
     "this server's role does not serve the opcode",
 )
 ChecksumMismatchError = _err(
@@ -121,11 +125,16 @@ LimitExceededError = _err(
 )
 TimeoutError_ = _err("RequestTimeoutError", C.TIMEOUT, _R, "the server timed out the request")
 BadHeaderError = _err(
-    "BadHeaderError", C.BAD_HEADER, _F,
+    "BadHeaderError",
+    C.BAD_HEADER,
+    _F,
     "the extended header could not be decoded or has an unknown format",
 )
 ShuttingDownError = _err(
-    "ShuttingDownError", C.SHUTTING_DOWN, _R, "the server is shutting down; retry elsewhere or later"
+    "ShuttingDownError",
+    C.SHUTTING_DOWN,
+    _R,
+    "the server is shutting down; retry elsewhere or later",
 )
 TooManyRequestsError = _err(
     "TooManyRequestsError", C.TOO_MANY_REQUESTS, _R, "too many requests in flight on the connection"
@@ -135,39 +144,56 @@ ThrottledError = _err("ThrottledError", C.THROTTLED, _R, "a quota was exceeded; 
 StreamNotFoundError = _err("StreamNotFoundError", C.STREAM_NOT_FOUND, _F, "no such stream")
 StreamDeletedError = _err("StreamDeletedError", C.STREAM_DELETED, _F, "the stream was deleted")
 RangeNotFoundError = _err(
-    "RangeNotFoundError", C.RANGE_NOT_FOUND, _R,
+    "RangeNotFoundError",
+    C.RANGE_NOT_FOUND,
+    _R,
     "the data node does not hold that range; refresh metadata",
 )
 RangeSealedError = _err(
-    "RangeSealedError", C.RANGE_SEALED, _R,
+    "RangeSealedError",
+    C.RANGE_SEALED,
+    _R,
     "the range is sealed; refresh metadata and write to the next range",
 )
 NotPrimaryError = _err(
     "NotPrimaryError", C.NOT_PRIMARY, _R, "this data node is not the range's primary"
 )
 OffsetOutOfRangeError = _err(
-    "OffsetOutOfRangeError", C.OFFSET_OUT_OF_RANGE, _F,
+    "OffsetOutOfRangeError",
+    C.OFFSET_OUT_OF_RANGE,
+    _F,
     "the offset is outside the stream's or range's bounds",
 )
 OffsetMismatchError = _err(
-    "OffsetMismatchError", C.OFFSET_MISMATCH, _F,
+    "OffsetMismatchError",
+    C.OFFSET_MISMATCH,
+    _F,
     "the batch does not start at the range's next offset",
 )
 CorruptBatchError = _err(
-    "CorruptBatchError", C.CORRUPT_BATCH, _F, "the record batch failed its length, magic or CRC check"
+    "CorruptBatchError",
+    C.CORRUPT_BATCH,
+    _F,
+    "the record batch failed its length, magic or CRC check",
 )
 OutOfOrderSequenceError = _err(
-    "OutOfOrderSequenceError", C.OUT_OF_ORDER_SEQUENCE, _F,
+    "OutOfOrderSequenceError",
+    C.OUT_OF_ORDER_SEQUENCE,
+    _F,
     "an idempotent producer's sequence has a gap",
 )
 ReplicaUnavailableError = _err(
-    "ReplicaUnavailableError", C.REPLICA_UNAVAILABLE, _R,
+    "ReplicaUnavailableError",
+    C.REPLICA_UNAVAILABLE,
+    _R,
     "a replica could not be reached; the writer should seal and move on",
 )
 StorageFullError = _err("StorageFullError", C.STORAGE_FULL, _R, "the data node's disk is full")
 StorageError = _err("StorageError", C.STORAGE_ERROR, _R, "the data node's storage failed")
 RangeAlreadyExistsError = _err(
-    "RangeAlreadyExistsError", C.RANGE_ALREADY_EXISTS, _F,
+    "RangeAlreadyExistsError",
+    C.RANGE_ALREADY_EXISTS,
+    _F,
     "the range already exists with different bounds",
 )
 ProducerFencedError = _err(
@@ -177,19 +203,21 @@ OffsetTrimmedError = _err(
     "OffsetTrimmedError", C.OFFSET_TRIMMED, _F, "the records at that offset were trimmed away"
 )
 NotEnoughDataNodesError = _err(
-    "NotEnoughDataNodesError", C.NOT_ENOUGH_DATA_NODES, _R,
+    "NotEnoughDataNodesError",
+    C.NOT_ENOUGH_DATA_NODES,
+    _R,
     "not enough live data nodes for the requested replicas",
 )
 DataNodeNotFoundError = _err(
     "DataNodeNotFoundError", C.DATA_NODE_NOT_FOUND, _F, "no such data node"
 )
 InvalidStreamConfigError = _err(
-    "InvalidStreamConfigError", C.INVALID_STREAM_CONFIG, _F,
+    "InvalidStreamConfigError",
+    C.INVALID_STREAM_CONFIG,
+    _F,
     "replica_nums or retention_period_ms is invalid",
 )
-MetadataError = _err(
-    "MetadataError", C.METADATA_ERROR, _R, "the PM's metadata store failed; retry"
-)
+MetadataError = _err("MetadataError", C.METADATA_ERROR, _R, "the PM's metadata store failed; retry")
 FencedLeaderError = _err(
     "FencedLeaderError", C.FENCED_LEADER, _D, "the PM lost its leadership while writing"
 )
@@ -211,7 +239,9 @@ def _build_table() -> dict[ErrorCode, type[SbpError]]:
     table: dict[ErrorCode, type[SbpError]] = {}
     for cls in _all_subclasses(SbpError):
         if cls.code in table:
-            raise AssertionError(f"duplicate error class for {cls.code!r}: {cls} and {table[cls.code]}")
+            raise AssertionError(
+                f"duplicate error class for {cls.code!r}: {cls} and {table[cls.code]}"
+            )
         table[cls.code] = cls
     return table
 

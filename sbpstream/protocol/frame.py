@@ -170,8 +170,8 @@ class FrameDecoder:
     """
 
     __slots__ = (
-        "_buf",
         "_broken",
+        "_buf",
         "_known_opcodes",
         "_need",
         "_pos",
@@ -260,7 +260,10 @@ class FrameDecoder:
         if crc != expected:
             self.corrupt += 1
             return FrameCorrupt(
-                "crc_mismatch", opcode, flags, stream_id,
+                "crc_mismatch",
+                opcode,
+                flags,
+                stream_id,
                 f"payload CRC 0x{crc:08x} does not match computed 0x{expected:08x}",
             )
         if fmt != HEADER_FORMAT_FLATBUFFERS:

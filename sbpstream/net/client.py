@@ -1,0 +1,434 @@
+"""Client side of the one connection layer: multiplexed requests over one TCP connection.
+
+Requests are keyed by stream id; the reader delivers each response frame to its request, so
+responses may interleave and arrive out of order. A request's response may be one frame
+(:meth:`Connection.request`) or many (:meth:`Connection.stream`). When the connection dies every
+pending request fails at once with :class:`~sbpstream.protocol.errors.ConnectionClosedError`.
+Frames not yet consumed count against ``MAX_BUFFERED_RESPONSE_BYTES``; past it the client stops
+reading the socket. :class:`ConnectionPool` keeps one connection per address and reconnects on
+demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sbpstream.net.base import FrameProtocol
+from sbpstream.protocol.errors import (
+    BadHeaderError,
+    ClientTimeoutError,
+    ConnectionClosedError,
+    ErrorCode,
+    LimitExceededError,
+    SbpError,
+    ShuttingDownError,
+    error_for,
+)
+from sbpstream.protocol.frame import (
+    FLAGS_RESPONSE_END,
+    FLAGS_SYSTEM_ERROR,
+    Buffer,
+    Event,
+    Frame,
+    FrameCorrupt,
+    FrameDiscarded,
+    FramingError,
+)
+from sbpstream.protocol.limits import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    MAX_BUFFERED_RESPONSE_BYTES,
+    MAX_FRAME_LENGTH,
+    MAX_IN_FLIGHT_REQUESTS,
+    MAX_STREAM_ID,
+)
+from sbpstream.protocol.messages import GoAway, Status, SystemErrorResponse
+from sbpstream.protocol.opcodes import Opcode
+
+log = logging.getLogger("sbpstream.net.client")
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 as ``[::1]:port``) to a tuple; raises ValueError with a clear message."""
+    addr = addr.strip()
+    host, sep, port_s = addr.rpartition(":")
+    if not sep or not host or not port_s.isdigit():
+        raise ValueError(f"bad address {addr!r}: expected HOST:PORT")
+    port = int(port_s)
+    if not 0 < port < 65536:
+        raise ValueError(f"bad address {addr!r}: port out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, port
+
+
+def system_error_from(frame: Frame) -> SbpError:
+    try:
+        st = SystemErrorResponse.decode(frame.header).status
+    except SbpError:
+        return error_for(ErrorCode.UNKNOWN, "undecodable system error frame")
+    return error_for(st.code, st.message, st.detail)
+
+
+@dataclass(slots=True)
+class _Pending:
+    queue: deque[Frame]
+    waiter: asyncio.Future[None] | None
+    error: BaseException | None
+    done: bool
+    buffered: int
+
+
+class ResponseStream:
+    """Async iterator over the frames of one response; stops after the END frame.
+
+    A system error frame raises the matching :class:`SbpError`. Leaving the iteration early
+    (``aclose`` or ``async with``) forgets the request; later frames for it are dropped.
+    """
+
+    def __init__(self, conn: Connection, stream_id: int, timeout_s: float | None) -> None:
+        self._conn = conn
+        self.stream_id = stream_id
+        self._timeout_s = timeout_s
+        self._finished = False
+
+    def __aiter__(self) -> ResponseStream:
+        return self
+
+    async def __anext__(self) -> Frame:
+        if self._finished:
+            raise StopAsyncIteration
+        frame = await self._conn._next_frame(self.stream_id, self._timeout_s)
+        if frame.is_end:
+            self._finished = True
+            self._conn._forget(self.stream_id)
+        if frame.is_system_error:
+            self._finished = True
+            raise system_error_from(frame)
+        return frame
+
+    async def aclose(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._conn._forget(self.stream_id)
+
+    async def __aenter__(self) -> ResponseStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Connection(FrameProtocol):
+    """One multiplexed client connection. Create with :meth:`open`."""
+
+    def __init__(
+        self,
+        address: str,
+        max_frame_length: int = MAX_FRAME_LENGTH,
+        max_in_flight: int = MAX_IN_FLIGHT_REQUESTS,
+    ) -> None:
+        super().__init__(max_frame_length)
+        self.address = address
+        self.max_in_flight = max_in_flight
+        self._pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._buffered = 0
+        self.goaway: GoAway | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        address: str,
+        *,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        max_frame_length: int = MAX_FRAME_LENGTH,
+    ) -> Connection:
+        host, port = parse_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(lambda: cls(address, max_frame_length), host, port),
+                connect_timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionClosedError(f"cannot connect to {address}: {exc}") from exc
+        return proto
+
+    @property
+    def usable(self) -> bool:
+        return not self.closed and self.goaway is None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # ---- reading
+    def on_event(self, ev: Event) -> None:
+        if isinstance(ev, FrameDiscarded):
+            log.debug("event=frame_discarded peer=%s reason=%s", self.peer, ev.reason)
+            return
+        if isinstance(ev, FrameCorrupt):
+            # a corrupt response frame: its request cannot be completed correctly
+            p = self._pending.get(ev.stream_id)
+            if p is not None and ev.flags & 0x01:
+                self._fail(ev.stream_id, BadHeaderError(f"corrupt response frame: {ev.detail}"))
+            elif not ev.flags & 0x01:
+                self._send_system_error(
+                    ev.opcode, ev.stream_id, ErrorCode.CHECKSUM_MISMATCH, ev.detail
+                )
+            return
+        if not ev.is_response:
+            self._on_request(ev)
+            return
+        p = self._pending.get(ev.stream_id)
+        if p is None or p.done:
+            return  # a response to a forgotten request
+        size = len(ev.header) + len(ev.payload)
+        p.queue.append(ev)
+        p.buffered += size
+        self._buffered += size
+        if ev.is_end:
+            p.done = True
+        if self._buffered > MAX_BUFFERED_RESPONSE_BYTES:
+            self.pause_reading("buffered")
+        if p.waiter is not None and not p.waiter.done():
+            p.waiter.set_result(None)
+
+    def _on_request(self, frame: Frame) -> None:
+        if frame.opcode == Opcode.PING:
+            with contextlib.suppress(ConnectionError):
+                self.write_frame_nowait(
+                    Opcode.PING, frame.stream_id, FLAGS_RESPONSE_END, frame.header, frame.payload
+                )
+        elif frame.opcode == Opcode.GOAWAY:
+            try:
+                self.goaway = GoAway.decode(frame.header)
+            except SbpError:
+                self.goaway = GoAway()
+            log.info(
+                "event=goaway_received peer=%s code=%d message=%r",
+                self.peer,
+                self.goaway.code,
+                self.goaway.message,
+            )
+            last = self.goaway.last_stream_id
+            for sid in [s for s in self._pending if s > last]:
+                self._fail(
+                    sid, ShuttingDownError(f"{self.address} sent GOAWAY: {self.goaway.message}")
+                )
+            if not self._pending:
+                self.close()
+        else:
+            self._send_system_error(
+                frame.opcode,
+                frame.stream_id,
+                ErrorCode.UNSUPPORTED_OPERATION,
+                "clients serve only PING",
+            )
+
+    def _send_system_error(self, opcode: int, stream_id: int, code: int, message: str) -> None:
+        hdr = SystemErrorResponse(status=Status(code=code, message=message)).encode()
+        with contextlib.suppress(ConnectionError):
+            self.write_frame_nowait(opcode, stream_id, FLAGS_SYSTEM_ERROR, hdr)
+
+    def on_framing_error(self, exc: FramingError) -> None:
+        log.warning("event=framing_error peer=%s error=%r", self.peer, str(exc))
+        self.abort(exc)
+
+    def on_close(self, exc: BaseException) -> None:
+        err = ConnectionClosedError(f"connection to {self.address} closed: {exc}")
+        for sid in list(self._pending):
+            self._fail(sid, err)
+
+    def _fail(self, stream_id: int, exc: BaseException) -> None:
+        p = self._pending.get(stream_id)
+        if p is None:
+            return
+        if p.error is None and not p.done:
+            p.error = exc
+            p.done = True
+        if p.waiter is not None and not p.waiter.done():
+            p.waiter.set_result(None)
+
+    def _forget(self, stream_id: int) -> None:
+        p = self._pending.pop(stream_id, None)
+        if p is None:
+            return
+        self._release(p.buffered)
+        p.buffered = 0
+        self._slots.release()
+        if self.goaway is not None and not self._pending:
+            self.close()
+
+    def _release(self, nbytes: int) -> None:
+        self._buffered -= nbytes
+        if self._buffered <= MAX_BUFFERED_RESPONSE_BYTES // 2:
+            self.resume_reading("buffered")
+
+    async def _next_frame(self, stream_id: int, timeout_s: float | None) -> Frame:
+        p = self._pending.get(stream_id)
+        if p is None:
+            raise ConnectionClosedError("request is no longer pending")
+        while not p.queue:
+            if p.error is not None:
+                self._forget(stream_id)
+                raise p.error
+            if p.done:
+                self._forget(stream_id)
+                raise ConnectionClosedError("response ended without an END frame")
+            loop = asyncio.get_running_loop()
+            p.waiter = loop.create_future()
+            try:
+                if timeout_s is None:
+                    await p.waiter
+                else:
+                    await asyncio.wait_for(p.waiter, timeout_s)
+            except TimeoutError:
+                self._forget(stream_id)
+                raise ClientTimeoutError(
+                    f"no response from {self.address} within {timeout_s:.3f}s"
+                ) from None
+            except asyncio.CancelledError:
+                self._forget(stream_id)
+                raise
+            finally:
+                p.waiter = None
+        frame = p.queue.popleft()
+        size = len(frame.header) + len(frame.payload)
+        p.buffered -= size
+        self._release(size)
+        return frame
+
+    # ---- writing
+    def _next_stream_id(self) -> int:
+        for _ in range(MAX_IN_FLIGHT_REQUESTS + 2):
+            sid = next(self._ids)
+            if sid > MAX_STREAM_ID:
+                self._ids = itertools.count(1)
+                sid = next(self._ids)
+            if sid not in self._pending:
+                return sid
+        raise LimitExceededError("no free stream id")
+
+    async def _start(self, opcode: int, header: Buffer, payload: Buffer | Sequence[Buffer]) -> int:
+        if self.closed:
+            raise ConnectionClosedError(f"connection to {self.address} is closed")
+        if self.goaway is not None:
+            raise ShuttingDownError(f"{self.address} sent GOAWAY")
+        await self._slots.acquire()
+        sid = self._next_stream_id()
+        self._pending[sid] = _Pending(deque(), None, None, False, 0)
+        try:
+            await self.write_frame(opcode, sid, 0, header, payload)
+        except (ConnectionError, ValueError) as exc:
+            self._forget(sid)
+            if isinstance(exc, ValueError):
+                raise LimitExceededError(str(exc)) from exc
+            raise ConnectionClosedError(f"connection to {self.address} closed: {exc}") from exc
+        return sid
+
+    async def stream(
+        self,
+        opcode: int,
+        header: Buffer = b"",
+        payload: Buffer | Sequence[Buffer] = b"",
+        *,
+        timeout_s: float | None = None,
+    ) -> ResponseStream:
+        """Send a request; iterate its response frames. ``timeout_s`` bounds each frame's wait."""
+        sid = await self._start(opcode, header, payload)
+        return ResponseStream(self, sid, timeout_s)
+
+    async def request(
+        self,
+        opcode: int,
+        header: Buffer = b"",
+        payload: Buffer | Sequence[Buffer] = b"",
+        *,
+        timeout_s: float | None = None,
+    ) -> list[Frame]:
+        """Send a request and collect every frame of its response (the last one has END)."""
+        rs = await self.stream(opcode, header, payload, timeout_s=timeout_s)
+        return [f async for f in rs]
+
+    async def request_one(
+        self,
+        opcode: int,
+        header: Buffer = b"",
+        payload: Buffer | Sequence[Buffer] = b"",
+        *,
+        timeout_s: float | None = None,
+    ) -> Frame:
+        """A request whose response is one frame: returns it."""
+        frames = await self.request(opcode, header, payload, timeout_s=timeout_s)
+        return frames[-1]
+
+    async def ping(self, payload: bytes = b"", timeout_s: float | None = 5.0) -> Frame:
+        return await self.request_one(Opcode.PING, b"", payload, timeout_s=timeout_s)
+
+    async def send_goaway(self, code: int = 0, message: str = "") -> None:
+        """Tell the server we send nothing more; pending requests still complete."""
+        hdr = GoAway(code=code, message=message, last_stream_id=0).encode()
+        await self.write_frame(Opcode.GOAWAY, 0, 0, hdr)
+
+    async def aclose(self) -> None:
+        self.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.closed_event.wait(), 2.0)
+
+
+class ConnectionPool:
+    """One connection per address, opened on first use and reopened when it dies or GOAWAYs."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        max_frame_length: int = MAX_FRAME_LENGTH,
+    ) -> None:
+        self._conns: dict[str, Connection] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.connect_timeout_s = connect_timeout_s
+        self.max_frame_length = max_frame_length
+        self._closed = False
+
+    async def get(self, address: str) -> Connection:
+        if self._closed:
+            raise ConnectionClosedError("connection pool is closed")
+        c = self._conns.get(address)
+        if c is not None and c.usable:
+            return c
+        lock = self._locks.setdefault(address, asyncio.Lock())
+        async with lock:
+            c = self._conns.get(address)
+            if c is not None and c.usable:
+                return c
+            c = await Connection.open(
+                address,
+                connect_timeout_s=self.connect_timeout_s,
+                max_frame_length=self.max_frame_length,
+            )
+            self._conns[address] = c
+            return c
+
+    def discard(self, address: str) -> None:
+        c = self._conns.pop(address, None)
+        if c is not None:
+            c.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        conns = list(self._conns.values())
+        self._conns.clear()
+        for c in conns:
+            await c.aclose()
+
+
+__all__ = ["Connection", "ConnectionPool", "ResponseStream", "parse_address", "system_error_from"]
