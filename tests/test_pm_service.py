@@ -147,14 +147,15 @@ async def test_seal_min_end_idempotent(env: tuple[PmService, FakeDn, Clock]) -> 
 
 
 async def test_dead_node_ranges_renewed(env: tuple[PmService, FakeDn, Clock]) -> None:
-    svc, _, clock = env
+    svc, dn, clock = env
     a, b = await add_nodes(svc, 2)
     out = await svc.create_streams([(1, 0)] * 4)
     on_a = [c for c in out if isinstance(c, CreatedStream) and c.first_range.node_ids == (a,)]
     assert len(on_a) == 2
     await svc.meta.record_next_offsets([(on_a[0].stream.stream_id, 0, 33)])
+    dn.down.add(a)  # a stops heartbeating and answering
     clock.t += 3
-    await svc.node_seen(b, "")  # b keeps heartbeating, a stops
+    await svc.node_seen(b, "")  # b keeps heartbeating
     clock.t += 3
     assert await svc.sweep_dead_nodes() == 2
     for c in on_a:
@@ -171,6 +172,7 @@ async def test_dead_node_ranges_renewed(env: tuple[PmService, FakeDn, Clock]) ->
     # b dies too: nowhere to renew, the ranges stay and a later sweep retries.
     clock.t += 10
     assert await svc.sweep_dead_nodes() == 0
+    dn.down.clear()
     await svc.node_seen(a, "")
     assert await svc.sweep_dead_nodes() > 0
 

@@ -34,6 +34,8 @@ from sbpstream.pm.metadata import (
 )
 from sbpstream.pm.placement import NodeRegistry, NodeState, Placer
 from sbpstream.protocol.errors import (
+    ClientTimeoutError,
+    ConnectionClosedError,
     DataNodeNotFoundError,
     InvalidRequestError,
     InvalidStreamConfigError,
@@ -71,6 +73,11 @@ SYNC_RANGES_CHUNK: Final = 1000
 DN_CALL_TIMEOUT_S: Final = 2.0
 """A PM -> data node call (SYNC/SEAL/TRIM/DELETE/DESCRIBE) gives up after this. Short, because a
 writer's SEAL_RANGES waits on it, and a node that slow is treated as unreachable."""
+
+UNREACHABLE_BACKOFF_S: Final = 10.0
+"""After a call to a data node fails to connect or times out, calls to it are skipped this long
+(or until it heartbeats again): renewing thousands of ranges of a blackholed node must not pay a
+connect timeout per range."""
 
 SWEEP_CONCURRENCY: Final = 32
 """Ranges of dead nodes renewed at once: bounds the burst of data node calls and transactions."""
@@ -172,6 +179,7 @@ class PmService:
         self.placer = Placer(self.registry)
         self._locks = _KeyedLocks()
         self._renewed_dead: set[int] = set()
+        self._unreachable_until: dict[int, float] = {}
         self._sweep_lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -205,6 +213,7 @@ class PmService:
             await self.meta.update_node_address(node_id, advertise_addr)
             log.info("event=node_address node_id=%d advertise_addr=%s", node_id, advertise_addr)
         await self.meta.record_heartbeat(node_id, self.wall_ms())
+        self._unreachable_until.pop(node_id, None)
         if not was_live:
             self._renewed_dead.discard(node_id)
             log.info("event=node_live node_id=%d advertise_addr=%s", node_id, st.advertise_addr)
@@ -508,10 +517,9 @@ class PmService:
     ) -> tuple[int, tuple[ProducerState, ...], str]:
         """Stop every reachable replica (-1), seal at the minimum end they report, tell them.
         With no replica reachable, the last reported next offset is the end (docs/pm.md)."""
-        now = self.clock()
         nodes = [
             st for st in (self.registry.get(n) for n in rng.node_ids)
-            if st is not None and st.advertise_addr and not self.registry.is_dead(st.node_id, now)
+            if st is not None and self._may_call(st)
         ]
         first = await self._seal_calls(nodes, rng, -1)
         if not first:
@@ -534,6 +542,7 @@ class PmService:
                 # The node never heard of the range, so it holds nothing of it.
                 return st, DnSealReply(rng.start_offset)
             except (SbpError, OSError, TimeoutError) as e:
+                self._call_failed(st, e)
                 log.warning("event=dn_seal_failed node_id=%d stream_id=%d range_index=%d "
                             "end_offset=%d error=%r", st.node_id, rng.stream_id,
                             rng.range_index, end_offset, str(e))
@@ -542,6 +551,18 @@ class PmService:
 
         got = await asyncio.gather(*(call(st) for st in nodes))
         return [g for g in got if g is not None]
+
+    def _may_call(self, st: NodeState) -> bool:
+        """Has an address, and no recent connect failure or timeout (see UNREACHABLE_BACKOFF_S).
+        Heartbeat silence alone does not stop calls: a silent node may still answer a seal."""
+        if not st.advertise_addr:
+            return False
+        until = self._unreachable_until.get(st.node_id)
+        return until is None or self.clock() >= until
+
+    def _call_failed(self, st: NodeState, e: BaseException) -> None:
+        if isinstance(e, OSError | TimeoutError | ConnectionClosedError | ClientTimeoutError):
+            self._unreachable_until[st.node_id] = self.clock() + UNREACHABLE_BACKOFF_S
 
     async def _sync_ranges(self, ranges: Sequence[RangeMeta]) -> None:
         by_node: dict[int, list[RangeMeta]] = {}
@@ -563,8 +584,8 @@ class PmService:
 
         async def one(nid: int, items: list[T]) -> None:
             st = self.registry.get(nid)
-            if st is None or not st.advertise_addr:
-                log.warning("event=%s_skipped node_id=%d reason=no_address items=%d",
+            if st is None or not self._may_call(st):
+                log.warning("event=%s_skipped node_id=%d reason=unreachable items=%d",
                             what, nid, len(items))
                 return
             for i in range(0, len(items), chunk):
@@ -572,6 +593,7 @@ class PmService:
                 try:
                     await asyncio.wait_for(fn(st, part), DN_CALL_TIMEOUT_S)
                 except (SbpError, OSError, TimeoutError) as e:
+                    self._call_failed(st, e)
                     log.warning("event=%s_failed node_id=%d advertise_addr=%s items=%d "
                                 "error=%r", what, nid, st.advertise_addr, len(part), str(e))
                     return

@@ -1,0 +1,458 @@
+"""The Placement Manager server: SBP frames in, :class:`PmService` calls, SBP frames out.
+
+The net layer answers PING and GOAWAY, and UNSUPPORTED_OPERATION for the opcodes registered
+nowhere here (APPEND, FETCH, SYNC_RANGES, BUFFER_ACK). Every handler decodes its header (a bad
+one becomes a system error frame via the net layer), answers every item with its own status, and
+never lets one item's failure touch another.
+
+The PM is also a client: it tells data nodes of new ranges (SYNC_RANGES), seals ranges on them
+(SEAL_RANGES), and forwards trims and deletes, through :class:`WireDataNodeApi`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
+
+from sbpstream.net.client import ConnectionPool
+from sbpstream.net.server import Handler, Request, Responder, Server
+from sbpstream.pm import metadata as md
+from sbpstream.pm.config import PmConfig, sqlite_path
+from sbpstream.pm.placement import NodeState
+from sbpstream.pm.service import (
+    DN_CALL_TIMEOUT_S,
+    LIST_RANGES_FRAME_MAX,
+    DnSealReply,
+    PmService,
+)
+from sbpstream.pm.sqlite_meta import SqliteMetadataStore
+from sbpstream.protocol import messages as m
+from sbpstream.protocol.errors import (
+    DataNodeNotFoundError,
+    InvalidRequestError,
+    SbpError,
+)
+from sbpstream.protocol.messages import ClientRole, Status
+from sbpstream.protocol.opcodes import Opcode
+
+log = logging.getLogger("sbpstream.pm")
+
+DN_CONNECT_TIMEOUT_S: Final = 1.0
+"""Connecting to a data node: it is on the same network; a node this slow is unreachable."""
+
+CONN_ROLE: Final = "role"
+CONN_NODE_ID: Final = "node_id"
+"""Keys in a connection's ``attributes``: set by its HEARTBEAT, read by TRIM_STREAMS to tell a
+data node's retention report from a user's trim."""
+
+
+RespT = TypeVar("RespT", bound=m.Message)
+
+
+def _ok_or(err: SbpError | None) -> Status:
+    return m.STATUS_OK if err is None else Status.of(err)
+
+
+class WireDataNodeApi:
+    """:class:`~sbpstream.pm.service.DataNodeApi` over SBP, one pooled connection per node."""
+
+    def __init__(self, service_addr: Callable[[int], str]) -> None:
+        self._addr_of = service_addr
+        self.pool = ConnectionPool(connect_timeout_s=DN_CONNECT_TIMEOUT_S)
+
+    def to_range(self, r: md.RangeMeta) -> m.Range:
+        return m.Range(
+            stream_id=r.stream_id,
+            range_index=r.range_index,
+            start_offset=r.start_offset,
+            next_offset=r.next_offset,
+            end_offset=r.end_offset,
+            replica_nodes=tuple(
+                m.ReplicaNode(m.DataNode(rep.node_id, self._addr_of(rep.node_id)), rep.is_primary)
+                for rep in r.replicas
+            ),
+        )
+
+    async def _call(self, node: NodeState, req: m.Message, resp_cls: type[RespT]) -> RespT:
+        conn = await self.pool.get(node.advertise_addr)
+        frame = await conn.request_one(req.OPCODE, req.encode(), timeout_s=DN_CALL_TIMEOUT_S)
+        resp = resp_cls.decode(frame.header)
+        status = getattr(resp, "status", m.STATUS_OK)
+        status.raise_for_error()
+        return resp
+
+    async def sync_ranges(self, node: NodeState, ranges: Sequence[md.RangeMeta]) -> None:
+        by_stream: dict[int, list[m.Range]] = {}
+        for r in ranges:
+            by_stream.setdefault(r.stream_id, []).append(self.to_range(r))
+        req = m.SyncRangesRequest(
+            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            items=tuple(m.StreamRanges(sid, tuple(rs)) for sid, rs in by_stream.items()),
+        )
+        resp = await self._call(node, req, m.SyncRangesResponse)
+        bad = [it for it in resp.items if not it.status.ok]
+        if bad:
+            log.warning("event=sync_ranges_item_failed node_id=%d failed=%d first_stream_id=%d "
+                        "first_error=%r", node.node_id, len(bad), bad[0].stream_id,
+                        bad[0].status.message)
+
+    async def seal_range(self, node: NodeState, rng: md.RangeMeta, end_offset: int) -> DnSealReply:
+        req = m.SealRangesRequest(
+            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            items=(m.SealItem(rng.stream_id, rng.range_index, end_offset),),
+        )
+        resp = await self._call(node, req, m.SealRangesResponse)
+        if not resp.items:
+            raise InvalidRequestError(f"data node {node.node_id} answered SEAL_RANGES with no item")
+        item = resp.items[0]
+        item.status.raise_for_error()
+        if not item.ranges:
+            raise InvalidRequestError(f"data node {node.node_id} sealed without a range")
+        r = item.ranges[0]
+        end = r.end_offset if r.end_offset >= 0 else r.next_offset
+        producers = tuple(
+            md.ProducerState(p.producer_id, p.producer_epoch, p.last_sequence, p.last_base_offset)
+            for p in item.producers
+        )
+        return DnSealReply(end, producers)
+
+    async def describe_range(self, node: NodeState, stream_id: int, range_index: int) -> int:
+        req = m.DescribeRangesRequest(
+            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            items=(m.DescribeRangeItem(stream_id, range_index),),
+        )
+        resp = await self._call(node, req, m.DescribeRangesResponse)
+        if not resp.items:
+            raise InvalidRequestError(f"data node {node.node_id} described no range")
+        item = resp.items[0]
+        item.status.raise_for_error()
+        if item.range is None:
+            raise InvalidRequestError(f"data node {node.node_id} described no range")
+        return item.range.next_offset
+
+    async def trim_streams(self, node: NodeState, items: Sequence[tuple[int, int]]) -> None:
+        req = m.TrimStreamsRequest(
+            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            items=tuple(m.TrimItem(sid, off) for sid, off in items),
+        )
+        resp = await self._call(node, req, m.TrimStreamsResponse)
+        self._log_item_failures(node, "trim_streams", [it.status for it in resp.items])
+
+    async def delete_streams(self, node: NodeState, stream_ids: Sequence[int]) -> None:
+        req = m.DeleteStreamsRequest(
+            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            items=tuple(m.Stream(stream_id=sid) for sid in stream_ids),
+        )
+        resp = await self._call(node, req, m.DeleteStreamsResponse)
+        self._log_item_failures(node, "delete_streams", [it.status for it in resp.items])
+
+    @staticmethod
+    def _log_item_failures(node: NodeState, what: str, statuses: Sequence[Status]) -> None:
+        bad = [s for s in statuses if not s.ok]
+        if bad:
+            log.info("event=%s_item_failed node_id=%d failed=%d first_error=%r", what,
+                     node.node_id, len(bad), bad[0].message)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+def _stream(s: md.StreamMeta) -> m.Stream:
+    return m.Stream(s.stream_id, s.replica_nums, s.retention_period_ms, s.start_offset)
+
+
+class PmServer:
+    """A running PM: metadata store, service, SBP server and the liveness loop."""
+
+    def __init__(self, config: PmConfig) -> None:
+        config.validate()
+        self.config = config
+        self.meta = SqliteMetadataStore(sqlite_path(config.metadata))
+        self.dn = WireDataNodeApi(lambda nid: self.service.node_address(nid))
+        self.service = PmService(self.meta, self.dn, node_timeout_ms=config.node_timeout_ms)
+        handlers: dict[int, Handler] = {
+            Opcode.HEARTBEAT: self._heartbeat,
+            Opcode.ALLOCATE_ID: self._allocate_id,
+            Opcode.LIST_RANGES: self._list_ranges,
+            Opcode.SEAL_RANGES: self._seal_ranges,
+            Opcode.DESCRIBE_RANGES: self._describe_ranges,
+            Opcode.CREATE_STREAMS: self._create_streams,
+            Opcode.DELETE_STREAMS: self._delete_streams,
+            Opcode.UPDATE_STREAMS: self._update_streams,
+            Opcode.DESCRIBE_STREAMS: self._describe_streams,
+            Opcode.TRIM_STREAMS: self._trim_streams,
+            Opcode.REPORT_METRICS: self._report_metrics,
+        }
+        self.server = Server(handlers, name="pm")
+        self._sweeper: asyncio.Task[None] | None = None
+        self._started = False
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        return self.config.advertise or f"{self.server.host}:{self.server.port}"
+
+    async def start(self) -> None:
+        await self.meta.open()
+        try:
+            await self.service.start()
+            await self.server.start(self.config.host, self.config.port)
+        except BaseException:
+            await self.meta.close()
+            raise
+        self._started = True
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
+        log.info("event=pm_started address=%s metadata=%s heartbeat_interval_ms=%d "
+                 "node_timeout_ms=%d", self.address, self.config.metadata,
+                 self.config.heartbeat_interval_ms, self.config.node_timeout_ms)
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        if self._started:
+            await self.server.close(drain_timeout_s=2.0)
+        await self.dn.close()
+        await self.meta.close()
+        if self._started:
+            log.info("event=pm_stopped address=%s", self.address)
+        self._started = False
+
+    async def _sweep_loop(self) -> None:
+        interval = self.config.heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                n = await self.service.sweep_dead_nodes()
+                if n:
+                    log.info("event=dead_node_ranges_renewed ranges=%d", n)
+            except SbpError as e:
+                log.warning("event=sweep_failed error=%r", str(e))
+            except Exception:
+                log.exception("event=sweep_crashed")
+
+    # ------------------------------------------------------------------ handlers
+    async def _heartbeat(self, req: Request, resp: Responder) -> None:
+        hb = m.HeartbeatRequest.decode(req.header)
+        err: SbpError | None = None
+        node = hb.data_node
+        if hb.client_role == ClientRole.DATA_NODE:
+            if node is None or node.node_id <= 0:
+                err = InvalidRequestError("a data node heartbeat needs data_node.node_id")
+            else:
+                try:
+                    st = await self.service.node_seen(node.node_id, node.advertise_addr)
+                    node = m.DataNode(st.node_id, st.advertise_addr)
+                    req.conn.attributes[CONN_ROLE] = ClientRole.DATA_NODE
+                    req.conn.attributes[CONN_NODE_ID] = st.node_id
+                except SbpError as e:
+                    err = e
+        elif hb.client_role == ClientRole.CLIENT:
+            req.conn.attributes.setdefault(CONN_ROLE, ClientRole.CLIENT)
+        await resp.send(m.HeartbeatResponse(hb.client_id, hb.client_role, node,
+                                            _ok_or(err)).encode())
+
+    async def _allocate_id(self, req: Request, resp: Responder) -> None:
+        a = m.AllocateIdRequest.decode(req.header)
+        try:
+            node_id = await self.service.allocate_node_id(a.host or str(req.conn.peer))
+            out = m.AllocateIdResponse(id=node_id)
+        except SbpError as e:
+            out = m.AllocateIdResponse(status=Status.of(e))
+        await resp.send(out.encode())
+
+    async def _report_metrics(self, req: Request, resp: Responder) -> None:
+        r = m.ReportMetricsRequest.decode(req.header)
+        err: SbpError | None = None
+        if r.data_node is None or r.data_node.node_id <= 0:
+            err = InvalidRequestError("REPORT_METRICS needs data_node.node_id")
+        else:
+            metrics = md.NodeMetrics(**{
+                f: getattr(r, f) for f in md.NodeMetrics.__dataclass_fields__
+            })
+            try:
+                await self.service.report_metrics(
+                    r.data_node.node_id, r.data_node.advertise_addr, metrics
+                )
+            except SbpError as e:
+                err = e
+        await resp.send(m.ReportMetricsResponse(r.data_node, _ok_or(err)).encode())
+
+    async def _create_streams(self, req: Request, resp: Responder) -> None:
+        r = m.CreateStreamsRequest.decode(req.header)
+        outs = await self.service.create_streams(
+            [(it.replica_nums, it.retention_period_ms) for it in r.items]
+        )
+        items: list[m.CreateStreamResult] = []
+        for it, o in zip(r.items, outs, strict=True):
+            if isinstance(o, SbpError):
+                items.append(m.CreateStreamResult(None, it.replica_nums, it.retention_period_ms,
+                                                  Status.of(o)))
+            else:
+                s = o.stream
+                items.append(m.CreateStreamResult(_stream(s), s.replica_nums,
+                                                  s.retention_period_ms))
+        await resp.send(m.CreateStreamsResponse(items=tuple(items)).encode())
+
+    def _stream_results(
+        self, ids: Sequence[int], outs: Sequence[md.StreamMeta | SbpError]
+    ) -> tuple[m.StreamResult, ...]:
+        return tuple(
+            m.StreamResult(m.Stream(stream_id=sid), Status.of(o)) if isinstance(o, SbpError)
+            else m.StreamResult(_stream(o))
+            for sid, o in zip(ids, outs, strict=True)
+        )
+
+    async def _delete_streams(self, req: Request, resp: Responder) -> None:
+        r = m.DeleteStreamsRequest.decode(req.header)
+        ids = [s.stream_id for s in r.items]
+        outs = await self.service.delete_streams(ids)
+        await resp.send(m.DeleteStreamsResponse(items=self._stream_results(ids, outs)).encode())
+
+    async def _update_streams(self, req: Request, resp: Responder) -> None:
+        r = m.UpdateStreamsRequest.decode(req.header)
+        ids = [s.stream_id for s in r.items]
+        outs = await self.service.update_streams(
+            [(s.stream_id, s.replica_nums, s.retention_period_ms) for s in r.items]
+        )
+        await resp.send(m.UpdateStreamsResponse(items=self._stream_results(ids, outs)).encode())
+
+    async def _describe_streams(self, req: Request, resp: Responder) -> None:
+        r = m.DescribeStreamsRequest.decode(req.header)
+        if r.stream_ids:
+            outs = await self.service.describe_streams(r.stream_ids)
+            out = m.DescribeStreamsResponse(items=self._stream_results(r.stream_ids, outs))
+        else:
+            page, cont = await self.service.list_streams(r.continuation, r.limit)
+            out = m.DescribeStreamsResponse(
+                items=tuple(m.StreamResult(_stream(s)) for s in page), continuation=cont
+            )
+        await resp.send(out.encode())
+
+    async def _trim_streams(self, req: Request, resp: Responder) -> None:
+        r = m.TrimStreamsRequest.decode(req.header)
+        from_dn = req.conn.attributes.get(CONN_ROLE) == ClientRole.DATA_NODE
+        outs = await self.service.trim_streams(
+            [(it.stream_id, it.trim_offset) for it in r.items], from_data_node=from_dn
+        )
+        items: list[m.TrimResult] = []
+        for it, o in zip(r.items, outs, strict=True):
+            if isinstance(o, SbpError):
+                items.append(m.TrimResult(m.Stream(stream_id=it.stream_id), Status.of(o)))
+            else:
+                rng = None if o.first_range is None else self.dn.to_range(o.first_range)
+                items.append(m.TrimResult(_stream(o.stream), m.STATUS_OK, rng))
+        await resp.send(m.TrimStreamsResponse(items=tuple(items)).encode())
+
+    async def _seal_ranges(self, req: Request, resp: Responder) -> None:
+        r = m.SealRangesRequest.decode(req.header)
+        outs = await self.service.seal_ranges([(it.stream_id, it.range_index) for it in r.items])
+        items: list[m.SealResult] = []
+        for it, o in zip(r.items, outs, strict=True):
+            if isinstance(o, SbpError):
+                items.append(m.SealResult(it.stream_id, Status.of(o)))
+                continue
+            items.append(m.SealResult(
+                it.stream_id,
+                m.STATUS_OK,
+                (self.dn.to_range(o.sealed), self.dn.to_range(o.new)),
+                tuple(m.ProducerState(p.producer_id, p.producer_epoch, p.last_sequence,
+                                      p.last_base_offset) for p in o.producers),
+            ))
+        await resp.send(m.SealRangesResponse(items=tuple(items)).encode())
+
+    async def _describe_ranges(self, req: Request, resp: Responder) -> None:
+        r = m.DescribeRangesRequest.decode(req.header)
+        outs = await self.service.describe_ranges(
+            [(it.stream_id, it.range_index) for it in r.items]
+        )
+        items = tuple(
+            m.DescribeRangeResult(it.stream_id, Status.of(o)) if isinstance(o, SbpError)
+            else m.DescribeRangeResult(it.stream_id, m.STATUS_OK, self.dn.to_range(o))
+            for it, o in zip(r.items, outs, strict=True)
+        )
+        await resp.send(m.DescribeRangesResponse(items=items).encode())
+
+    async def _list_ranges(self, req: Request, resp: Responder) -> None:
+        """By stream: one result per stream. By data node: one result per stream with ranges on
+        the node. Results stream out in frames of at most LIST_RANGES_FRAME_MAX ranges."""
+        r = m.ListRangesRequest.decode(req.header)
+        sender = _FramedResults(resp)
+        stream_owners = [o.stream_id for o in r.items if isinstance(o, m.StreamOwner)]
+        by_stream = dict(zip(
+            stream_owners, await self.service.list_stream_ranges(stream_owners), strict=True
+        )) if stream_owners else {}
+        for owner in r.items:
+            if isinstance(owner, m.StreamOwner):
+                got = by_stream[owner.stream_id]
+                if isinstance(got, SbpError):
+                    await sender.add(m.ListRangesResult(owner.stream_id, Status.of(got)), 0)
+                else:
+                    await sender.add_ranges(owner.stream_id, [self.dn.to_range(x) for x in got])
+                continue
+            try:
+                ranges = await self.service.list_node_ranges(owner.node_id)
+            except DataNodeNotFoundError as e:
+                await sender.add(m.ListRangesResult(0, Status.of(e)), 0)
+                continue
+            group: list[m.Range] = []
+            for x in ranges:
+                if group and group[0].stream_id != x.stream_id:
+                    await sender.add_ranges(group[0].stream_id, group)
+                    group = []
+                group.append(self.dn.to_range(x))
+            if group:
+                await sender.add_ranges(group[0].stream_id, group)
+        await sender.finish()
+
+
+class _FramedResults:
+    """Packs LIST_RANGES results into response frames of bounded size."""
+
+    def __init__(self, resp: Responder) -> None:
+        self._resp = resp
+        self._items: list[m.ListRangesResult] = []
+        self._ranges = 0
+
+    async def add(self, item: m.ListRangesResult, nranges: int) -> None:
+        self._items.append(item)
+        self._ranges += max(1, nranges)
+        if self._ranges >= LIST_RANGES_FRAME_MAX or len(self._items) >= LIST_RANGES_FRAME_MAX:
+            await self._flush(end=False)
+
+    async def add_ranges(self, stream_id: int, ranges: Sequence[m.Range]) -> None:
+        for i in range(0, max(1, len(ranges)), LIST_RANGES_FRAME_MAX):
+            part = tuple(ranges[i : i + LIST_RANGES_FRAME_MAX])
+            await self.add(m.ListRangesResult(stream_id, m.STATUS_OK, part), len(part))
+
+    async def _flush(self, end: bool) -> None:
+        await self._resp.send(m.ListRangesResponse(items=tuple(self._items)).encode(), end=end)
+        self._items = []
+        self._ranges = 0
+
+    async def finish(self) -> None:
+        await self._flush(end=True)
+
+
+async def run_pm(config: PmConfig, stop: asyncio.Event | None = None) -> None:
+    """Run a PM until ``stop`` is set (or the task is cancelled), then shut down cleanly."""
+    server = PmServer(config)
+    await server.start()
+    try:
+        if stop is None:
+            await asyncio.Event().wait()
+        else:
+            await stop.wait()
+    finally:
+        await server.close()
+
+
+__all__ = ["PmServer", "WireDataNodeApi", "run_pm"]
