@@ -1,0 +1,250 @@
+"""APPEND: validate, write, make durable, replicate, acknowledge: item by item, frame by frame.
+
+One request carries many ``(stream, request_index, batch)`` items; the payload holds the batches
+back to back. Items are answered **as they complete**, over several response frames:
+
+1. Items that fail at once (corrupt batch, sealed or deleted stream, not primary) are answered in
+   the first frame, without waiting for anything else.
+2. Items whose range is known are written to the store in request order (the store assigns
+   offsets synchronously, so a stream's batches keep their order), then one group commit
+   (``store.sync``) covers all of them: they are acknowledged together in one frame.
+3. Items of a stream this node has not heard of wait for one LIST_RANGES lookup at the PM (the
+   PM may have created the range a moment ago and its SYNC_RANGES be in flight); each such stream
+   is answered in its own frame when its lookup and write finish.
+
+The last frame carries END. A record is acknowledged only after ``store.sync`` returned (per the
+fsync policy) and ``replicate`` succeeded; only then does the range's committed offset move, which
+is what readers are allowed to see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sbpstream.datanode.limits import DEFAULT_APPEND_TIMEOUT_MS, MAX_APPEND_ITEMS
+from sbpstream.datanode.ranges import RangeInfo
+from sbpstream.net.server import Request, Responder
+from sbpstream.protocol.errors import (
+    InternalError,
+    InvalidRequestError,
+    LimitExceededError,
+    NotPrimaryError,
+    RangeNotFoundError,
+    ReplicaUnavailableError,
+    SbpError,
+    TimeoutError_,
+)
+from sbpstream.protocol.messages import (
+    AppendItem,
+    AppendRequest,
+    AppendResponse,
+    AppendResult,
+    Status,
+)
+from sbpstream.store import AppendOutcome
+
+if TYPE_CHECKING:
+    from sbpstream.datanode.node import DataNode
+
+
+@dataclass(slots=True)
+class Written:
+    """One batch stored (not yet durable) and the result it will be acknowledged with."""
+
+    item: AppendItem
+    rng: RangeInfo
+    outcome: AppendOutcome
+    append_time_ms: int
+
+
+def _error(item: AppendItem, exc: SbpError) -> AppendResult:
+    return AppendResult(stream_id=item.stream_id, request_index=item.request_index,
+                        status=Status.of(exc))
+
+
+def split_payload(m: AppendRequest, payload: memoryview) -> list[memoryview]:
+    """Slice the payload into the items' batches; the lengths must add up exactly."""
+    if len(m.items) > MAX_APPEND_ITEMS:
+        raise LimitExceededError(
+            f"{len(m.items)} items in one APPEND; at most {MAX_APPEND_ITEMS} are accepted")
+    out: list[memoryview] = []
+    pos = 0
+    for it in m.items:
+        if it.batch_length <= 0:
+            raise InvalidRequestError(
+                f"item {it.request_index}: batch_length {it.batch_length} is not positive")
+        out.append(payload[pos : pos + it.batch_length])
+        pos += it.batch_length
+    if pos != len(payload):
+        raise InvalidRequestError(
+            f"batch lengths add up to {pos} bytes but the payload has {len(payload)}")
+    return out
+
+
+async def replicate(dn: DataNode, rng: RangeInfo, written: list[Written]) -> None:
+    """Forward stored batches to the range's secondaries; return once all hold them.
+
+    The replication seam (design.md section 5): the primary sends each secondary an APPEND with
+    ``replication=True``, the batches carrying their assigned base offsets, and its committed
+    offset. Until that lands the PM creates single-replica ranges only, so there is nothing to
+    forward; a range with secondaries is refused rather than acknowledged unreplicated.
+    """
+    secondaries = [rn for rn in rng.replicas if rn.data_node.node_id != dn.node_id]
+    if secondaries:
+        raise ReplicaUnavailableError(
+            f"range {rng.stream_id}/{rng.range_index} has {len(secondaries)} secondaries; "
+            "replication to secondaries is not implemented yet")
+
+
+class AppendHandler:
+    def __init__(self, dn: DataNode) -> None:
+        self.dn = dn
+
+    async def __call__(self, req: Request, resp: Responder) -> None:
+        dn = self.dn
+        t0 = time.monotonic()
+        m = AppendRequest.decode(req.header)
+        batches = split_payload(m, memoryview(req.payload))
+        dn.metrics.c.append_requests += 1
+        dn.metrics.c.append_items += len(batches)
+        timeout_s = (m.timeout_ms if m.timeout_ms > 0 else DEFAULT_APPEND_TIMEOUT_MS) / 1000.0
+
+        now_results: list[AppendResult] = []
+        lookups: dict[int, list[tuple[AppendItem, memoryview]]] = {}
+        written: list[Written] = []
+        for item, batch in zip(m.items, batches, strict=True):
+            if item.stream_id in lookups:  # keep the stream's order behind its lookup
+                lookups[item.stream_id].append((item, batch))
+                continue
+            res = self._write(item, batch, m, allow_lookup=True)
+            if res is None:
+                lookups[item.stream_id] = [(item, batch)]
+            elif isinstance(res, Written):
+                written.append(res)
+            else:
+                now_results.append(res)
+
+        tasks: list[asyncio.Task[list[AppendResult]]] = []
+        loop = asyncio.get_running_loop()
+        if written:
+            tasks.append(loop.create_task(self._guard(self._complete(written, m, timeout_s),
+                                                      [w.item for w in written])))
+        for sid, pending in lookups.items():
+            tasks.append(loop.create_task(self._guard(
+                self._after_lookup(sid, pending, m, timeout_s), [it for it, _ in pending])))
+        sent: list[AppendResult] = []
+        try:
+            await self._respond(resp, now_results, tasks, sent)
+        finally:
+            for t in tasks:
+                t.cancel()
+        dn.metrics.c.append_failed += sum(1 for r in sent if r.status.code)
+        dn.metrics.append_latency_ms.add((time.monotonic() - t0) * 1000.0)
+
+    @staticmethod
+    async def _respond(resp: Responder, first: list[AppendResult],
+                       tasks: list[asyncio.Task[list[AppendResult]]],
+                       sent: list[AppendResult]) -> None:
+        """One frame per group as it completes; the last one carries END."""
+        pending: set[asyncio.Task[list[AppendResult]]] = set(tasks)
+        ready = first
+        if ready and pending:
+            await resp.send(AppendResponse(items=tuple(ready)).encode(), end=False)
+            sent.extend(ready)
+            ready = []
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                ready.extend(t.result())
+            await resp.send(AppendResponse(items=tuple(ready)).encode(), end=not pending)
+            sent.extend(ready)
+            ready = []
+        if not resp.finished:
+            await resp.send(AppendResponse(items=tuple(ready)).encode(), end=True)
+            sent.extend(ready)
+
+    @staticmethod
+    async def _guard(work: Awaitable[list[AppendResult]],
+                     items: list[AppendItem]) -> list[AppendResult]:
+        """Whatever goes wrong inside, every item still gets an answer."""
+        try:
+            return await work
+        except SbpError as exc:
+            return [_error(it, exc) for it in items]
+        except Exception as exc:  # bad input must never take the server down
+            err = InternalError(f"{type(exc).__name__}: {exc}")
+            return [_error(it, err) for it in items]
+
+    def _write(self, item: AppendItem, batch: memoryview, m: AppendRequest, *,
+               allow_lookup: bool) -> Written | AppendResult | None:
+        """Store one batch. None: the range is unknown here and the PM should be asked."""
+        dn = self.dn
+        try:
+            rng = dn.resolve_range(item.stream_id, item.range_index)
+            if rng is None:
+                if allow_lookup:
+                    return None
+                raise RangeNotFoundError(
+                    f"stream {item.stream_id} range {item.range_index} is not on this node")
+            if not m.replication and not rng.is_primary:
+                raise NotPrimaryError(
+                    f"node {dn.node_id} is not the primary of {rng.stream_id}/{rng.range_index}")
+            outcome = dn.store.append(item.stream_id, rng.range_index, batch,
+                                      assign_offset=not m.replication)
+        except SbpError as exc:
+            return _error(item, exc)
+        return Written(item, rng, outcome, time.time_ns() // 1_000_000)
+
+    async def _after_lookup(self, stream_id: int, pending: list[tuple[AppendItem, memoryview]],
+                            m: AppendRequest, timeout_s: float) -> list[AppendResult]:
+        await self.dn.lookup_stream(stream_id)
+        out: list[AppendResult] = []
+        written: list[Written] = []
+        for item, batch in pending:
+            res = self._write(item, batch, m, allow_lookup=False)
+            if isinstance(res, Written):
+                written.append(res)
+            elif res is not None:
+                out.append(res)
+        if written:
+            out.extend(await self._complete(written, m, timeout_s))
+        return out
+
+    async def _complete(self, written: list[Written], m: AppendRequest,
+                        timeout_s: float) -> list[AppendResult]:
+        """Group commit, replicate, then publish the committed offsets and answer."""
+        dn = self.dn
+        position = max(w.outcome.log_position for w in written)
+        try:
+            await asyncio.wait_for(dn.durable(position), timeout_s)
+        except TimeoutError:
+            err = TimeoutError_(f"not durable within {timeout_s:.3f}s; retry (duplicates of "
+                                "idempotent producers are detected)")
+            return [_error(w.item, err) for w in written]
+        by_range: dict[tuple[int, int], list[Written]] = {}
+        for w in written:
+            by_range.setdefault((w.rng.stream_id, w.rng.range_index), []).append(w)
+        out: list[AppendResult] = []
+        for (sid, idx), ws in by_range.items():
+            try:
+                if not m.replication:
+                    await replicate(dn, ws[0].rng, ws)
+            except SbpError as exc:
+                out.extend(_error(w.item, exc) for w in ws)
+                continue
+            top = max(w.outcome.next_offset for w in ws)
+            if m.replication and m.committed_offset >= 0:
+                top = min(top, m.committed_offset)
+            dn.table.commit(sid, idx, top)
+            out.extend(
+                AppendResult(stream_id=w.item.stream_id, request_index=w.item.request_index,
+                             base_offset=w.outcome.base_offset,
+                             stream_append_time_ms=w.append_time_ms,
+                             next_offset=w.outcome.next_offset)
+                for w in ws
+            )
+        return out

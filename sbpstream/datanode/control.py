@@ -1,0 +1,148 @@
+"""The PM-facing handlers: SEAL_RANGES (SEAL), SYNC_RANGES, DESCRIBE_RANGES, TRIM_STREAMS,
+DELETE_STREAMS. Every item gets its own status; one bad item never fails the batch."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from sbpstream.net.server import Request, Responder
+from sbpstream.protocol.errors import InternalError, LimitExceededError, SbpError
+from sbpstream.protocol.messages import (
+    MAX_ITEMS_PER_REQUEST,
+    DeleteStreamsRequest,
+    DeleteStreamsResponse,
+    DescribeRangeResult,
+    DescribeRangesRequest,
+    DescribeRangesResponse,
+    ProducerState,
+    Range,
+    SealRangesRequest,
+    SealRangesResponse,
+    SealResult,
+    Status,
+    Stream,
+    StreamResult,
+    SyncRangesRequest,
+    SyncRangesResponse,
+    SyncResult,
+    TrimResult,
+    TrimStreamsRequest,
+    TrimStreamsResponse,
+)
+
+if TYPE_CHECKING:
+    from sbpstream.datanode.node import DataNode
+
+log = logging.getLogger("sbpstream.datanode")
+
+
+def _status(exc: Exception) -> Status:
+    if isinstance(exc, SbpError):
+        return Status.of(exc)
+    log.exception("event=item_failed")
+    return Status.of(InternalError(f"{type(exc).__name__}: {exc}"))
+
+
+def _check(n: int) -> None:
+    if n > MAX_ITEMS_PER_REQUEST:
+        raise LimitExceededError(f"{n} items; at most {MAX_ITEMS_PER_REQUEST} are accepted")
+
+
+class ControlHandlers:
+    def __init__(self, dn: DataNode) -> None:
+        self.dn = dn
+
+    async def seal(self, req: Request, resp: Responder) -> None:
+        """end_offset -1: stop writing, report the local end and producer states. end_offset
+        >= 0: sealed there for good; anything stored past it is dropped."""
+        dn = self.dn
+        m = SealRangesRequest.decode(req.header)
+        _check(len(m.items))
+        out: list[SealResult] = []
+        for it in m.items:
+            try:
+                final = it.end_offset >= 0
+                end = dn.store.seal_range(it.stream_id, it.range_index,
+                                          it.end_offset if final else None)
+                if final:
+                    dn.set_committed(it.stream_id, it.range_index, end)
+                producers = tuple(
+                    ProducerState(producer_id=p.producer_id, producer_epoch=p.epoch,
+                                  last_sequence=p.last_sequence,
+                                  last_base_offset=p.last_base_offset)
+                    for p in dn.store.producer_states(it.stream_id, it.range_index))
+                rng = dn.range_message(it.stream_id, it.range_index)
+                if not final:  # the end is not final yet: report the local end as next_offset
+                    rng = Range(rng.stream_id, rng.range_index, rng.start_offset, end, -1,
+                                rng.replica_nodes)
+                log.info("event=seal stream_id=%d range_index=%d end_offset=%d final=%s",
+                         it.stream_id, it.range_index, end, final)
+                out.append(SealResult(stream_id=it.stream_id, ranges=(rng,),
+                                      producers=producers))
+            except Exception as exc:  # per-item status
+                out.append(SealResult(stream_id=it.stream_id, status=_status(exc)))
+        await resp.send(SealRangesResponse(items=tuple(out)).encode())
+
+    async def sync(self, req: Request, resp: Responder) -> None:
+        """Create the listed ranges here (idempotent) and remember their placement."""
+        dn = self.dn
+        m = SyncRangesRequest.decode(req.header)
+        _check(sum(len(sr.ranges) for sr in m.items))
+        out: list[SyncResult] = []
+        for sr in m.items:
+            try:
+                got = tuple(dn.adopt_range(r) for r in sr.ranges)
+                out.append(SyncResult(stream_id=sr.stream_id, ranges=got))
+            except Exception as exc:  # per-item status
+                out.append(SyncResult(stream_id=sr.stream_id, status=_status(exc)))
+        dn.note_new_streams([sr.stream_id for sr in m.items])
+        await resp.send(SyncRangesResponse(items=tuple(out)).encode())
+
+    async def describe(self, req: Request, resp: Responder) -> None:
+        dn = self.dn
+        m = DescribeRangesRequest.decode(req.header)
+        _check(len(m.items))
+        out: list[DescribeRangeResult] = []
+        for it in m.items:
+            try:
+                out.append(DescribeRangeResult(
+                    stream_id=it.stream_id,
+                    range=dn.range_message(it.stream_id, it.range_index)))
+            except Exception as exc:  # per-item status
+                out.append(DescribeRangeResult(stream_id=it.stream_id, status=_status(exc)))
+        await resp.send(DescribeRangesResponse(items=tuple(out)).encode())
+
+    async def trim(self, req: Request, resp: Responder) -> None:
+        dn = self.dn
+        m = TrimStreamsRequest.decode(req.header)
+        _check(len(m.items))
+        out: list[TrimResult] = []
+        for it in m.items:
+            try:
+                dn.store.trim(it.stream_id, it.trim_offset)
+                start = dn.stream_start(it.stream_id)
+                log.info("event=trim stream_id=%d trim_offset=%d start_offset=%d",
+                         it.stream_id, it.trim_offset, start)
+                out.append(TrimResult(stream=Stream(stream_id=it.stream_id, start_offset=start),
+                                      range=dn.first_range_message(it.stream_id)))
+            except Exception as exc:  # per-item status
+                out.append(TrimResult(stream=Stream(stream_id=it.stream_id),
+                                      status=_status(exc)))
+        await resp.send(TrimStreamsResponse(items=tuple(out)).encode())
+
+    async def delete(self, req: Request, resp: Responder) -> None:
+        """The stream rejects writes (and reads) from now on; its bytes become garbage that
+        compaction reclaims."""
+        dn = self.dn
+        m = DeleteStreamsRequest.decode(req.header)
+        _check(len(m.items))
+        out: list[StreamResult] = []
+        for it in m.items:
+            try:
+                dn.delete_stream(it.stream_id)
+                out.append(StreamResult(stream=Stream(stream_id=it.stream_id)))
+            except Exception as exc:  # per-item status
+                out.append(StreamResult(stream=Stream(stream_id=it.stream_id),
+                                        status=_status(exc)))
+        await resp.send(DeleteStreamsResponse(items=tuple(out)).encode())

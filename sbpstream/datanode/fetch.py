@@ -1,0 +1,202 @@
+"""FETCH: many streams per request, streamed back in frames, long-polled (Kafka's fetch).
+
+Each round reads every unfinished item from the store (memoryviews over the segment maps, no
+copies; the views are the frame's payload parts), never past the stream's committed offset, and
+packs the batches into frames of about ``fetch_frame_bytes`` (one FetchResult per batch in the
+frame's header, in payload order). Frames go out as they fill. When the response holds fewer
+than ``min_bytes`` and ``max_wait_ms`` has not passed, the handler parks on one asyncio.Event
+registered with every stream it waits on; the append path sets it right after a commit, so new
+records reach a waiting consumer at once, without polling. The final frame carries END, plus one
+empty result (batch_length 0) for every item that returned nothing, so each item reports its
+stream's start, high watermark and, at the end of a sealed range, that range's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sbpstream.datanode.limits import (
+    DEFAULT_FETCH_ITEM_BYTES,
+    MAX_BATCHES_PER_FETCH_FRAME,
+    MAX_FETCH_ITEM_BYTES,
+    MAX_FETCH_ITEMS,
+    MAX_FETCH_WAIT_MS,
+)
+from sbpstream.datanode.ranges import StreamInfo
+from sbpstream.net.server import Request, Responder
+from sbpstream.protocol.errors import (
+    InternalError,
+    LimitExceededError,
+    OffsetOutOfRangeError,
+    OffsetTrimmedError,
+    RangeNotFoundError,
+    SbpError,
+)
+from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse, FetchResult, Status
+
+if TYPE_CHECKING:
+    from sbpstream.datanode.node import DataNode
+
+
+@dataclass(slots=True)
+class _ItemState:
+    item: FetchItem
+    offset: int
+    budget: int
+    done: bool = False
+    answered: bool = False  # at least one result (batch or status) was sent for it
+
+
+class _Packer:
+    """Accumulates results and payload views; sends a frame when the next batch would not fit."""
+
+    def __init__(self, resp: Responder, frame_bytes: int) -> None:
+        self.resp = resp
+        self.frame_bytes = frame_bytes
+        self.results: list[FetchResult] = []
+        self.parts: list[memoryview] = []
+        self.frame_payload = 0
+        self.total_bytes = 0
+        self.frames = 0
+
+    async def add(self, result: FetchResult, view: memoryview | None = None) -> None:
+        size = 0 if view is None else len(view)
+        if self.results and (self.frame_payload + size > self.frame_bytes
+                             or len(self.results) >= MAX_BATCHES_PER_FETCH_FRAME):
+            await self.flush(end=False)
+        self.results.append(result)
+        if view is not None:
+            self.parts.append(view)
+            self.frame_payload += size
+            self.total_bytes += size
+
+    async def flush(self, *, end: bool) -> None:
+        if not end and not self.results:
+            return
+        header = FetchResponse(items=tuple(self.results)).encode()
+        parts, self.parts, self.results, self.frame_payload = self.parts, [], [], 0
+        await self.resp.send(header, parts, end=end)
+        self.frames += 1
+
+
+class FetchHandler:
+    def __init__(self, dn: DataNode) -> None:
+        self.dn = dn
+
+    async def __call__(self, req: Request, resp: Responder) -> None:
+        dn = self.dn
+        t0 = time.monotonic()
+        m = FetchRequest.decode(req.header)
+        if len(m.items) > MAX_FETCH_ITEMS:
+            raise LimitExceededError(
+                f"{len(m.items)} items in one FETCH; at most {MAX_FETCH_ITEMS} are accepted")
+        dn.metrics.c.fetch_requests += 1
+        dn.metrics.c.fetch_items += len(m.items)
+        states = [_ItemState(it, it.fetch_offset, self._budget(it.batch_max_bytes))
+                  for it in m.items]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
+        min_bytes = max(m.min_bytes, 0)
+        out = _Packer(resp, dn.config.fetch_frame_bytes)
+        wake = asyncio.Event()
+        registered: list[StreamInfo] = []
+        waited = 0.0
+        failed = 0
+        try:
+            while True:
+                wake.clear()
+                for st in states:
+                    if not st.done:
+                        failed += await self._poll(st, out)
+                remaining = deadline - loop.time()
+                if (out.total_bytes >= min_bytes or remaining <= 0 or dn.closing
+                        or all(st.done for st in states)):
+                    break
+                await out.flush(end=False)  # what we have goes now; the rest as it arrives
+                for st in states:
+                    s = dn.table.streams.get(st.item.stream_id)
+                    if not st.done and s is not None and wake not in s.waiters:
+                        s.waiters.add(wake)
+                        registered.append(s)
+                w0 = loop.time()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), remaining)
+                waited += loop.time() - w0
+            for st in states:
+                if not st.answered:
+                    await out.add(self._result(st, 0))
+            await out.flush(end=True)
+        finally:
+            for s in registered:
+                s.waiters.discard(wake)
+        dn.metrics.c.fetch_failed += failed
+        dn.metrics.fetch_latency_ms.add((time.monotonic() - t0 - waited) * 1000.0)
+
+    @staticmethod
+    def _budget(batch_max_bytes: int) -> int:
+        if batch_max_bytes <= 0:
+            return DEFAULT_FETCH_ITEM_BYTES
+        return min(batch_max_bytes, MAX_FETCH_ITEM_BYTES)
+
+    def _result(self, st: _ItemState, batch_length: int, *, status: Status | None = None,
+                start: int = -1, range_end: int = -1) -> FetchResult:
+        sid = st.item.stream_id
+        st.answered = True
+        return FetchResult(
+            stream_id=sid, request_index=st.item.request_index, batch_length=batch_length,
+            status=status if status is not None else Status(),
+            start_offset=start, high_watermark=self.dn.table.high_watermark(sid),
+            range_end_offset=range_end)
+
+    async def _poll(self, st: _ItemState, out: _Packer) -> int:
+        """Read what is committed for one item into ``out``; returns 1 when the item failed."""
+        dn = self.dn
+        it = st.item
+        try:
+            if st.offset < 0:
+                raise OffsetOutOfRangeError(f"fetch offset {st.offset} is negative")
+            if it.range_index >= 0 and dn.table.get(it.stream_id, it.range_index) is None:
+                raise RangeNotFoundError(
+                    f"range {it.stream_id}/{it.range_index} is not on this node")
+            hwm = dn.table.high_watermark(it.stream_id)
+            while st.budget > 0:
+                res = dn.store.read(it.stream_id, st.offset, min(st.budget, out.frame_bytes),
+                                    max_offset=max(hwm, 0))
+                range_end = res.next_offset if res.range_end else -1
+                for i, view in enumerate(res.batches):
+                    last = i == len(res.batches) - 1
+                    await out.add(self._result(st, len(view), start=res.start_offset,
+                                               range_end=range_end if last else -1), view)
+                st.offset = res.next_offset
+                st.budget -= res.byte_count
+                if res.range_end:
+                    if not res.batches:
+                        await out.add(self._result(st, 0, start=res.start_offset,
+                                                   range_end=range_end))
+                    st.done = True
+                    return 0
+                if not res.batches:
+                    return 0  # caught up with the committed offset: wait for more
+            st.done = True
+            return 0
+        except SbpError as exc:
+            start = self._start_offset(it.stream_id) if isinstance(
+                exc, OffsetTrimmedError | OffsetOutOfRangeError) else -1
+            await out.add(self._result(st, 0, status=Status.of(exc), start=start))
+        except Exception as exc:  # one item's failure never fails the request
+            await out.add(self._result(st, 0, status=Status.of(
+                InternalError(f"{type(exc).__name__}: {exc}"))))
+        st.done = True
+        return 1
+
+    def _start_offset(self, stream_id: int) -> int:
+        """The stream's first readable offset here (after a trim), or -1."""
+        hwm = self.dn.table.high_watermark(stream_id)
+        try:
+            return self.dn.store.read(stream_id, max(hwm, 0), 1, max_offset=0).start_offset
+        except SbpError:
+            return -1
