@@ -159,9 +159,10 @@ def test_defaults_cost_no_bytes() -> None:
     # Defaults and OK statuses are not written: a default item is a bare table.
     ok = m.AppendResponse(items=(m.AppendResult(),)).encode()
     assert len(ok) < len(m.AppendResponse(items=(m.AppendResult(status=ERR),)).encode())
-    assert m.FetchResponse(items=(m.FetchResult(),)).encode() == m.FetchResponse(
-        items=(m.FetchResult(status=m.Status()),)
-    ).encode()
+    assert (
+        m.FetchResponse(items=(m.FetchResult(),)).encode()
+        == m.FetchResponse(items=(m.FetchResult(status=m.Status()),)).encode()
+    )
 
 
 def test_system_error_response_round_trip() -> None:
@@ -188,9 +189,10 @@ def test_extreme_integers_round_trip() -> None:
         forgotten=i64,
     )
     assert m.FetchRequest.decode(msg.encode()) == msg
-    assert m.GoAway.decode(m.GoAway(last_stream_id=(1 << 32) - 1).encode()).last_stream_id == (
-        1 << 32
-    ) - 1
+    assert (
+        m.GoAway.decode(m.GoAway(last_stream_id=(1 << 32) - 1).encode()).last_stream_id
+        == (1 << 32) - 1
+    )
 
 
 def test_unicode_strings_round_trip() -> None:
@@ -222,10 +224,17 @@ GOLDEN: list[tuple[m.Header, str]] = [
         "1000000000000a0001000000780000000a000000626164206865616465720000",
     ),
     (
+        # Items take the fixed-layout path: one shared vtable, every field written.
         m.AppendRequest(1000, (m.AppendItem(1, 0, 100), m.AppendItem(2, 1, 200, 0))),
-        "0c00000008000c00080004000800000008000000e8030000020000003c000000100000000c001e0010"
-        "000c00080004000c00000000000000c80000000100000002000000000000000000000000000a001000"
-        "0800000004000a000000640000000100000000000000",
+        "0c00000008000c00080004000800000008000000e803000002000000180000002c0000000c0018000400"
+        "0c0010001400000000001000000001000000000000000000000064000000ffffffff2800000002000000"
+        "0000000001000000c80000000000000000000000",
+    ),
+    (
+        m.FetchResponse(items=(m.FetchResult(5, 0, 512, start_offset=0, high_watermark=10),)),
+        "1000000000000a0008000000000004000a00000004000000010000001800000012003000040024002800"
+        "00000c0014001c00000014000000050000000000000000000000000000000a00000000000000ffffffff"
+        "ffffffff00000000000200000000000000000000",
     ),
     (m.PingRequest(), "080000000400040004000000"),
     (m.GoAway(), "080000000400040004000000"),
@@ -255,6 +264,59 @@ def test_golden_generated_reader_agrees() -> None:
         4096,
         3,
     )
+
+
+# Slot widths of the hot item tables (written by the fixed-layout path when statuses are OK).
+_WIDTHS = {
+    "AppendItem": (8, 4, 4, 4),
+    "FetchItem": (8, 4, 8, 4, 4),
+    "AppendResult": (8, 4, 8, 8, 4, 8),
+    "FetchResult": (8, 4, 4, 4, 8, 8, 8),
+}
+_MIXED = (m.FetchResult(1, 2, 3), m.FetchResult(4, 5, 6, ERR2), m.FetchResult(7, 8, 9, ERR))
+_HOT = [
+    (SAMPLES[8], "AppendRequests", "AppendItem"),
+    (SAMPLES[10], "FetchRequests", "FetchItem"),
+    (SAMPLES[9], "AppendResponses", "AppendResult"),
+    (
+        m.AppendResponse(items=(m.AppendResult(1, 2, 3, 4, m.Status(), 5),) * 3),
+        "AppendResponses",
+        "AppendResult",
+    ),
+    (SAMPLES[11], "FetchResponses", "FetchResult"),
+    (m.FetchResponse(items=(m.FetchResult(1, 2, 3),) * 3), "FetchResponses", "FetchResult"),
+    (m.FetchResponse(items=_MIXED * 5), "FetchResponses", "FetchResult"),
+]
+
+
+@pytest.mark.parametrize("msg,vector,item", _HOT, ids=lambda x: type(x).__name__)
+def test_hot_items_are_aligned_and_read_by_generated_code(
+    msg: m.Message, vector: str, item: str
+) -> None:
+    # Other languages' verifiers check alignment; Python does not, so check it here.
+    raw = msg.encode()
+    assert type(msg).decode(raw) == msg
+    assert len(raw) % 8 == 0
+    root = getattr(G, type(msg).__name__).GetRootAs(raw, 0)
+    items = msg.items  # type: ignore[attr-defined]
+    assert getattr(root, vector + "Length")() == len(items)
+    for j, expected in enumerate(items):
+        view = getattr(root, vector)(j)
+        pos = view._tab.Pos
+        assert pos % 4 == 0
+        for slot, width in enumerate(_WIDTHS[item]):
+            off = view._tab.Offset(4 + 2 * slot)
+            assert off == 0 or (pos + off) % width == 0, (item, slot)
+        assert view.StreamId() == expected.stream_id
+        assert view.RequestIndex() == expected.request_index
+        if hasattr(expected, "status"):
+            st = view.Status()
+            assert (st is None) == expected.status.ok
+            if st is not None:
+                assert (st.Code(), st.Message().decode()) == (
+                    expected.status.code,
+                    expected.status.message,
+                )
 
 
 # ----------------------------------------------------------------- registries

@@ -28,8 +28,9 @@ def test_generated_code_matches_schema(tmp_path: Path) -> None:
         )
     flatc.generate(tmp_path)
     fresh, committed = _files(tmp_path), _files(flatc.GENERATED_DIR)
-    assert sorted(fresh) == sorted(committed), "generated file set differs: run python -m " \
-        "sbpstream.protocol.flatc"
+    assert sorted(fresh) == sorted(committed), (
+        "generated file set differs: run python -m sbpstream.protocol.flatc"
+    )
     for name, data in fresh.items():
         assert committed[name] == data, (
             f"{name} is stale: run `python -m sbpstream.protocol.flatc` and commit the result"
