@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +63,11 @@ def test_kinds() -> None:
     assert e.PmNotLeaderError().redirect
     assert e.RangeSealedError().retriable
     assert not e.CorruptBatchError().retriable
+
+
+def test_docs_table_lists_every_code() -> None:
+    doc = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
+    rows = re.findall(r"^\| (\d+) \| ([A-Z_]+) \| ([a-z—]+) \|", doc.read_text(), re.M)
+    listed = {int(code): (name, kind) for code, name, kind in rows}
+    expected = {int(c): (c.name, e.kind_of(c).value if c else "—") for c in e.ErrorCode}
+    assert listed == expected
