@@ -1,0 +1,232 @@
+"""Options of the ``sbpstream`` Spark data source, named as in Spark's Kafka source. No I/O.
+
+Spark hands options over case-insensitively and as strings (``{"startingoffsets": "latest"}``);
+these functions turn them into typed values or raise ``ValueError`` with a one-line message that
+names the option, which Spark shows inside its ``PYTHON_DATA_SOURCE_ERROR``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from sbpstream.net.client import parse_address
+
+EARLIEST: Final = -2  # in startingOffsets JSON, as in Kafka
+LATEST: Final = -1  # in startingOffsets/endingOffsets JSON, as in Kafka
+
+DEFAULT_TIMEOUT_MS: Final = 15_000  # one client call, retries included (driver and executors)
+DEFAULT_FETCH_MAX_BYTES: Final = 4 * 1024 * 1024  # bytes asked per FETCH item by read()
+MAX_STREAMS: Final = 10_000  # one query reading more streams than this is a mistake, not a plan
+
+# An offset spec per stream: EARLIEST, LATEST or a concrete offset >= 0.
+OffsetSpec = dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """What a read (batch or streaming) was asked to do."""
+
+    pm: tuple[str, ...]
+    streams: tuple[int, ...]
+    starting: OffsetSpec  # per stream: EARLIEST, LATEST or an offset
+    ending: OffsetSpec  # per stream: LATEST or an offset (batch only)
+    max_offsets_per_trigger: int | None
+    min_partitions: int | None
+    fail_on_data_loss: bool
+    timeout_ms: int
+    fetch_max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    """What a write (batch or streaming) was asked to do."""
+
+    pm: tuple[str, ...]
+    stream: int
+    timeout_ms: int
+    compression: str | None
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    """Case-insensitive lookup (Spark lower-cases keys; plain dicts in tests may not)."""
+    low = name.lower()
+    for k, v in options.items():
+        if k.lower() == low:
+            return None if v is None else str(v)
+    return None
+
+
+def parse_pm(options: Mapping[str, str]) -> tuple[str, ...]:
+    raw = _get(options, "pm")
+    if raw is None or not raw.strip():
+        raise ValueError(
+            "option 'pm' is required: the placement manager address(es), e.g. "
+            ".option('pm', '127.0.0.1:12378')"
+        )
+    out = tuple(a.strip() for a in raw.split(",") if a.strip())
+    for a in out:
+        try:
+            parse_address(a)
+        except ValueError as e:
+            raise ValueError(f"option 'pm': bad address {a!r} ({e})") from None
+    return out
+
+
+def parse_streams(options: Mapping[str, str]) -> tuple[int, ...]:
+    raw = _get(options, "streams")
+    if raw is None or not raw.strip():
+        raise ValueError(
+            "option 'streams' is required: comma-separated stream ids, "
+            "e.g. .option('streams', '1,2')"
+        )
+    out: list[int] = []
+    for part in raw.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            sid = int(part)
+        except ValueError:
+            raise ValueError(f"option 'streams': {part!r} is not a stream id") from None
+        if sid < 0:
+            raise ValueError(f"option 'streams': {sid} is not a stream id")
+        if sid in out:
+            raise ValueError(f"option 'streams': stream {sid} is listed twice")
+        out.append(sid)
+    if not out:
+        raise ValueError("option 'streams' names no stream")
+    if len(out) > MAX_STREAMS:
+        raise ValueError(f"option 'streams': {len(out)} streams, more than {MAX_STREAMS}")
+    return tuple(out)
+
+
+def parse_offsets(
+    name: str, raw: str | None, streams: tuple[int, ...], default: str, *, ending: bool
+) -> OffsetSpec:
+    """``earliest``, ``latest`` or JSON ``{"<stream>": offset}`` (-2 earliest, -1 latest).
+
+    The JSON must name exactly the streams of option ``streams`` (as Kafka insists on every
+    partition), so a typo cannot silently read from the default.
+    """
+    text = (raw if raw is not None else default).strip()
+    low = text.lower()
+    if low == "latest":
+        return dict.fromkeys(streams, LATEST)
+    if low == "earliest":
+        if ending:
+            raise ValueError(f"option '{name}': 'earliest' is not a valid ending offset")
+        return dict.fromkeys(streams, EARLIEST)
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"option '{name}': expected 'earliest', 'latest' or JSON like "
+            f'{{"{streams[0]}": 0}}, got {text!r} ({e.msg})'
+        ) from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"option '{name}': JSON must be an object {{\"<stream>\": offset}}")
+    spec: OffsetSpec = {}
+    for key, value in obj.items():
+        try:
+            sid = int(key)
+        except ValueError:
+            raise ValueError(f"option '{name}': key {key!r} is not a stream id") from None
+        if sid not in streams:
+            raise ValueError(f"option '{name}': stream {sid} is not in option 'streams'")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"option '{name}': offset of stream {sid} must be an integer")
+        low_bound = LATEST if ending else EARLIEST
+        if value < low_bound:
+            allowed = "-1 (latest) or an offset" if ending else "-2, -1 or an offset"
+            raise ValueError(f"option '{name}': offset {value} of stream {sid}: use {allowed}")
+        spec[sid] = value
+    missing = [s for s in streams if s not in spec]
+    if missing:
+        raise ValueError(
+            f"option '{name}': JSON must give every stream of option 'streams'; missing "
+            + ", ".join(map(str, missing))
+        )
+    return {s: spec[s] for s in streams}
+
+
+def _positive_int(options: Mapping[str, str], name: str) -> int | None:
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"option '{name}': {raw!r} is not an integer") from None
+    if n <= 0:
+        raise ValueError(f"option '{name}' must be positive, not {n}")
+    return n
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    low = raw.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise ValueError(f"option '{name}': {raw!r} is not true or false")
+
+
+def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+    """Parse and check every read option (raises ValueError naming the bad option)."""
+    pm = parse_pm(options)
+    streams = parse_streams(options)
+    starting = parse_offsets(
+        "startingOffsets",
+        _get(options, "startingOffsets"),
+        streams,
+        "latest" if streaming else "earliest",
+        ending=False,
+    )
+    raw_ending = _get(options, "endingOffsets")
+    if streaming and raw_ending is not None:
+        raise ValueError("option 'endingOffsets' is for batch reads only, not readStream")
+    ending = parse_offsets("endingOffsets", raw_ending, streams, "latest", ending=True)
+    max_per_trigger = _positive_int(options, "maxOffsetsPerTrigger")
+    if max_per_trigger is not None and not streaming:
+        raise ValueError("option 'maxOffsetsPerTrigger' is for readStream only, not batch reads")
+    return SourceOptions(
+        pm=pm,
+        streams=streams,
+        starting=starting,
+        ending=ending,
+        max_offsets_per_trigger=max_per_trigger,
+        min_partitions=_positive_int(options, "minPartitions"),
+        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        timeout_ms=_positive_int(options, "timeoutMs") or DEFAULT_TIMEOUT_MS,
+        fetch_max_bytes=_positive_int(options, "fetchMaxBytes") or DEFAULT_FETCH_MAX_BYTES,
+    )
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    """Parse and check every write option (raises ValueError naming the bad option)."""
+    pm = parse_pm(options)
+    raw = _get(options, "stream")
+    if raw is None or not raw.strip():
+        hint = " (option 'streams' is for reading)" if _get(options, "streams") else ""
+        raise ValueError(f"option 'stream' is required: the id of the stream to append to{hint}")
+    try:
+        stream = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"option 'stream': {raw!r} is not a stream id") from None
+    if stream < 0:
+        raise ValueError(f"option 'stream': {stream} is not a stream id")
+    compression = _get(options, "compression")
+    if compression is not None and compression.lower() not in ("none", "zstd", "lz4"):
+        raise ValueError(f"option 'compression': {compression!r} is not none, zstd or lz4")
+    return SinkOptions(
+        pm=pm,
+        stream=stream,
+        timeout_ms=_positive_int(options, "timeoutMs") or DEFAULT_TIMEOUT_MS,
+        compression=compression.lower() if compression else None,
+    )

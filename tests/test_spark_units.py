@@ -1,0 +1,207 @@
+"""Unit tests of the Spark source's pure parts: options, offset math, planning, Arrow batches.
+
+No cluster and no SparkSession: these run in milliseconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+pytest.importorskip("pyspark")
+pa = pytest.importorskip("pyarrow")
+
+from sbpstream.records import Columns  # noqa: E402
+from sbpstream.spark.offsets import (  # noqa: E402
+    RangeInfo,
+    Span,
+    next_offsets,
+    offsets_from_json,
+    offsets_to_json,
+    spans_of_stream,
+    split_read_limit,
+    split_spans,
+)
+from sbpstream.spark.options import (  # noqa: E402
+    EARLIEST,
+    LATEST,
+    parse_sink_options,
+    parse_source_options,
+)
+from sbpstream.spark.schema import SOURCE_SCHEMA, arrow_schema, columns_to_batch  # noqa: E402
+
+PM = "127.0.0.1:1"
+
+
+# ---------------------------------------------------------------------------------- options
+
+
+def test_defaults_like_kafka() -> None:
+    b = parse_source_options({"pm": PM, "streams": "3, 1"}, streaming=False)
+    assert b.streams == (3, 1)
+    assert b.starting == {3: EARLIEST, 1: EARLIEST}
+    assert b.ending == {3: LATEST, 1: LATEST}
+    assert b.fail_on_data_loss is True
+    s = parse_source_options({"pm": PM, "streams": "1"}, streaming=True)
+    assert s.starting == {1: LATEST}
+    assert s.max_offsets_per_trigger is None
+
+
+def test_options_are_case_insensitive_and_json_offsets() -> None:
+    o = parse_source_options(
+        {
+            "PM": PM,
+            "Streams": "1,2",
+            "startingoffsets": json.dumps({"1": -2, "2": 17}),
+            "maxOffsetsPerTrigger": "100",
+            "minpartitions": "4",
+            "failOnDataLoss": "false",
+        },
+        streaming=True,
+    )
+    assert o.starting == {1: EARLIEST, 2: 17}
+    assert o.max_offsets_per_trigger == 100
+    assert o.min_partitions == 4
+    assert o.fail_on_data_loss is False
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "needle"),
+    [
+        ({"streams": "1"}, False, "option 'pm'"),
+        ({"pm": PM}, False, "option 'streams'"),
+        ({"pm": PM, "streams": "x"}, False, "option 'streams'"),
+        ({"pm": PM, "streams": "1,1"}, False, "listed twice"),
+        ({"pm": "nohost", "streams": "1"}, False, "option 'pm'"),
+        ({"pm": PM, "streams": "1", "startingOffsets": "{bad"}, False, "option 'startingOffsets'"),
+        ({"pm": PM, "streams": "1", "startingOffsets": "[1]"}, False, "option 'startingOffsets'"),
+        ({"pm": PM, "streams": "1", "startingOffsets": '{"2": 0}'}, False, "not in option"),
+        ({"pm": PM, "streams": "1,2", "startingOffsets": '{"1": 0}'}, False, "missing 2"),
+        ({"pm": PM, "streams": "1", "startingOffsets": '{"1": -3}'}, False, "startingOffsets"),
+        ({"pm": PM, "streams": "1", "startingOffsets": '{"1": "0"}'}, False, "integer"),
+        ({"pm": PM, "streams": "1", "endingOffsets": "earliest"}, False, "endingOffsets"),
+        ({"pm": PM, "streams": "1", "endingOffsets": '{"1": -2}'}, False, "endingOffsets"),
+        ({"pm": PM, "streams": "1", "endingOffsets": "latest"}, True, "endingOffsets"),
+        ({"pm": PM, "streams": "1", "maxOffsetsPerTrigger": "0"}, True, "maxOffsetsPerTrigger"),
+        ({"pm": PM, "streams": "1", "maxOffsetsPerTrigger": "5"}, False, "maxOffsetsPerTrigger"),
+        ({"pm": PM, "streams": "1", "minPartitions": "a"}, False, "minPartitions"),
+        ({"pm": PM, "streams": "1", "failOnDataLoss": "maybe"}, False, "failOnDataLoss"),
+    ],
+)
+def test_misuse_names_the_option(options: dict[str, str], streaming: bool, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle) as info:
+        parse_source_options(options, streaming=streaming)
+    assert "\n" not in str(info.value)
+
+
+def test_sink_options() -> None:
+    o = parse_sink_options({"pm": PM, "stream": "7"})
+    assert o.stream == 7
+    with pytest.raises(ValueError, match="option 'stream' is required"):
+        parse_sink_options({"pm": PM, "streams": "7"})
+    with pytest.raises(ValueError, match="option 'stream'"):
+        parse_sink_options({"pm": PM, "stream": "seven"})
+    with pytest.raises(ValueError, match="option 'pm'"):
+        parse_sink_options({"stream": "7"})
+    with pytest.raises(ValueError, match="option 'compression'"):
+        parse_sink_options({"pm": PM, "stream": "7", "compression": "gzip"})
+
+
+# ------------------------------------------------------------------------------ offset math
+
+
+def test_offsets_json_keys_sorted_as_strings() -> None:
+    d = offsets_to_json({10: 5, 9: 1, 100: 2})
+    assert list(d) == ["10", "100", "9"]
+    assert json.dumps(d) == json.dumps(offsets_to_json({100: 2, 9: 1, 10: 5}))
+    assert offsets_from_json(d, [9, 10, 100]) == {9: 1, 10: 5, 100: 2}
+    with pytest.raises(ValueError, match="cannot change"):
+        offsets_from_json({"11": 0}, [9])
+
+
+def test_split_read_limit_proportional() -> None:
+    assert split_read_limit({1: 10, 2: 20}, 100) == {1: 10, 2: 20}
+    assert split_read_limit({1: 100, 2: 300}, 40) == {1: 10, 2: 30}
+    shares = split_read_limit({1: 1, 2: 1, 3: 1}, 2)
+    assert sum(shares.values()) == 2 and max(shares.values()) == 1
+    shares = split_read_limit({1: 7, 2: 0, 3: 1000}, 10)
+    assert sum(shares.values()) == 10 and shares[2] == 0
+
+
+def test_split_read_limit_invariants() -> None:
+    import random
+
+    rnd = random.Random(7)
+    for _ in range(500):
+        n = rnd.randint(1, 6)
+        backlogs = {s: rnd.choice([0, 1, 3, rnd.randrange(10_000)]) for s in range(n)}
+        limit = rnd.randrange(0, 20_000)
+        shares = split_read_limit(backlogs, limit)
+        assert sum(shares.values()) == min(limit, sum(backlogs.values()))
+        assert all(0 <= shares[s] <= backlogs[s] for s in backlogs)
+        assert shares == split_read_limit(dict(reversed(list(backlogs.items()))), limit)
+
+
+def test_next_offsets_latest_sentinel_and_limit() -> None:
+    start = {1: LATEST, 2: 0, 3: 50}
+    ends = {1: 500, 2: 100, 3: 150}
+    assert next_offsets(start, {1: LATEST, 2: 0, 3: 50}, ends, None) == {1: 500, 2: 100, 3: 150}
+    got = next_offsets(start, {1: LATEST, 2: 0, 3: 50}, ends, 20)
+    assert got == {1: 500, 2: 10, 3: 60}
+    # data loss skipped: reading starts at the trim point 80 of stream 2
+    got = next_offsets({2: 0}, {2: 80}, {2: 100}, 5)
+    assert got == {2: 85}
+    # an end never moves backwards
+    assert next_offsets({2: 90}, {2: 90}, {2: 40}, None) == {2: 90}
+
+
+def test_spans_follow_ranges_and_split() -> None:
+    ranges = [
+        RangeInfo(0, 0, 100, ("a:1",)),
+        RangeInfo(1, 100, 250, ("b:1", "a:1")),
+        RangeInfo(2, 250, -1, ("c:1",)),
+    ]
+    spans = spans_of_stream(7, ranges, 50, 300)
+    assert spans == [
+        Span(7, 0, 50, 100, ("a:1",)),
+        Span(7, 1, 100, 250, ("b:1", "a:1")),
+        Span(7, 2, 250, 300, ("c:1",)),
+    ]
+    assert spans_of_stream(7, ranges, 300, 300) == []
+    parts = split_spans(spans, 10)
+    assert len(parts) >= 10
+    covered = sorted((p.from_offset, p.until_offset) for p in parts)
+    assert covered[0][0] == 50 and covered[-1][1] == 300
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))
+    assert all(p.size > 0 for p in parts)
+    assert split_spans(spans, 2) == spans
+    tiny = [Span(1, 0, 0, 2, ())]
+    assert len(split_spans(tiny, 10)) == 2
+
+
+# ------------------------------------------------------------------------------- Arrow batch
+
+
+def test_columns_to_batch_matches_spark_schema() -> None:
+    schema = arrow_schema(SOURCE_SCHEMA)
+    cols = Columns(
+        offsets=[5, 6, 7],
+        timestamps=[1000, 2000, 3000],
+        keys=[None, b"k", b""],
+        values=[b"a", None, b"c"],
+        headers=[(), (("h", b"1"), ("i", b"")), ()],
+    )
+    batch = columns_to_batch(9, cols, schema)
+    assert batch.schema.equals(schema)
+    rows = batch.to_pylist()
+    assert [r["stream_id"] for r in rows] == [9, 9, 9]
+    assert [r["offset"] for r in rows] == [5, 6, 7]
+    assert rows[1]["headers"] == [{"key": "h", "value": b"1"}, {"key": "i", "value": b""}]
+    assert rows[0]["headers"] == []
+    assert rows[0]["timestamp"].timestamp() == 1.0
+    empty = columns_to_batch(9, Columns(), schema)
+    assert empty.num_rows == 0 and empty.schema.equals(schema)
+    no_headers = columns_to_batch(9, Columns([1], [1], [None], [b"x"], [()]), schema)
+    assert no_headers.schema.equals(schema)
