@@ -347,6 +347,8 @@ class Store:
         seg = self._active
         if seg is not None and seg.end + total <= seg.file_size:
             return seg
+        if total > self.config.segment_bytes_max:
+            raise StorageError(f"entry of {total} bytes exceeds segment_bytes_max")
         if seg is not None:
             seg.cut_to_end()  # fsyncs it: its bytes and new size are durable
             self._syncer.forget(seg)

@@ -14,6 +14,7 @@ store retries such "zombie" maps later and at close.
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -151,13 +152,15 @@ class Segment:
         last = start
         position = start
         while position < self.file_size:
+            position = _next_data(self.fd, position, self.file_size)  # skip holes
             size = min(ZERO_SCAN_CHUNK_BYTES, self.file_size - position)
+            if size <= 0:
+                break
             chunk = os.pread(self.fd, size, position)
             if not chunk:
                 break
-            stripped = len(chunk.rstrip(b"\0"))
-            if stripped:
-                last = position + stripped
+            if chunk != _ZEROS[: len(chunk)]:  # memcmp first: rstrip is slow on long zero runs
+                last = position + len(chunk.rstrip(b"\0"))
             position += len(chunk)
         return last
 
@@ -194,6 +197,19 @@ class Segment:
                 return False
             self._map = None
         return True
+
+
+_ZEROS: Final = bytes(ZERO_SCAN_CHUNK_BYTES)
+
+
+def _next_data(fd: int, position: int, size: int) -> int:
+    """The next position at or after ``position`` that may hold data (holes read as zeros)."""
+    try:
+        return os.lseek(fd, position, os.SEEK_DATA)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            return size  # only a hole remains
+        return position  # SEEK_DATA unsupported here: read everything
 
 
 def _skip(parts: list[Buffer], n: int) -> list[Buffer]:
