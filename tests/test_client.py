@@ -1,0 +1,234 @@
+"""The SDK against a real local cluster (PM + data nodes as processes on free ports)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from sbpstream.client import AsyncClient, Client, ConsumedRecord, Record, iter_columns
+from sbpstream.cluster import LocalCluster
+from sbpstream.net.server import Request, Responder, Server
+from sbpstream.protocol.errors import (
+    ErrorCode,
+    NoPmReachableError,
+    OffsetOutOfRangeError,
+    OffsetTrimmedError,
+    StreamDeletedError,
+    StreamNotFoundError,
+)
+from sbpstream.protocol.messages import Status, SystemErrorResponse
+from sbpstream.protocol.opcodes import Opcode
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    d: Path = tmp_path_factory.mktemp("cluster")
+    with LocalCluster(d, datanodes=3, heartbeat_interval_ms=500, node_timeout_ms=6000) as c:
+        yield c
+
+
+@pytest.fixture
+async def client(cluster: LocalCluster) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(cluster.pm_address, retry_deadline_ms=30_000) as c:
+        yield c
+
+
+async def _read_all(c: AsyncClient, sid: int, start: int | str = "earliest") -> list[
+        ConsumedRecord]:
+    end = await c.end_offset(sid)
+    return [r async for r in c.consumer(sid, start, end=end)]
+
+
+async def test_produce_consume_100k_one_stream(client: AsyncClient) -> None:
+    sid = await client.create_stream()
+    async with client.producer(linger_ms=2) as p:
+        futs = [await p.send(sid, b"value-%d" % i, key=b"k" if i % 2 else None)
+                for i in range(100_000)]
+        await p.flush()
+        offsets = [f.result() for f in futs]
+    assert offsets == list(range(100_000))
+    got = await _read_all(client, sid)
+    assert len(got) == 100_000
+    for i, r in enumerate(got):
+        assert r.offset == i and r.value == b"value-%d" % i
+        assert r.key == (b"k" if i % 2 else None) and r.stream_id == sid
+    # start inside a batch: records before the offset are skipped
+    tail = await _read_all(client, sid, 99_990)
+    assert [r.offset for r in tail] == list(range(99_990, 100_000))
+
+
+async def test_produce_consume_several_streams_with_compression(client: AsyncClient) -> None:
+    sids = await client.create_streams(4)
+    assert len(set(sids)) == 4
+    n = 25_000
+    async with client.producer(linger_ms=2, compression="zstd") as p:
+        futs = {s: [] for s in sids}  # type: dict[int, list[asyncio.Future[int]]]
+        for i in range(n):
+            for s in sids:
+                futs[s].append(await p.send(s, b"%d:%d" % (s, i), headers=[("h", b"x")]))
+        await p.flush()
+    for s in sids:
+        assert [f.result() for f in futs[s]] == list(range(n))
+        got = await _read_all(client, s)
+        assert [r.value for r in got] == [b"%d:%d" % (s, i) for i in range(n)]
+        assert got[0].headers == (("h", b"x"),)
+
+
+async def test_columns_and_latest(client: AsyncClient) -> None:
+    sid = await client.create_stream()
+    async with client.producer() as p:
+        await p.send_many(sid, [b"a", Record(b"b", key=b"kb"), b"c"])
+    cons = client.consumer(sid, 1, end=3)
+    batch = await cons.poll_columns()
+    assert batch.columns.values == [b"b", b"c"] and batch.columns.keys == [b"kb", None]
+    assert (batch.start_offset, batch.next_offset) == (1, 3)
+    assert [r.offset for r in iter_columns(batch)] == [1, 2]
+    # "latest" sees only what comes after it starts
+    latest = client.consumer(sid, "latest", max_wait_ms=100)
+    assert await latest.poll(timeout_ms=50) == []
+    assert latest.caught_up and latest.position == 3
+    async with client.producer() as p:
+        fut = await p.send(sid, b"d")
+    assert await fut == 3
+    got = await latest.poll(timeout_ms=2000)
+    assert [r.value for r in got] == [b"d"]
+
+
+async def test_admin(client: AsyncClient) -> None:
+    a, b = await client.create_streams(2, retention_ms=3_600_000)
+    (sa,) = await client.describe_streams([a])
+    assert sa.stream_id == a and sa.retention_period_ms == 3_600_000
+    assert {a, b} <= {s.stream_id for s in await client.list_streams()}
+    up = await client.update_stream(a, retention_ms=7_200_000)
+    assert up.retention_period_ms == 7_200_000
+    ranges = await client.list_ranges(a)
+    assert ranges and ranges[-1].end_offset == -1
+    assert (await client.describe_range(a, 0)).range_index == 0
+    async with client.producer() as p:
+        await p.send_many(a, [b"x%d" % i for i in range(10)])
+    assert await client.end_offset(a) == 10
+    await client.trim_stream(a, 5)
+    assert await client.start_offset(a) == 5
+    with pytest.raises(OffsetTrimmedError):
+        await client.consumer(a, 2, end=10).poll()
+    got = [r async for r in client.consumer(a, 2, end=10, auto_reset="earliest")]
+    assert [r.offset for r in got] == [5, 6, 7, 8, 9]
+    with pytest.raises(OffsetOutOfRangeError):
+        await client.consumer(a, 50, max_wait_ms=10).poll()
+    await client.delete_streams([b])
+    with pytest.raises((StreamNotFoundError, StreamDeletedError)):
+        await client.describe_stream(b)
+    with pytest.raises(StreamNotFoundError):
+        await client.list_ranges(987_654)
+
+
+def test_sync_and_async_agree(cluster: LocalCluster) -> None:
+    with Client(cluster.pm_address) as c:
+        sid = c.create_stream()
+        with c.producer() as p:
+            futs = p.send_many(sid, [b"s%d" % i for i in range(20_000)])
+            one = p.send(sid, b"last", key=b"k")
+        assert [f.result() for f in futs] == list(range(20_000))
+        assert one.result() == 20_000
+        end = c.end_offset(sid)
+        sync_got = list(c.consumer(sid, end=end))
+        cols = c.consumer(sid, 0, end=end).poll_columns()
+
+    async def read() -> list[ConsumedRecord]:
+        async with AsyncClient(cluster.pm_address) as ac:
+            return await _read_all(ac, sid)
+
+    async_got = asyncio.run(read())
+    assert sync_got == async_got and len(sync_got) == 20_001
+    assert sync_got[-1].key == b"k" and cols.columns.offsets[0] == 0
+
+
+async def test_pm_not_leader_is_followed(cluster: LocalCluster) -> None:
+    async def not_leader(req: Request, resp: Responder) -> None:
+        st = Status(ErrorCode.PM_NOT_LEADER, "follower", cluster.pm_address.encode())
+        await resp.send(SystemErrorResponse(status=st).encode(), end=True)  # as a plain answer
+
+    async def not_leader_err(req: Request, resp: Responder) -> None:
+        await resp.send_error(ErrorCode.PM_NOT_LEADER, "follower", cluster.pm_address.encode())
+
+    follower = Server({Opcode.CREATE_STREAMS: not_leader_err, Opcode.LIST_RANGES: not_leader},
+                      name="follower")
+    await follower.start("127.0.0.1", 0)
+    try:
+        async with AsyncClient(follower.address) as c:
+            sid = await c.create_stream()
+            assert (await c.list_ranges(sid))[0].stream_id == sid
+    finally:
+        await follower.close(drain_timeout_s=1)
+
+
+async def test_unreachable_pm_is_one_clear_error() -> None:
+    async with AsyncClient("127.0.0.1:1", retry_deadline_ms=300) as c:
+        with pytest.raises(NoPmReachableError, match="no placement manager reachable"):
+            await c.create_stream()
+
+
+async def test_restarted_data_node_is_ridden_through(cluster: LocalCluster,
+                                                     client: AsyncClient) -> None:
+    sid = await client.create_stream()
+    sent: list[bytes] = []
+    futs: list[asyncio.Future[int]] = []
+    async with client.producer(linger_ms=1) as p:
+        for i in range(3000):
+            sent.append(b"before-%d" % i)
+            futs.append(await p.send(sid, sent[-1]))
+        await p.flush()
+        (rng,) = await client.list_ranges(sid)
+        primary = next(r.data_node.advertise_addr for r in rng.replica_nodes if r.is_primary)
+        node = next(dn for dn in cluster.datanodes if dn.address == primary)
+        node.kill()
+
+        async def restart() -> None:
+            await asyncio.sleep(0.5)
+            node.start()
+            await asyncio.to_thread(node.wait_ready)
+
+        restarting = asyncio.create_task(restart())
+        for i in range(3000):
+            sent.append(b"after-%d" % i)
+            futs.append(await p.send(sid, sent[-1]))
+            if i % 100 == 0:
+                await asyncio.sleep(0.01)
+        await p.flush()
+        await restarting
+    offsets = [f.result() for f in futs]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    got = await _read_all(client, sid)
+    by_offset = {r.offset: r.value for r in got}
+    assert len(got) == len(by_offset)  # each record once
+    assert [by_offset[o] for o in offsets] == sent  # every acknowledged record, in order
+    assert [r.value for r in got] == sent  # and nothing else
+
+
+async def test_sealed_range_failover_neither_loses_nor_duplicates(cluster: LocalCluster,
+                                                                  client: AsyncClient) -> None:
+    """The PM seals the writable range under a busy producer, three times: RANGE_SEALED makes
+    the producer seal (idempotently), learn from the producer states what the sealed range
+    holds, and resend exactly the rest to the new range."""
+    sid = await client.create_stream()
+    sent: list[bytes] = []
+    futs: list[asyncio.Future[int]] = []
+    async with AsyncClient(cluster.pm_address) as admin, client.producer(linger_ms=1) as p:
+        for round_ in range(4):
+            for i in range(2000):
+                sent.append(b"%d-%d" % (round_, i))
+                futs.append(await p.send(sid, sent[-1]))
+                if i == 1000 and round_ < 3:
+                    ranges = await admin.list_ranges(sid)
+                    await admin._seal_range(sid, ranges[-1].range_index)
+            await asyncio.sleep(0.01)
+        await p.flush()
+    assert [f.result() for f in futs] == list(range(len(sent)))
+    assert [r.value for r in await _read_all(client, sid)] == sent
+    ranges = await client.list_ranges(sid)
+    assert len(ranges) == 4 and all(r.sealed for r in ranges[:-1])
