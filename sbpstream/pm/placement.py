@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from sbpstream.pm.metadata import NodeMeta, NodeMetrics, ReplicaMeta
-from sbpstream.protocol.errors import NotEnoughDataNodesError
+from sbpstream.protocol.errors import NotEnoughDataNodesError, SbpError
 
 W_RANGES: Final = 1.0
 """Writable ranges dominate: they are what the PM controls and what drives future appends."""
@@ -124,39 +124,50 @@ class NodeLoad:
     """None when the node has not reported metrics yet."""
 
 
-def _score(load: NodeLoad, max_ranges: int, max_rate: int, max_free: int) -> float:
-    s = W_RANGES * load.writable_ranges / max(1, max_ranges)
-    s += W_APPEND * load.append_rate / max(1, max_rate)
-    if load.disk_free_space is None:
-        s += W_DISK * 0.5  # unknown: neither preferred nor avoided
-    else:
-        s += W_DISK * (1 - load.disk_free_space / max(1, max_free))
-    return s
+class _Ranking:
+    """The score terms of a set of candidates, computed once; the ranges term is kept current
+    as ranges are placed, so a whole batch is placed without recomputing the rest."""
+
+    def __init__(self, candidates: Sequence[NodeLoad]) -> None:
+        usable: dict[int, NodeLoad] = {}
+        for c in candidates:
+            if c.disk_free_space is None or c.disk_free_space >= DISK_FREE_MIN_BYTES:
+                usable.setdefault(c.node_id, c)
+        self.ids = sorted(usable)
+        self.ranges = {n: usable[n].writable_ranges for n in self.ids}
+        max_rate = max((c.append_rate for c in usable.values()), default=0)
+        max_free = max((c.disk_free_space or 0 for c in usable.values()), default=0)
+        self.static: dict[int, float] = {}
+        for n, c in usable.items():
+            s = W_APPEND * c.append_rate / max(1, max_rate)
+            if c.disk_free_space is None:
+                s += W_DISK * 0.5  # unknown: neither preferred nor avoided
+            else:
+                s += W_DISK * (1 - c.disk_free_space / max(1, max_free))
+            self.static[n] = s
+
+    def choose(self, count: int) -> list[int]:
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        if len(self.ids) < count:
+            raise NotEnoughDataNodesError(
+                f"need {count} live data node(s) with free disk, have {len(self.ids)}"
+            )
+        max_ranges = max(1, max(self.ranges.values()))
+        ranges, static = self.ranges, self.static
+        ranked = sorted(
+            self.ids, key=lambda n: (W_RANGES * ranges[n] / max_ranges + static[n], n)
+        )
+        return ranked[:count]
+
+    def take(self, node_ids: Iterable[int]) -> None:
+        for n in node_ids:
+            self.ranges[n] += 1
 
 
 def choose_nodes(candidates: Sequence[NodeLoad], count: int) -> list[int]:
     """``count`` distinct node ids, best first. NotEnoughDataNodesError if too few qualify."""
-    usable = [
-        c for c in candidates
-        if c.disk_free_space is None or c.disk_free_space >= DISK_FREE_MIN_BYTES
-    ]
-    if count < 1:
-        raise ValueError("count must be >= 1")
-    if len({c.node_id for c in usable}) < count:
-        raise NotEnoughDataNodesError(
-            f"need {count} live data node(s) with free disk, have {len(usable)}"
-        )
-    max_ranges = max(c.writable_ranges for c in usable)
-    max_rate = max(c.append_rate for c in usable)
-    max_free = max((c.disk_free_space or 0) for c in usable)
-    ranked = sorted(usable, key=lambda c: (_score(c, max_ranges, max_rate, max_free), c.node_id))
-    out: list[int] = []
-    for c in ranked:
-        if c.node_id not in out:
-            out.append(c.node_id)
-        if len(out) == count:
-            break
-    return out
+    return _Ranking(candidates).choose(count)
 
 
 class Placer:
@@ -185,9 +196,28 @@ class Placer:
 
     def place(self, count: int, now: float) -> tuple[ReplicaMeta, ...]:
         """Choose replicas for one new writable range and count it against them."""
-        chosen = choose_nodes(self.loads(now), count)
-        self.opened(chosen)
-        return tuple(ReplicaMeta(nid, i == 0) for i, nid in enumerate(chosen))
+        out = self.place_many([count], now)[0]
+        if isinstance(out, SbpError):
+            raise out
+        return out
+
+    def place_many(
+        self, counts: Sequence[int], now: float
+    ) -> list[tuple[ReplicaMeta, ...] | SbpError]:
+        """Replicas for one new range per entry of ``counts`` (a CREATE_STREAMS batch), each
+        placement counted before the next is chosen. Per entry: replicas, or the error."""
+        ranking = _Ranking(self.loads(now))
+        out: list[tuple[ReplicaMeta, ...] | SbpError] = []
+        for count in counts:
+            try:
+                chosen = ranking.choose(count)
+            except SbpError as e:  # NotEnoughDataNodesError
+                out.append(e)
+                continue
+            ranking.take(chosen)
+            self.opened(chosen)
+            out.append(tuple(ReplicaMeta(nid, i == 0) for i, nid in enumerate(chosen)))
+        return out
 
     def opened(self, node_ids: Iterable[int]) -> None:
         for nid in node_ids:

@@ -234,17 +234,22 @@ class PmService:
     ) -> list[CreatedStream | SbpError]:
         """(replica_nums, retention_period_ms) items: validate, place, persist, tell the nodes."""
         check_batch(len(items))
-        now = self.clock()
         out: list[CreatedStream | SbpError | None] = [None] * len(items)
-        todo: list[tuple[int, NewStream]] = []
+        valid: list[int] = []
         for i, (replica_nums, retention_ms) in enumerate(items):
             try:
                 validate_stream_config(replica_nums, retention_ms)
-                replicas = self.placer.place(replica_nums, now)
             except SbpError as e:
                 out[i] = e
                 continue
-            todo.append((i, NewStream(replica_nums, retention_ms, replicas)))
+            valid.append(i)
+        placed = self.placer.place_many([items[i][0] for i in valid], self.clock())
+        todo: list[tuple[int, NewStream]] = []
+        for i, replicas in zip(valid, placed, strict=True):
+            if isinstance(replicas, SbpError):
+                out[i] = replicas
+            else:
+                todo.append((i, NewStream(items[i][0], items[i][1], replicas)))
         try:
             results = await self.meta.create_streams([ns for _, ns in todo], self.wall_ms())
         except SbpError as e:

@@ -140,28 +140,33 @@ def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
 
 
 def _group_ranges(rows: Sequence[tuple[int, ...]]) -> list[RangeMeta]:
-    """Rows of ``_RANGE_COLS`` ordered by (stream, index, node) -> one RangeMeta per range."""
+    """Rows of ``_RANGE_COLS`` ordered by (stream, index) -> one RangeMeta per range.
+
+    Hot for LIST_RANGES of a whole data node (hundreds of thousands of rows): one pass, and the
+    replica sort only when a range has several."""
     out: list[RangeMeta] = []
-    key: tuple[int, int] | None = None
+    append = out.append
+    cur_sid = cur_idx = -1
     head: tuple[int, ...] = ()
     replicas: list[ReplicaMeta] = []
     for row in rows:
-        k = (row[0], row[1])
-        if k != key:
-            if key is not None:
-                out.append(_range(head, replicas))
-            key, head, replicas = k, row, []
+        sid, idx = row[0], row[1]
+        if sid != cur_sid or idx != cur_idx:
+            if head:
+                append(_range(head, replicas))
+            cur_sid, cur_idx, head, replicas = sid, idx, row, []
         if row[5] is not None:
-            replicas.append(ReplicaMeta(int(row[5]), bool(row[6])))
-    if key is not None:
-        out.append(_range(head, replicas))
+            replicas.append(ReplicaMeta(row[5], bool(row[6])))
+    if head:
+        append(_range(head, replicas))
     return out
 
 
 def _range(head: tuple[int, ...], replicas: list[ReplicaMeta]) -> RangeMeta:
     # Primary first, then by node id: a stable order for clients and tests.
-    reps = tuple(sorted(replicas, key=lambda r: (not r.is_primary, r.node_id)))
-    return RangeMeta(head[0], head[1], head[2], head[3], head[4], reps)
+    if len(replicas) > 1:
+        replicas.sort(key=lambda r: (not r.is_primary, r.node_id))
+    return RangeMeta(head[0], head[1], head[2], head[3], head[4], tuple(replicas))
 
 
 def _stream(row: tuple[int, ...]) -> StreamMeta:
@@ -680,7 +685,7 @@ class SqliteMetadataStore:
         rows = c.execute(
             f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
             "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
-            "WHERE r.stream_id = ? ORDER BY r.range_index, rr.node_id",
+            "WHERE r.stream_id = ? ORDER BY r.range_index",
             (stream_id,),
         ).fetchall()
         return _group_ranges(rows)
@@ -690,7 +695,7 @@ class SqliteMetadataStore:
         rows = c.execute(
             f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
             "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
-            "WHERE r.stream_id = ? AND r.range_index = ? ORDER BY rr.node_id",
+            "WHERE r.stream_id = ? AND r.range_index = ?",
             (stream_id, range_index),
         ).fetchall()
         got = _group_ranges(rows)
@@ -709,7 +714,7 @@ class SqliteMetadataStore:
                 f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
                 "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
                 f"WHERE r.stream_id IN ({marks}) "
-                "ORDER BY r.stream_id, r.range_index, rr.node_id",
+                "ORDER BY r.stream_id, r.range_index",
                 tuple(chunk),
             ).fetchall()
             for rng in _group_ranges(rows):
@@ -729,7 +734,8 @@ class SqliteMetadataStore:
             "JOIN range_replicas rr "
             "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
             f"WHERE mine.node_id = ? {cond} "
-            "ORDER BY r.stream_id, r.range_index, rr.node_id",
+            # The node index already yields (stream, index) order: no sort step.
+            "ORDER BY mine.stream_id, mine.range_index",
             (node_id,),
         ).fetchall()
         return _group_ranges(rows)

@@ -1,0 +1,244 @@
+"""Placement Manager benchmark: metadata at scale.
+
+A real PM process (SQLite metadata in a temp dir) with three in-process fake data nodes that
+register, heartbeat and answer SYNC_RANGES. Figures, medians of ``--runs`` (default 3) with
+[min..max]:
+
+- CREATE_STREAMS throughput, batches of 1,000, up to ``--streams`` (default 100k; 1M for the
+  full run): each run starts a fresh PM, so the figure includes every fsync and every SYNC_RANGES.
+- PM RSS holding them (after the last create).
+- LIST_RANGES latency: 1 stream, 1,000 streams, and every range of one data node (streamed in
+  bounded frames), at that size.
+- DESCRIBE_STREAMS latency: 1,000 ids, and one page of the listing (limit 1,000) from the middle.
+
+    python -m bench.bench_pm [--streams 100000] [--runs 3] [--samples 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from bench.common import fmt_ms, free_port, median_spread
+from sbpstream.net.client import Connection
+from sbpstream.net.loop import run
+from sbpstream.net.server import Request, Responder, Server
+from sbpstream.protocol import messages as m
+from sbpstream.protocol.messages import ClientRole
+from sbpstream.protocol.opcodes import Opcode
+
+BATCH = 1000
+NODES = 3
+HEARTBEAT_MS = 1000
+READY_TIMEOUT_S = 30.0
+CALL_TIMEOUT_S = 120.0
+
+RespT = TypeVar("RespT", bound=m.Message)
+
+
+async def call(conn: Connection, req: m.Message, resp_cls: type[RespT]) -> RespT:
+    frame = await conn.request_one(req.OPCODE, req.encode(), timeout_s=CALL_TIMEOUT_S)
+    return resp_cls.decode(frame.header)
+
+
+class FakeNode:
+    """Registers with the PM, heartbeats, and acknowledges SYNC_RANGES."""
+
+    def __init__(self, pm_address: str) -> None:
+        self.pm_address = pm_address
+        self.server = Server({Opcode.SYNC_RANGES: self._sync}, name="bench-dn")
+        self.node_id = 0
+        self.synced = 0
+        self._beat: asyncio.Task[None] | None = None
+        self.pm: Connection | None = None
+
+    async def start(self) -> FakeNode:
+        await self.server.start("127.0.0.1", 0)
+        self.pm = await Connection.open(self.pm_address)
+        r = await call(self.pm, m.AllocateIdRequest(host="bench"), m.AllocateIdResponse)
+        self.node_id = r.id
+        await self._heartbeat()
+        await call(self.pm, m.ReportMetricsRequest(
+            data_node=m.DataNode(self.node_id, self.server.address), disk_free_space=10**12),
+            m.ReportMetricsResponse)
+        self._beat = asyncio.get_running_loop().create_task(self._loop())
+        return self
+
+    async def _heartbeat(self) -> None:
+        assert self.pm is not None
+        await call(self.pm, m.HeartbeatRequest(
+            client_id=f"bench-{self.node_id}", client_role=ClientRole.DATA_NODE,
+            data_node=m.DataNode(self.node_id, self.server.address)), m.HeartbeatResponse)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_MS / 1000)
+            with contextlib.suppress(Exception):
+                await self._heartbeat()
+
+    async def _sync(self, req: Request, resp: Responder) -> None:
+        r = m.SyncRangesRequest.decode(req.header)
+        self.synced += sum(len(sr.ranges) for sr in r.items)
+        await resp.send(m.SyncRangesResponse(items=tuple(
+            m.SyncResult(sr.stream_id) for sr in r.items)).encode())
+
+    async def close(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+        if self.pm is not None:
+            await self.pm.aclose()
+        await self.server.close(drain_timeout_s=0.5)
+
+
+def start_pm(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    log = open(directory / "pm.log", "wb")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sbpstream.pm", "--port", str(port),
+         "--metadata", f"sqlite:{directory / 'pm.sqlite'}",
+         "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL, stderr=log,
+    )
+    log.close()
+    return proc, f"127.0.0.1:{port}"
+
+
+async def wait_ready(proc: subprocess.Popen[bytes], address: str) -> Connection:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"PM exited with {proc.returncode}")
+        try:
+            c = await Connection.open(address)
+            await c.ping()
+            return c
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def timed(fn: Callable[[], Awaitable[object]], samples: int) -> list[float]:
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        await fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+async def list_ranges(conn: Connection, owners: tuple[m.RangeOwner, ...]) -> int:
+    frames = await conn.request(Opcode.LIST_RANGES, m.ListRangesRequest(items=owners).encode(),
+                                timeout_s=CALL_TIMEOUT_S)
+    return sum(len(it.ranges) for f in frames for it in m.ListRangesResponse.decode(f.header).items)
+
+
+async def one_run(streams: int, samples: int, measure: bool) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="bench-pm-") as tmp:
+        proc, address = start_pm(Path(tmp))
+        nodes: list[FakeNode] = []
+        conn: Connection | None = None
+        try:
+            conn = await wait_ready(proc, address)
+            nodes = [await FakeNode(address).start() for _ in range(NODES)]
+            ids: list[int] = []
+            t0 = time.perf_counter()
+            while len(ids) < streams:
+                n = min(BATCH, streams - len(ids))
+                r = await call(conn, m.CreateStreamsRequest(items=tuple(
+                    m.CreateStreamItem(1, 86_400_000) for _ in range(n))), m.CreateStreamsResponse)
+                for it in r.items:
+                    if not it.status.ok or it.stream is None:
+                        raise RuntimeError(f"create failed: {it.status}")
+                    ids.append(it.stream.stream_id)
+            elapsed = time.perf_counter() - t0
+            out: dict[str, object] = {
+                "create_per_s": streams / elapsed,
+                "rss_mib": rss_mib(proc.pid),
+                "synced": sum(n.synced for n in nodes),
+            }
+            if not measure:
+                return out
+            rnd = random.Random(1)
+            one = (m.StreamOwner(rnd.choice(ids)),)
+            thousand = tuple(m.StreamOwner(i) for i in rnd.sample(ids, min(1000, len(ids))))
+            node_owner = (m.DataNode(nodes[0].node_id, ""),)
+            node_ranges = await list_ranges(conn, node_owner)
+            mid = ids[len(ids) // 2]
+            some_ids = tuple(rnd.sample(ids, min(1000, len(ids))))
+            out |= {
+                "list_ranges_1": await timed(lambda: list_ranges(conn, one), samples),
+                "list_ranges_1000": await timed(lambda: list_ranges(conn, thousand), samples),
+                "list_ranges_node": await timed(lambda: list_ranges(conn, node_owner), samples),
+                "node_ranges": node_ranges,
+                "describe_1000": await timed(lambda: call(conn, m.DescribeStreamsRequest(
+                    stream_ids=some_ids), m.DescribeStreamsResponse), samples),
+                "describe_page": await timed(lambda: call(conn, m.DescribeStreamsRequest(
+                    limit=1000, continuation=mid), m.DescribeStreamsResponse), samples),
+            }
+            return out
+        finally:
+            for n in nodes:
+                await n.close()
+            if conn is not None:
+                await conn.aclose()
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+async def main_async(streams: int, runs: int, samples: int) -> None:
+    print(f"bench_pm: {streams} streams in batches of {BATCH}, {NODES} fake data nodes, "
+          f"{runs} runs (python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
+    results = []
+    for i in range(runs):
+        res = await one_run(streams, samples, measure=(i == runs - 1))
+        print(f"  run {i + 1}: {res['create_per_s']:.0f} streams/s, rss {res['rss_mib']:.1f} MiB, "
+              f"synced {res['synced']}")
+        results.append(res)
+    rate = median_spread([float(r["create_per_s"]) for r in results])  # type: ignore[arg-type]
+    rss = median_spread([float(r["rss_mib"]) for r in results])  # type: ignore[arg-type]
+    last = results[-1]
+    print(f"CREATE_STREAMS          {rate[0]:10.0f} streams/s [{rate[1]:.0f}..{rate[2]:.0f}]")
+    print(f"PM RSS at {streams} streams {rss[0]:8.1f} MiB [{rss[1]:.1f}..{rss[2]:.1f}]")
+    print("latency, ms: median [min..max] of", samples)
+    print(f"  LIST_RANGES 1 stream         {fmt_ms(last['list_ranges_1'])}")  # type: ignore[arg-type]
+    print(f"  LIST_RANGES 1,000 streams    {fmt_ms(last['list_ranges_1000'])}")  # type: ignore[arg-type]
+    print(f"  LIST_RANGES 1 node ({last['node_ranges']} ranges) "
+          f"{fmt_ms(last['list_ranges_node'])}")  # type: ignore[arg-type]
+    print(f"  DESCRIBE_STREAMS 1,000 ids   {fmt_ms(last['describe_1000'])}")  # type: ignore[arg-type]
+    print(f"  DESCRIBE_STREAMS page 1,000  {fmt_ms(last['describe_page'])}")  # type: ignore[arg-type]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--streams", type=int, default=100_000)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--samples", type=int, default=5, help="latency samples per figure")
+    a = p.parse_args()
+    run(main_async(a.streams, a.runs, a.samples))
+
+
+if __name__ == "__main__":
+    main()
