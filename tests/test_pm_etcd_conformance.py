@@ -1,0 +1,360 @@
+"""Backend conformance: the same metadata behaviours against SQLite and etcd.
+
+Every test takes a ``backend`` fixture, parametrised over both stores; etcd runs for real (one
+server per module, one key prefix per test). Backend-specific behaviour (SQLite's file lock,
+etcd's transaction limits and fencing) is tested in test_pm_etcd.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+from etcd_fixture import EtcdServer, require_etcd
+
+from sbpstream.pm.etcd_meta import EtcdMetadataStore
+from sbpstream.pm.leader import LeaderElection
+from sbpstream.pm.metadata import (
+    CreatedStream,
+    DeleteResult,
+    MetadataStore,
+    NewStream,
+    NodeMetrics,
+    ProducerState,
+    ReplicaMeta,
+    StreamMeta,
+    StreamUpdate,
+    TrimResult,
+)
+from sbpstream.pm.sqlite_meta import SqliteMetadataStore
+from sbpstream.protocol.errors import (
+    DataNodeNotFoundError,
+    InvalidRequestError,
+    MetadataError,
+    RangeNotFoundError,
+    SbpError,
+    StreamDeletedError,
+    StreamNotFoundError,
+)
+
+R1 = (ReplicaMeta(1, True),)
+_prefixes = itertools.count(1)
+
+
+class Backend(Protocol):
+    store: MetadataStore
+
+    async def reopen(self) -> MetadataStore: ...
+
+    async def close(self) -> None: ...
+
+
+class SqliteBackend:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.store: MetadataStore = SqliteMetadataStore(path)
+
+    async def open(self) -> None:
+        await self.store.open()
+
+    async def reopen(self) -> MetadataStore:
+        await self.store.close()
+        self.store = SqliteMetadataStore(self.path)
+        await self.store.open()
+        return self.store
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+class EtcdBackend:
+    """An etcd store that has won the election for its own prefix."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.etcd: EtcdMetadataStore = EtcdMetadataStore(url)
+        self.store: MetadataStore = self.etcd
+        self.election: LeaderElection | None = None
+
+    async def open(self) -> None:
+        await self.etcd.open()
+        self.election = LeaderElection(self.etcd, "127.0.0.1:1")
+        self.election.start()
+        assert await self.election.wait_leader(10.0), "no leadership on a fresh prefix"
+
+    async def reopen(self) -> MetadataStore:
+        await self.close()
+        self.etcd = EtcdMetadataStore(self.url)
+        self.store = self.etcd
+        await self.open()
+        return self.store
+
+    async def close(self) -> None:
+        await self.etcd.flush_soft_state()
+        if self.election is not None:
+            await self.election.stop()
+        await self.etcd.close()
+
+
+@pytest.fixture(scope="module")
+def etcd_server() -> Iterator[EtcdServer]:
+    require_etcd()
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+async def backend(request: Any, tmp_path: Path) -> AsyncIterator[Backend]:
+    b: SqliteBackend | EtcdBackend
+    if request.param == "sqlite":
+        b = SqliteBackend(tmp_path / "pm.sqlite")
+    else:
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        b = EtcdBackend(server.url(f"/conf{next(_prefixes)}"))
+    await b.open()
+    yield b
+    await b.close()
+
+
+def created(outcomes: list[CreatedStream | SbpError]) -> list[CreatedStream]:
+    out = []
+    for o in outcomes:
+        assert isinstance(o, CreatedStream), o
+        out.append(o)
+    return out
+
+
+async def trim1(s: MetadataStore, sid: int, off: int) -> TrimResult:
+    (out,) = await s.trim_streams([(sid, off)], 1)
+    if isinstance(out, SbpError):
+        raise out
+    return out
+
+
+async def delete1(s: MetadataStore, sid: int) -> DeleteResult:
+    (out,) = await s.delete_streams([sid], 1)
+    if isinstance(out, SbpError):
+        raise out
+    return out
+
+
+async def update1(s: MetadataStore, sid: int, rn: int, ret: int) -> StreamMeta:
+    (out,) = await s.update_streams([StreamUpdate(sid, rn, ret)], 1)
+    if isinstance(out, SbpError):
+        raise out
+    return out
+
+
+async def test_create_and_reopen_keeps_everything(backend: Backend) -> None:
+    store = backend.store
+    n1 = await store.allocate_node_id("host-a", 1000)
+    n2 = await store.allocate_node_id("host-b", 1001)
+    assert (n1, n2) == (1, 2)
+    await store.update_node_address(n1, "127.0.0.1:9001")
+    await store.record_heartbeat(n1, 5000)
+    await store.record_metrics(n1, NodeMetrics(disk_free_space=10**9, range_active_cnt=3), 5000)
+    items = [NewStream(1, 60_000 * i, (ReplicaMeta(n1, True),)) for i in range(5)]
+    res = created(await store.create_streams(items, 2000))
+    assert [c.stream.stream_id for c in res] == [1, 2, 3, 4, 5]
+    assert all(c.first_range.range_index == 0 and c.first_range.writable for c in res)
+    assert res[0].stream == StreamMeta(1, 1, 0, 0, False, 2000, 2000)
+    sealed = await store.seal_and_new(1, 0, 42, (ReplicaMeta(n2, True),),
+                                      [ProducerState(7, 0, 11, 30)])
+    await store.trim_streams([(2, 0)], 3000)
+    await store.delete_streams([3], 3000)
+
+    s2 = await backend.reopen()
+    streams = await s2.get_streams([1, 2, 3, 4, 5, 99])
+    assert [s.retention_period_ms if s else None for s in streams] == [
+        0, 60_000, 120_000, 180_000, 240_000, None]
+    assert streams[2] is not None and streams[2].deleted
+    ranges = (await s2.list_ranges([1]))[0]
+    assert ranges == [sealed.sealed, sealed.new]
+    assert ranges[0].end_offset == 42 and ranges[1].start_offset == 42
+    assert ranges[1].replicas == (ReplicaMeta(n2, True),)
+    assert await s2.get_seal_producers(1, 0) == (ProducerState(7, 0, 11, 30),)
+    node = await s2.get_node(n1)
+    assert node is not None and node.advertise_addr == "127.0.0.1:9001"
+    assert node.last_heartbeat_ms == 5000
+    assert node.metrics is not None and node.metrics.range_active_cnt == 3
+    assert [n.node_id for n in await s2.list_nodes()] == [1, 2]
+    # Counters continue, never reuse an id.
+    assert await s2.allocate_node_id("host-c", 1) == 3
+    more = created(await s2.create_streams([NewStream(1, 0, R1)], 1))
+    assert more[0].stream.stream_id == 6
+    assert [s.stream_id for s in await s2.list_streams(0, 100)] == [1, 2, 4, 5, 6]
+
+
+async def test_large_batch_one_call(backend: Backend) -> None:
+    items = [NewStream(1, 1000, (ReplicaMeta(1 + i % 3, True),)) for i in range(1000)]
+    res = created(await backend.store.create_streams(items, 1))
+    assert [c.stream.stream_id for c in res] == list(range(1, 1001))
+    assert await backend.store.writable_range_counts() == {1: 334, 2: 333, 3: 333}
+    node2 = await backend.store.list_node_ranges(2)
+    assert len(node2) == 333 and all(r.node_ids == (2,) for r in node2)
+    assert [r.stream_id for r in node2] == sorted(r.stream_id for r in node2)
+    got = await backend.store.get_streams([1, 500, 1000, 1001])
+    assert [s.stream_id if s else None for s in got] == [1, 500, 1000, None]
+
+
+async def test_multi_replica_ranges(backend: Backend) -> None:
+    reps = (ReplicaMeta(3, False), ReplicaMeta(2, True), ReplicaMeta(1, False))
+    created(await backend.store.create_streams([NewStream(3, 0, reps)], 1))
+    r = await backend.store.get_range(1, 0)
+    assert r is not None and r.primary_node_id == 2 and r.node_ids == (2, 1, 3)
+    s = await backend.store.seal_and_new(1, 0, 5, reps, [])
+    assert s.new.node_ids == (2, 1, 3)
+    assert [x.range_index for x in await backend.store.list_node_ranges(3)] == [0, 1]
+    assert [x.range_index for x in await backend.store.list_node_ranges(3, True)] == [1]
+    assert await backend.store.writable_range_counts() == {1: 1, 2: 1, 3: 1}
+    # A node listed twice in one range is refused, and nothing is written.
+    with pytest.raises(MetadataError):
+        await backend.store.seal_and_new(1, 1, 9, (ReplicaMeta(1, True), ReplicaMeta(1, False)),
+                                         [])
+    assert len((await backend.store.list_ranges([1]))[0]) == 2
+
+
+async def test_seal_and_new_idempotent(backend: Backend) -> None:
+    store = backend.store
+    created(await store.create_streams([NewStream(1, 0, R1)], 1))
+    first = await store.seal_and_new(1, 0, 10, (ReplicaMeta(2, True),), [])
+    assert first.created
+    again = await store.seal_and_new(1, 0, 999, (ReplicaMeta(3, True),), [])
+    assert not again.created
+    assert (again.sealed, again.new) == (first.sealed, first.new)
+    assert len((await store.list_ranges([1]))[0]) == 2
+    second = await store.seal_and_new(1, 1, 25, (ReplicaMeta(1, True),),
+                                      [ProducerState(4, 1, 9, 20), ProducerState(2, 0, 3, 11)])
+    assert second.sealed.range_index == 1 and second.new.range_index == 2
+    assert second.new.start_offset == 25
+    assert second.producers == (ProducerState(2, 0, 3, 11), ProducerState(4, 1, 9, 20))
+    assert (await store.seal_and_new(1, 1, 0, (), ())).producers == second.producers
+    with pytest.raises(InvalidRequestError):
+        await store.seal_and_new(1, 0, 10, R1, [])  # neither writable nor the last sealed
+    with pytest.raises(RangeNotFoundError):
+        await store.seal_and_new(1, 7, 10, R1, [])
+    with pytest.raises(InvalidRequestError):
+        await store.seal_and_new(1, 2, 3, R1, [])  # end below start 25
+    with pytest.raises(InvalidRequestError):
+        await store.seal_and_new(1, 2, 30, (), [])  # no replicas for the new range
+    with pytest.raises(StreamNotFoundError):
+        await store.seal_and_new(42, 0, 0, R1, [])
+    await delete1(store, 1)
+    with pytest.raises(StreamDeletedError):
+        await store.seal_and_new(1, 2, 30, R1, [])
+
+
+async def test_trim(backend: Backend) -> None:
+    store = backend.store
+    created(await store.create_streams([NewStream(1, 0, R1)], 1))
+    await store.seal_and_new(1, 0, 10, R1, [ProducerState(1, 0, 1, 0)])
+    await store.seal_and_new(1, 1, 20, R1, [ProducerState(1, 0, 2, 10)])
+    # Ranges: [0,10) [10,20) [20,-1)
+    t = await trim1(store, 1, 5)
+    assert t.dropped == () and t.first_range is not None
+    assert (t.first_range.range_index, t.first_range.start_offset) == (0, 5)
+    assert t.stream.start_offset == 5
+    t = await trim1(store, 1, 10)  # range 0 ends exactly at 10: wholly below
+    assert [r.range_index for r in t.dropped] == [0]
+    assert t.first_range is not None and t.first_range.range_index == 1
+    assert t.first_range.start_offset == 10
+    assert await store.get_seal_producers(1, 0) == ()
+    assert await store.get_seal_producers(1, 1) == (ProducerState(1, 0, 2, 10),)
+    t = await trim1(store, 1, 3)  # never lowers
+    assert t.stream.start_offset == 10 and t.dropped == ()
+    t = await trim1(store, 1, 27)  # into the writable range
+    assert t.first_range is not None and t.first_range.range_index == 2
+    assert t.first_range.start_offset == 27 and t.first_range.writable
+    assert t.first_range.next_offset == 27
+    assert [r.range_index for r in (await store.list_ranges([1]))[0]] == [2]
+    assert (await store.get_streams([1]))[0] == t.stream
+    with pytest.raises(InvalidRequestError):
+        await trim1(store, 1, -1)
+    with pytest.raises(StreamNotFoundError):
+        await trim1(store, 9, 1)
+
+
+async def test_delete_and_update(backend: Backend) -> None:
+    store = backend.store
+    created(await store.create_streams([NewStream(1, 0, R1), NewStream(1, 5, R1)], 1))
+    await store.seal_and_new(1, 0, 4, R1, [ProducerState(1, 0, 1, 0)])
+    u = await update1(store, 2, 1, 777)
+    assert u.retention_period_ms == 777 and u.updated_ms == 1
+    d = await delete1(store, 1)
+    assert d.stream.deleted and [r.range_index for r in d.removed] == [0, 1]
+    assert (await store.list_ranges([1]))[0] == []
+    assert await store.get_seal_producers(1, 0) == ()
+    assert await store.list_node_ranges(1) == [(await store.get_range(2, 0))]
+    with pytest.raises(StreamDeletedError):
+        await delete1(store, 1)
+    with pytest.raises(StreamDeletedError):
+        await update1(store, 1, 1, 1)
+    with pytest.raises(StreamNotFoundError):
+        await delete1(store, 77)
+    assert [s.stream_id for s in await store.list_streams(0, 10)] == [2]
+    with pytest.raises(DataNodeNotFoundError):
+        await store.update_node_address(55, "x:1")
+
+
+async def test_next_offsets_never_lower(backend: Backend) -> None:
+    store = backend.store
+    created(await store.create_streams([NewStream(1, 0, R1)] * 2, 1))
+    await store.record_next_offsets([(1, 0, 50), (2, 0, 7), (9, 0, 1)])
+    await store.record_next_offsets([(1, 0, 20)])
+    r = await store.get_range(1, 0)
+    assert r is not None and r.next_offset == 50
+    r2 = await store.get_range(2, 0)
+    assert r2 is not None and r2.next_offset == 7
+    await store.seal_and_new(2, 0, 7, R1, [])
+    await store.record_next_offsets([(2, 0, 100)])  # sealed: unchanged
+    r2 = await store.get_range(2, 0)
+    assert r2 is not None and r2.next_offset == 7
+
+
+async def test_list_streams_pages(backend: Backend) -> None:
+    store = backend.store
+    created(await store.create_streams([NewStream(1, 0, R1)] * 25, 1))
+    await delete1(store, 13)
+    seen: list[int] = []
+    after = 0
+    while True:
+        page = await store.list_streams(after, 10)
+        if not page:
+            break
+        seen += [s.stream_id for s in page]
+        after = page[-1].stream_id
+    assert seen == [i for i in range(1, 26) if i != 13]
+    assert await store.list_streams(0, 0) == []
+
+
+async def test_mixed_batches_per_item(backend: Backend) -> None:
+    store = backend.store
+    created(await store.create_streams([NewStream(1, 0, R1)] * 3, 1))
+    await delete1(store, 2)
+    out = await store.trim_streams([(1, 5), (2, 5), (3, -4), (99, 1), (3, 2)], 2)
+    assert isinstance(out[0], TrimResult) and out[0].stream.start_offset == 5
+    assert isinstance(out[1], StreamDeletedError)
+    assert isinstance(out[2], InvalidRequestError)
+    assert isinstance(out[3], StreamNotFoundError)
+    assert isinstance(out[4], TrimResult) and out[4].stream.start_offset == 2
+    dels = await store.delete_streams([1, 1, 42], 3)
+    assert isinstance(dels[0], DeleteResult)
+    assert isinstance(dels[1], StreamDeletedError)
+    assert isinstance(dels[2], StreamNotFoundError)
+    ups = await store.update_streams([StreamUpdate(3, 1, 9), StreamUpdate(1, 1, 9)], 4)
+    assert isinstance(ups[0], StreamMeta) and ups[0].retention_period_ms == 9
+    assert isinstance(ups[1], StreamDeletedError)
+
+
+async def test_items_of_one_call_see_each_other(backend: Backend) -> None:
+    store = backend.store
+    created(await store.create_streams([NewStream(1, 0, R1)] * 2, 1))
+    ups = await store.update_streams(
+        [StreamUpdate(1, 1, 10), StreamUpdate(1, 1, 20), StreamUpdate(2, 1, 30)], 5)
+    assert [u.retention_period_ms for u in ups if isinstance(u, StreamMeta)] == [10, 20, 30]
+    assert [s.retention_period_ms for s in await store.get_streams([1, 2]) if s] == [20, 30]
+    out = await store.trim_streams([(1, 3), (1, 1), (1, 8)], 6)
+    assert [o.stream.start_offset for o in out if isinstance(o, TrimResult)] == [3, 3, 8]
