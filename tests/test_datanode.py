@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +21,11 @@ from sbpstream.protocol.messages import (
     CreateStreamItem,
     CreateStreamsRequest,
     CreateStreamsResponse,
+    DeleteStreamsRequest,
+    DeleteStreamsResponse,
+    DescribeRangeItem,
+    DescribeRangesRequest,
+    DescribeRangesResponse,
     FetchItem,
     FetchRequest,
     FetchResponse,
@@ -25,7 +33,14 @@ from sbpstream.protocol.messages import (
     ListRangesRequest,
     ListRangesResponse,
     Range,
+    SealItem,
+    SealRangesRequest,
+    SealRangesResponse,
+    Stream,
     StreamOwner,
+    TrimItem,
+    TrimStreamsRequest,
+    TrimStreamsResponse,
 )
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import Record, build_batch, iter_records, read_header
@@ -35,8 +50,9 @@ TIMEOUT_S = 10.0  # every in-test wait is bounded by this
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # node timeout far above a restart, so the PM does not seal the killed node's ranges
     with LocalCluster(tmp_path_factory.mktemp("dn"), datanodes=2, heartbeat_interval_ms=200,
-                      node_timeout_ms=3000) as c:
+                      node_timeout_ms=20_000) as c:
         yield c
 
 
@@ -123,5 +139,216 @@ async def test_append_fetch_round_trip(cluster: LocalCluster) -> None:
         assert batches == [] and results[0].status.ok and results[0].high_watermark == 5
         _, results, _ = await fetch(conn, sid, 99)
         assert results[0].status.code == ErrorCode.OFFSET_OUT_OF_RANGE
+    finally:
+        await conn.aclose()
+
+
+async def pm_call(pm: str, opcode: int, header: bytes) -> Frame:
+    conn = await Connection.open(pm)
+    try:
+        return await conn.request_one(opcode, header, timeout_s=TIMEOUT_S)
+    finally:
+        await conn.aclose()
+
+
+async def test_long_poll_wakes_on_append(cluster: LocalCluster) -> None:
+    sid, rng = await create_stream(cluster.pm_address)
+    reader = await Connection.open(primary(rng))
+    writer = await Connection.open(primary(rng))
+    try:
+        # nothing arrives: the poll ends after max_wait_ms with one empty result and END
+        t0 = time.monotonic()
+        frames, results, batches = await fetch(reader, sid, 0, max_wait_ms=300, min_bytes=1)
+        assert 0.25 <= time.monotonic() - t0 < 3.0
+        assert batches == [] and results[0].status.ok and frames[-1].is_end
+        # a consumer parked at the end gets the batch as soon as it is acknowledged
+        poll = asyncio.ensure_future(fetch(reader, sid, 0, max_wait_ms=8000, min_bytes=1))
+        await asyncio.sleep(0.3)
+        assert not poll.done()
+        t_ack = time.monotonic()
+        _, res = await append(writer, [(sid, batch(4, "late"))])
+        assert res[0].status.ok
+        _, results, batches = await asyncio.wait_for(poll, TIMEOUT_S)
+        assert time.monotonic() - t_ack < 2.0  # far below max_wait: woken, not polled
+        assert values(batches)[0].startswith(b"late-0") and results[0].high_watermark == 4
+    finally:
+        await reader.aclose()
+        await writer.aclose()
+
+
+async def test_fetch_streams_several_frames(cluster: LocalCluster) -> None:
+    sid, rng = await create_stream(cluster.pm_address)
+    conn = await Connection.open(primary(rng))
+    try:
+        big = [batch(10, f"b{i}", size=30_000) for i in range(12)]  # ~300 KB each, ~3.6 MB
+        for i in range(0, len(big), 4):
+            _, res = await append(conn, [(sid, b) for b in big[i : i + 4]])
+            assert all(r.status.ok for r in res.values())
+        frames, _, batches = await fetch(conn, sid, 0, max_bytes=64 << 20)
+        assert len(frames) >= 3  # ~1 MiB frames
+        assert all(not f.is_end for f in frames[:-1]) and frames[-1].is_end
+        assert [read_header(b).base_offset for b in batches] == list(range(0, 120, 10))
+        assert [b[8:] for b in batches] == [b[8:] for b in big]  # unchanged but base_offset
+        assert all(len(f.payload) <= 16 << 20 for f in frames)
+        # min_bytes: data streams back as it lands, END once min_bytes were sent
+        poll = asyncio.ensure_future(
+            fetch(conn, sid, 120, max_wait_ms=8000, min_bytes=2 * len(big[0])))
+        w = await Connection.open(primary(rng))
+        for i in range(2):
+            await asyncio.sleep(0.2)
+            await append(w, [(sid, big[i])])
+        frames, _, batches = await asyncio.wait_for(poll, TIMEOUT_S)
+        await w.aclose()
+        assert len(batches) == 2 and len(frames) >= 2
+    finally:
+        await conn.aclose()
+
+
+async def test_multi_item_append_answers_out_of_order(cluster: LocalCluster) -> None:
+    s1, r1 = await create_stream(cluster.pm_address)
+    s2, r2 = await create_stream(cluster.pm_address)
+    addr = primary(r1)
+    conn = await Connection.open(addr)
+    try:
+        corrupt = bytearray(batch(2, "bad"))
+        corrupt[-1] ^= 0xFF  # CRC no longer matches
+        other = s2 if primary(r2) == addr else 0
+        items = [(s1, batch(2, "x")), (s1, bytes(corrupt)), (s1, batch(3, "y")),
+                 (987_654_321, batch(1, "nowhere"))]
+        if other:
+            items.append((other, batch(1, "z")))
+        frames, res = await append(conn, items)
+        assert res[0].status.ok and (res[0].base_offset, res[0].next_offset) == (0, 2)
+        assert res[1].status.code == ErrorCode.CORRUPT_BATCH and res[1].base_offset == -1
+        assert res[2].status.ok and (res[2].base_offset, res[2].next_offset) == (2, 5)
+        assert res[3].status.code == ErrorCode.RANGE_NOT_FOUND  # after asking the PM once
+        # several frames, the failed item first (it did not wait for the fsync), END last
+        assert len(frames) >= 2 and frames[-1].is_end
+        assert [r.request_index for r in AppendResponse.decode(frames[0].header).items] == [1]
+        _, _, batches = await fetch(conn, s1, 0)
+        assert len(values(batches)) == 5
+    finally:
+        await conn.aclose()
+
+
+async def test_idempotent_duplicate_gets_original_offset(cluster: LocalCluster) -> None:
+    sid, rng = await create_stream(cluster.pm_address)
+    conn = await Connection.open(primary(rng))
+    try:
+        b = build_batch([Record(value=b"once")], producer_id=7, producer_epoch=0,
+                        base_sequence=0)
+        _, first = await append(conn, [(sid, batch(2))])
+        _, a = await append(conn, [(sid, b)])
+        _, again = await append(conn, [(sid, b)])
+        assert first[0].next_offset == 2
+        assert a[0].base_offset == again[0].base_offset == 2
+        _, _, batches = await fetch(conn, sid, 0)
+        assert len(values(batches)) == 3
+    finally:
+        await conn.aclose()
+
+
+async def test_wrong_node_and_sealed_range(cluster: LocalCluster) -> None:
+    sid, rng = await create_stream(cluster.pm_address)
+    addr = primary(rng)
+    others = [dn.address for dn in cluster.datanodes if dn.address != addr]
+    conn = await Connection.open(addr)
+    try:
+        await append(conn, [(sid, batch(3))])
+        if others:  # a node that does not hold the range asks the PM, then refuses
+            o = await Connection.open(others[0])
+            _, res = await append(o, [(sid, batch(1))])
+            await o.aclose()
+            assert res[0].status.code == ErrorCode.RANGE_NOT_FOUND
+        f = await pm_call(cluster.pm_address, Opcode.SEAL_RANGES, SealRangesRequest(
+            timeout_ms=5000, items=(SealItem(stream_id=sid, range_index=0),)).encode())
+        sealed = SealRangesResponse.decode(f.header).items[0]
+        assert sealed.status.ok, sealed.status
+        assert sealed.ranges[0].end_offset == 3
+        req = AppendRequest(timeout_ms=5000, items=(
+            AppendItem(stream_id=sid, request_index=0, batch_length=len(batch(1)),
+                       range_index=0),))
+        fr = await conn.request_one(Opcode.APPEND, req.encode(), batch(1), timeout_s=TIMEOUT_S)
+        assert AppendResponse.decode(fr.header).items[0].status.code == ErrorCode.RANGE_SEALED
+        # the sealed range's end is reported so a consumer can follow into the next range
+        req2 = FetchRequest(max_wait_ms=0, items=(
+            FetchItem(stream_id=sid, request_index=0, fetch_offset=3, range_index=0),))
+        fr = await conn.request_one(Opcode.FETCH, req2.encode(), timeout_s=TIMEOUT_S)
+        r = FetchResponse.decode(fr.header).items[0]
+        assert r.status.ok and r.range_end_offset == 3
+    finally:
+        await conn.aclose()
+
+
+async def test_trim_and_delete_from_pm(cluster: LocalCluster) -> None:
+    sid, rng = await create_stream(cluster.pm_address)
+    conn = await Connection.open(primary(rng))
+    try:
+        for i in range(4):
+            await append(conn, [(sid, batch(5, f"t{i}"))])
+        f = await pm_call(cluster.pm_address, Opcode.TRIM_STREAMS, TrimStreamsRequest(
+            timeout_ms=5000, items=(TrimItem(stream_id=sid, trim_offset=10),)).encode())
+        assert TrimStreamsResponse.decode(f.header).items[0].status.ok
+        _, results, _ = await fetch(conn, sid, 0)
+        assert results[0].status.code == ErrorCode.OFFSET_TRIMMED
+        assert results[0].start_offset == 10
+        _, _, batches = await fetch(conn, sid, 10)
+        assert read_header(batches[0]).base_offset == 10
+        f = await pm_call(cluster.pm_address, Opcode.DELETE_STREAMS, DeleteStreamsRequest(
+            timeout_ms=5000, items=(Stream(stream_id=sid),)).encode())
+        assert DeleteStreamsResponse.decode(f.header).items[0].status.ok
+        _, res = await append(conn, [(sid, batch(1))])
+        assert res[0].status.code == ErrorCode.STREAM_DELETED
+        _, results, _ = await fetch(conn, sid, 10)
+        assert results[0].status.code == ErrorCode.STREAM_DELETED
+    finally:
+        await conn.aclose()
+
+
+async def test_describe_ranges_is_authoritative(cluster: LocalCluster) -> None:
+    sid, rng = await create_stream(cluster.pm_address)
+    conn = await Connection.open(primary(rng))
+    try:
+        await append(conn, [(sid, batch(7))])
+        f = await conn.request_one(Opcode.DESCRIBE_RANGES, DescribeRangesRequest(
+            timeout_ms=1000, items=(DescribeRangeItem(stream_id=sid, range_index=0),
+                                    DescribeRangeItem(stream_id=sid, range_index=5))).encode(),
+            timeout_s=TIMEOUT_S)
+        items = DescribeRangesResponse.decode(f.header).items
+        assert items[0].range is not None
+        assert (items[0].range.start_offset, items[0].range.next_offset,
+                items[0].range.end_offset) == (0, 7, -1)
+        assert items[1].status.code == ErrorCode.RANGE_NOT_FOUND
+    finally:
+        await conn.aclose()
+
+
+async def test_restart_after_kill_keeps_acknowledged_data(cluster: LocalCluster) -> None:
+    sid, rng = await create_stream(cluster.pm_address)
+    addr = primary(rng)
+    node = next(dn for dn in cluster.datanodes if dn.address == addr)
+    id_file = Path(node.args[node.args.index("--dir") + 1]) / "node_id"
+    node_id = id_file.read_text()
+    conn = await Connection.open(addr)
+    acked = 0
+    for i in range(10):
+        _, res = await append(conn, [(sid, batch(3, f"k{i}"))])
+        assert res[0].status.ok
+        acked = res[0].next_offset
+    await conn.aclose()
+    node.kill()  # SIGKILL: no graceful close
+    node.start()
+    await asyncio.to_thread(node.wait_ready, 30.0)
+    assert id_file.read_text() == node_id  # same identity after the restart
+    conn = await Connection.open(addr)
+    try:
+        _, results, batches = await fetch(conn, sid, 0, max_bytes=8 << 20)
+        assert results[0].status.ok, results[0].status
+        assert len(values(batches)) == acked == 30
+        assert values(batches)[-1].startswith(b"k9-2")
+        _, res = await append(conn, [(sid, batch(1))])  # the range is still writable here
+        assert res[0].status.code in (0, ErrorCode.RANGE_SEALED)
+        if res[0].status.ok:
+            assert res[0].base_offset == 30
     finally:
         await conn.aclose()

@@ -314,6 +314,12 @@ class DataNode:
         self.table.set_placement(info, r.replica_nodes, self.node_id)
         if r.end_offset >= 0 and not (st.sealed and st.end_offset >= 0):
             if r.end_offset <= st.next_offset:
+                if r.end_offset < st.next_offset:
+                    # The PM sealed without us (we were away): what we hold past its end was
+                    # never acknowledged to everyone; the PM's end is the truth (design.md 5).
+                    log.warning("event=truncate_to_pm_end stream_id=%d range_index=%d "
+                                "sealed_end=%d local_next=%d", r.stream_id, r.range_index,
+                                r.end_offset, st.next_offset)
                 end = store.seal_range(r.stream_id, r.range_index, r.end_offset)
                 self.set_committed(r.stream_id, r.range_index, end)
             else:

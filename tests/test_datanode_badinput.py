@@ -1,0 +1,239 @@
+"""Every bad-input case of design.md section 2, as raw bytes over a real socket to a real data
+node process. None of them takes the server down."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+from collections.abc import Iterator
+
+import pytest
+
+from sbpstream.cluster import LocalCluster
+from sbpstream.protocol.errors import ErrorCode
+from sbpstream.protocol.frame import (
+    FLAGS_SYSTEM_ERROR,
+    Frame,
+    FrameDecoder,
+    encode_frame,
+)
+from sbpstream.protocol.messages import (
+    AppendItem,
+    AppendRequest,
+    AppendResponse,
+    CreateStreamItem,
+    CreateStreamsRequest,
+    CreateStreamsResponse,
+    GoAway,
+    SystemErrorResponse,
+)
+from sbpstream.protocol.opcodes import Opcode
+from sbpstream.records import Record, build_batch
+
+SOCKET_TIMEOUT_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("dnbad"), datanodes=1,
+                      heartbeat_interval_ms=200, node_timeout_ms=20_000) as c:
+        yield c
+
+
+class Raw:
+    """A plain blocking socket: write any bytes, read decoded frames (bounded waits)."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S)
+        self.decoder = FrameDecoder()
+        self.eof = False
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def frames(self, n: int) -> list[Frame]:
+        out: list[Frame] = []
+        while len(out) < n:
+            for ev in self.decoder.events():
+                assert isinstance(ev, Frame), ev
+                out.append(ev)
+            if len(out) >= n:
+                break
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                self.eof = True
+                break
+            self.decoder.feed(chunk)
+        return out
+
+    def read_until_eof(self) -> list[Frame]:
+        out: list[Frame] = []
+        while True:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                self.eof = True
+                return out
+            self.decoder.feed(chunk)
+            out.extend(ev for ev in self.decoder.events() if isinstance(ev, Frame))
+
+    def ping_ok(self, stream_id: int = 99) -> bool:
+        self.send(encode_frame(Opcode.PING, stream_id, 0, b"", b"hi"))
+        f = self.frames(1)
+        return bool(f) and f[0].opcode == Opcode.PING and f[0].stream_id == stream_id
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def raw(cluster: LocalCluster) -> Iterator[Raw]:
+    r = Raw(cluster.datanodes[0].address)
+    yield r
+    r.close()
+
+
+def system_error(f: Frame) -> int:
+    assert f.flags == FLAGS_SYSTEM_ERROR
+    return SystemErrorResponse.decode(f.header).status.code
+
+
+def raw_frame(opcode: int, stream_id: int, header: bytes = b"", payload: bytes = b"", *,
+              magic: int = 23, fmt: int = 1, crc: int | None = None,
+              frame_length: int | None = None, header_length: int | None = None) -> bytes:
+    fl = 16 + len(header) + len(payload) if frame_length is None else frame_length
+    hl = len(header) if header_length is None else header_length
+    c = (zlib.crc32(payload) if payload else 0) if crc is None else crc
+    return (struct.pack(">IBHBIB", fl, magic, opcode, 0, stream_id, fmt) + hl.to_bytes(3, "big")
+            + header + payload + struct.pack(">I", c))
+
+
+def test_ping_vector(raw: Raw) -> None:
+    raw.send(bytes.fromhex("00000010170001000000000101000000" "00000000"))
+    f = raw.frames(1)[0]
+    assert (f.opcode, f.flags, f.stream_id) == (Opcode.PING, 0x03, 1)
+
+
+def test_bad_magic_is_discarded(raw: Raw) -> None:
+    raw.send(raw_frame(Opcode.PING, 5, magic=42))
+    assert raw.ping_ok()  # the only answer is the PONG of the good frame
+
+
+def test_unknown_opcode_is_discarded(raw: Raw) -> None:
+    raw.send(raw_frame(0x7777, 5, b"", b"junk"))
+    assert raw.ping_ok()
+
+
+def test_crc_mismatch_gets_system_error(raw: Raw) -> None:
+    raw.send(raw_frame(Opcode.APPEND, 6, b"", b"payload", crc=1234))
+    f = raw.frames(1)[0]
+    assert f.stream_id == 6 and system_error(f) == ErrorCode.CHECKSUM_MISMATCH
+    assert raw.ping_ok()
+
+
+def test_bad_header_format_gets_system_error(raw: Raw) -> None:
+    raw.send(raw_frame(Opcode.FETCH, 7, b"\x01\x02", fmt=2))
+    f = raw.frames(1)[0]
+    assert f.stream_id == 7 and system_error(f) == ErrorCode.BAD_HEADER
+    assert raw.ping_ok()
+
+
+def test_undecodable_header_gets_system_error(raw: Raw) -> None:
+    for sid, op in ((8, Opcode.APPEND), (9, Opcode.FETCH), (10, Opcode.SEAL_RANGES),
+                    (11, Opcode.SYNC_RANGES), (12, Opcode.DESCRIBE_RANGES),
+                    (13, Opcode.TRIM_STREAMS), (14, Opcode.DELETE_STREAMS)):
+        raw.send(raw_frame(op, sid, b"\xff\xff\xff\x7f" + b"\x00" * 5))
+        f = raw.frames(1)[0]
+        assert f.stream_id == sid and system_error(f) == ErrorCode.BAD_HEADER, op
+    assert raw.ping_ok()
+
+
+def test_frame_length_over_bound_goaway_and_close(raw: Raw) -> None:
+    raw.send(struct.pack(">I", (16 << 20) + 1) + b"\x17")
+    frames = raw.read_until_eof()
+    assert raw.eof and [f.opcode for f in frames] == [Opcode.GOAWAY]
+    assert GoAway.decode(frames[0].header).code == ErrorCode.INVALID_REQUEST
+
+
+def test_header_length_beyond_frame_goaway_and_close(raw: Raw) -> None:
+    raw.send(raw_frame(Opcode.APPEND, 3, b"", b"", header_length=100))
+    frames = raw.read_until_eof()
+    assert raw.eof and [f.opcode for f in frames] == [Opcode.GOAWAY]
+
+
+def test_known_opcode_not_served_is_unsupported(raw: Raw) -> None:
+    hdr = CreateStreamsRequest(items=(CreateStreamItem(replica_nums=1),)).encode()
+    for sid, op in ((15, Opcode.CREATE_STREAMS), (16, Opcode.LIST_RANGES),
+                    (17, Opcode.HEARTBEAT), (18, Opcode.REPORT_METRICS)):
+        raw.send(raw_frame(op, sid, hdr))
+        f = raw.frames(1)[0]
+        assert f.stream_id == sid and system_error(f) == ErrorCode.UNSUPPORTED_OPERATION
+    assert raw.ping_ok()
+
+
+def _create_stream(pm: str) -> int:
+    r = Raw(pm)
+    try:
+        hdr = CreateStreamsRequest(timeout_ms=5000,
+                                   items=(CreateStreamItem(replica_nums=1),)).encode()
+        r.send(encode_frame(Opcode.CREATE_STREAMS, 1, 0, hdr))
+        res = CreateStreamsResponse.decode(r.frames(1)[0].header).items[0]
+        assert res.stream is not None
+        return res.stream.stream_id
+    finally:
+        r.close()
+
+
+def test_corrupt_batch_fails_only_its_item(cluster: LocalCluster, raw: Raw) -> None:
+    sid = _create_stream(cluster.pm_address)
+    good = build_batch([Record(value=b"good")])
+    bad = bytearray(build_batch([Record(value=b"bad!")]))
+    bad[12] = 9  # batch magic
+    short = good[:30]  # truncated header
+    batches = [good, bytes(bad), good, short, good]
+    hdr = AppendRequest(timeout_ms=5000, items=tuple(
+        AppendItem(stream_id=sid, request_index=i, batch_length=len(b))
+        for i, b in enumerate(batches))).encode()
+    raw.send(encode_frame(Opcode.APPEND, 20, 0, hdr, b"".join(batches)))
+    results = {}
+    while not raw.eof:
+        f = raw.frames(1)[0]
+        assert f.stream_id == 20 and not f.flags & 0x04
+        results.update({r.request_index: r for r in AppendResponse.decode(f.header).items})
+        if f.is_end:
+            break
+    assert [results[i].status.code for i in range(5)] == [
+        0, ErrorCode.CORRUPT_BATCH, 0, ErrorCode.CORRUPT_BATCH, 0]
+    assert [results[i].base_offset for i in (0, 2, 4)] == [0, 1, 2]
+
+
+def test_batch_lengths_must_add_up(cluster: LocalCluster, raw: Raw) -> None:
+    sid = _create_stream(cluster.pm_address)
+    good = build_batch([Record(value=b"x")])
+    for sid_, lengths in ((21, [len(good) + 1]), (22, [len(good) - 1]), (23, [0]), (24, [-5])):
+        hdr = AppendRequest(items=tuple(
+            AppendItem(stream_id=sid, request_index=i, batch_length=n)
+            for i, n in enumerate(lengths))).encode()
+        raw.send(encode_frame(Opcode.APPEND, sid_, 0, hdr, good))
+        f = raw.frames(1)[0]
+        assert f.stream_id == sid_ and system_error(f) == ErrorCode.INVALID_REQUEST
+    assert raw.ping_ok()
+
+
+def test_too_many_items_is_refused(cluster: LocalCluster, raw: Raw) -> None:
+    hdr = AppendRequest(items=tuple(
+        AppendItem(stream_id=1, request_index=i, batch_length=1) for i in range(5000))).encode()
+    raw.send(encode_frame(Opcode.APPEND, 25, 0, hdr, b"\x00" * 5000))
+    f = raw.frames(1)[0]
+    assert system_error(f) == ErrorCode.LIMIT_EXCEEDED
+    assert raw.ping_ok()
+
+
+def test_server_survives_everything(cluster: LocalCluster) -> None:
+    r = Raw(cluster.datanodes[0].address)
+    try:
+        assert r.ping_ok()
+        assert cluster.datanodes[0].running
+    finally:
+        r.close()
