@@ -50,7 +50,7 @@ def test_kill9_loses_no_acknowledged_batch(tmp_path: Path) -> None:
     acked: list[tuple[int, int, int]] = []
     config = StoreConfig(fsync_policy=FsyncPolicy.NONE, segment_bytes_max=CHILD_SEGMENT_BYTES)
     for cycle in range(CYCLES):
-        acked += _run_child(tmp_path, cycle, rng.uniform(0.1, 0.5))
+        acked += _run_child(tmp_path, cycle, rng.uniform(0.1, 0.3))
         store = Store.open(tmp_path, config)
         try:
             for sid, offset, crc in acked:
