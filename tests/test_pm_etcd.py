@@ -1,0 +1,228 @@
+"""etcd backend specifics: URL parsing, transaction limits, fencing, warm followers, CAS ids.
+
+Behaviour shared with SQLite is in test_pm_etcd_conformance.py; whole PM processes in
+test_pm_etcd_cluster.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from aetcd import rpc
+from etcd_fixture import EtcdServer, require_etcd
+
+from sbpstream.pm.etcd_meta import (
+    DEFAULT_LEASE_TTL_S,
+    DEFAULT_MAX_TXN_OPS,
+    EtcdMetadataStore,
+    is_etcd_url,
+    parse_etcd_url,
+)
+from sbpstream.pm.leader import LeaderElection
+from sbpstream.pm.metadata import CreatedStream, NewStream, ReplicaMeta, StreamUpdate
+from sbpstream.protocol.errors import (
+    FencedLeaderError,
+    MetadataError,
+    PmNotLeaderError,
+    SbpError,
+)
+
+R1 = (ReplicaMeta(1, True),)
+_prefixes = itertools.count(1)
+WAIT_S = 15.0  # generous bound for elections and watches on a loaded box
+
+
+@pytest.fixture(scope="module")
+def etcd_server() -> Iterator[EtcdServer]:
+    require_etcd()
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture
+def url(etcd_server: EtcdServer) -> str:
+    return etcd_server.url(f"/spec{next(_prefixes)}") + "?lease_ttl_s=2"
+
+
+class Pm:
+    """A store plus its election, as a PM process would hold them."""
+
+    def __init__(self, url: str, address: str) -> None:
+        self.store = EtcdMetadataStore(url)
+        self.election = LeaderElection(self.store, address)
+
+    async def start(self) -> Pm:
+        await self.store.open()
+        self.election.start()
+        return self
+
+    async def stop(self, resign: bool = True) -> None:
+        await self.election.stop(resign=resign)
+        await self.store.close()
+
+
+@pytest.fixture
+async def pms(url: str) -> AsyncIterator[list[Pm]]:
+    started: list[Pm] = []
+    yield started
+    for pm in started:
+        await pm.stop()
+
+
+async def leader(url: str, pms: list[Pm], address: str = "127.0.0.1:1") -> Pm:
+    pm = await Pm(url, address).start()
+    pms.append(pm)
+    assert await pm.election.wait_leader(WAIT_S)
+    return pm
+
+
+def ids(outcomes: list[CreatedStream | SbpError]) -> list[int]:
+    out = []
+    for o in outcomes:
+        assert isinstance(o, CreatedStream), o
+        out.append(o.stream.stream_id)
+    return out
+
+
+def test_parse_url() -> None:
+    s = parse_etcd_url("etcd://10.0.0.1:2379,10.0.0.2:2380")
+    assert s.endpoints == (("10.0.0.1", 2379), ("10.0.0.2", 2380))
+    assert (s.prefix, s.lease_ttl_s, s.max_txn_ops) == ("/sbpstream", DEFAULT_LEASE_TTL_S,
+                                                         DEFAULT_MAX_TXN_OPS)
+    s = parse_etcd_url("etcd://h/team/a/?lease_ttl_s=5&max_txn_ops=64&timeout_s=1.5")
+    assert s.endpoints == (("h", 2379),) and s.prefix == "/team/a"
+    assert (s.lease_ttl_s, s.max_txn_ops, s.request_timeout_s) == (5, 64, 1.5)
+    assert is_etcd_url("etcd://x:1") and not is_etcd_url("sqlite:/x")
+    for bad in ("etcd://", "etcd://h:99999", "etcd://h:1?lease_ttl_s=1", "etcd://h:1?bogus=1",
+                "etcd://h:1?max_txn_ops=2", "sqlite:/tmp/x"):
+        with pytest.raises(ValueError):
+            parse_etcd_url(bad)
+
+
+async def test_batches_respect_max_txn_ops(url: str, pms: list[Pm]) -> None:
+    pm = await leader(url + "&max_txn_ops=16", pms)
+    before = pm.store.txns
+    out = await pm.store.create_streams([NewStream(1, 0, R1)] * 100, 1)
+    assert ids(out) == list(range(1, 101))
+    # 16 ops: fence + counter compares leave 14 -> 7 items (2 keys each) per transaction.
+    assert pm.store.txns - before == math.ceil(100 / 7)
+    # Deleting a stream with many ranges is one range-delete, whatever the count.
+    for i in range(40):
+        await pm.store.seal_and_new(1, i, i + 1, R1, [])
+    (d,) = await pm.store.delete_streams([1], 2)
+    assert not isinstance(d, SbpError) and len(d.removed) == 41
+
+
+async def test_large_batch_default_limits(url: str, pms: list[Pm]) -> None:
+    pm = await leader(url, pms)
+    before = pm.store.txns
+    out = await pm.store.create_streams([NewStream(1, 0, R1)] * 5000, 1)
+    assert ids(out) == list(range(1, 5001))
+    per_txn = (DEFAULT_MAX_TXN_OPS - 2) // 2
+    assert pm.store.txns - before == math.ceil(5000 / per_txn)
+    # Another PM loading the prefix from scratch (paged reads) sees all of it.
+    other = await Pm(url, "127.0.0.1:2").start()
+    pms.append(other)
+    assert len(await other.store.list_streams(0, 10_000)) == 5000
+
+
+async def test_follower_redirects_and_keeps_a_warm_cache(url: str, pms: list[Pm]) -> None:
+    a = await leader(url, pms, "127.0.0.1:1")
+    b = await Pm(url, "127.0.0.1:2").start()
+    pms.append(b)
+    await asyncio.sleep(0.2)
+    assert not b.election.is_leader and b.election.leader_address == "127.0.0.1:1"
+    with pytest.raises(PmNotLeaderError) as ei:
+        await b.store.create_streams([NewStream(1, 0, R1)], 1)
+    assert ei.value.detail == b"127.0.0.1:1"
+    assert ids(await a.store.create_streams([NewStream(1, 0, R1)] * 3, 1)) == [1, 2, 3]
+    await b.store.wait_applied(a.store.applied_revision)
+    assert [s.stream_id for s in await b.store.list_streams(0, 10)] == [1, 2, 3]
+    # A clean stop hands over at once (the lease is revoked, not left to expire).
+    await a.stop()
+    pms.remove(a)
+    assert await b.election.wait_leader(WAIT_S)
+    assert ids(await b.store.create_streams([NewStream(1, 0, R1)], 1)) == [4]
+
+
+async def test_deposed_leader_writes_are_fenced(url: str, pms: list[Pm]) -> None:
+    a = await leader(url, pms, "127.0.0.1:1")
+    assert ids(await a.store.create_streams([NewStream(1, 0, R1)], 1)) == [1]
+    token_a = a.store.leader_token
+    # A stops renewing its lease without resigning (a paused process), but its store keeps the
+    # token: exactly the state of a leader that has not noticed it was deposed.
+    task = a.election._task
+    assert task is not None
+    task.cancel()
+    a.election._task = None
+    assert a.store.leader_token == token_a
+    b = await Pm(url, "127.0.0.1:2").start()
+    pms.append(b)
+    assert await b.election.wait_leader(WAIT_S)
+    assert b.store.leader_token is not None and b.store.leader_token > (token_a or 0)
+    with pytest.raises(FencedLeaderError) as ei:
+        await a.store.create_streams([NewStream(1, 0, R1)] * 3, 1)
+    assert ei.value.detail == b"127.0.0.1:2"
+    assert not a.store.is_leader
+    with pytest.raises(PmNotLeaderError):
+        await a.store.update_streams([StreamUpdate(1, 1, 5)], 1)
+    # Nothing of A's attempt reached etcd: B continues the id sequence.
+    assert ids(await b.store.create_streams([NewStream(1, 0, R1)], 1)) == [2]
+    assert [s.stream_id for s in await b.store.list_streams(0, 10)] == [1, 2]
+
+
+async def test_fenced_midway_keeps_committed_items(url: str, pms: list[Pm]) -> None:
+    a = await leader(url + "&max_txn_ops=8", pms, "127.0.0.1:1")
+    # Depose A between its transactions: revoke its lease after the first commit.
+    store = a.store
+    real_commit = store._commit
+    calls = 0
+
+    async def commit_then_lose(chunk: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            assert a.election._lease_id
+            await store.client.revoke(a.election._lease_id)
+        await real_commit(chunk)  # type: ignore[arg-type]
+
+    store._commit = commit_then_lose  # type: ignore[method-assign]
+    out = await store.create_streams([NewStream(1, 0, R1)] * 9, 1)
+    assert [type(o).__name__ for o in out] == ["CreatedStream"] * 3 + ["FencedLeaderError"] * 6
+    assert [s.stream_id for s in await store.list_streams(0, 10)] == [1, 2, 3]
+
+
+async def test_ids_are_compare_and_swap(url: str, pms: list[Pm], etcd_server: EtcdServer
+                                        ) -> None:
+    """A counter moved behind the leader's back (an operator, a restore) is never reused: the
+    transaction's mod_revision compare fails, the cache catches up, the chunk is re-planned."""
+    a = await leader(url, pms)
+    assert ids(await a.store.create_streams([NewStream(1, 0, R1)], 1)) == [1]
+    key = a.store.keys.counter("next_stream_id")
+    ch = rpc.insecure_channel(etcd_server.endpoint)
+    try:
+        await rpc.KVStub(ch).Put(rpc.PutRequest(key=key, value=b"100"), timeout=5)
+    finally:
+        await ch.close()
+    assert ids(await a.store.create_streams([NewStream(1, 0, R1)] * 2, 1)) == [100, 101]
+
+
+async def test_newer_schema_is_refused(url: str, etcd_server: EtcdServer) -> None:
+    store = EtcdMetadataStore(url)
+    ch = rpc.insecure_channel(etcd_server.endpoint)
+    try:
+        await rpc.KVStub(ch).Put(rpc.PutRequest(key=store.keys.schema, value=b"99"), timeout=5)
+    finally:
+        await ch.close()
+    with pytest.raises(MetadataError, match="newer"):
+        await store.open()
+
+
+async def test_unreachable_etcd_is_a_clear_error() -> None:
+    store = EtcdMetadataStore("etcd://127.0.0.1:1?timeout_s=0.5")
+    with pytest.raises(MetadataError, match="no etcd endpoint answered"):
+        await store.open()
