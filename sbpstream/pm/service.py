@@ -47,6 +47,7 @@ from sbpstream.protocol.errors import (
     StreamDeletedError,
     StreamNotFoundError,
 )
+from sbpstream.protocol.messages import MAX_ITEMS_PER_REQUEST
 
 log = logging.getLogger("sbpstream.pm")
 
@@ -56,9 +57,6 @@ MAX_REPLICA_NUMS: Final = 1
 """Highest replica_nums a stream may ask for. 1 until replication lands (design.md section 5);
 replication raises it (the placement and seal paths already handle several replicas)."""
 
-MAX_ITEMS_PER_REQUEST: Final = 10_000
-"""Items per batched request. A batch is one metadata transaction and one response frame; 10,000
-items keep both well under a second and the frame well under MAX_FRAME_LENGTH."""
 
 DESCRIBE_STREAMS_PAGE_MAX: Final = 1000
 """Default and largest page of DESCRIBE_STREAMS without ids (about 40 KiB of response)."""
