@@ -92,7 +92,7 @@ class Syncer:
             return
         while self.durable < position:
             fut = self._inflight
-            if fut is None:
+            if fut is None or fut.done():  # a done one not yet cleared would spin the loop
                 loop = asyncio.get_running_loop()
                 fut = asyncio.ensure_future(loop.run_in_executor(self._executor, self.fsync_now))
                 self._inflight = fut
