@@ -279,10 +279,10 @@ async def wait_for(cond: object, timeout_s: float = 5.0) -> None:
 async def test_create_places_on_live_node_and_syncs(
     client: Connection, nodes: list[FakeDataNode]
 ) -> None:
-    r = await create(client, (1, 1000), (2, 0), (0, 0), (1, -1), (1, 0))
+    r = await create(client, (1, 1000), (8, 0), (0, 0), (1, -1), (1, 0))
     st = [it.status for it in r.items]
     assert st[0].ok and st[4].ok
-    assert st[1].code == ErrorCode.INVALID_STREAM_CONFIG and "replication" in st[1].message
+    assert st[1].code == ErrorCode.INVALID_STREAM_CONFIG and "at most 7" in st[1].message
     assert st[2].code == ErrorCode.INVALID_STREAM_CONFIG
     assert st[3].code == ErrorCode.INVALID_STREAM_CONFIG
     good = [it.stream for it in (r.items[0], r.items[4])]
@@ -475,7 +475,7 @@ async def test_trim_and_delete_forwarded(client: Connection, nodes: list[FakeDat
     (gone,) = await list_ranges(client, m.StreamOwner(a))
     assert gone.status.code == ErrorCode.STREAM_DELETED
     u = await call(client, m.UpdateStreamsRequest(items=(
-        m.Stream(stream_id=b, retention_period_ms=777), m.Stream(stream_id=b, replica_nums=3),
+        m.Stream(stream_id=b, retention_period_ms=777), m.Stream(stream_id=b, replica_nums=9),
         m.Stream(stream_id=a, retention_period_ms=1))), m.UpdateStreamsResponse)
     assert u.items[0].status.ok and u.items[0].stream is not None
     assert u.items[0].stream.retention_period_ms == 777 and u.items[0].stream.replica_nums == 1
@@ -529,7 +529,7 @@ async def test_unsupported_and_bad_input(client: Connection, nodes: list[FakeDat
 async def test_not_enough_nodes_per_item(pm: PmProcess, client: Connection) -> None:
     r = await create(client, (1, 0), (2, 0))
     assert r.items[0].status.code == ErrorCode.NOT_ENOUGH_DATA_NODES
-    assert r.items[1].status.code == ErrorCode.INVALID_STREAM_CONFIG
+    assert r.items[1].status.code == ErrorCode.NOT_ENOUGH_DATA_NODES
     full = await FakeDataNode(pm.address, free_disk=1).start()  # disk full: never chosen
     try:
         r = await create(client, (1, 0))
@@ -540,7 +540,7 @@ async def test_not_enough_nodes_per_item(pm: PmProcess, client: Connection) -> N
 
 def test_cli_rejects_bad_config(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "sbpstream.pm", "--port", "0", "--metadata", "etcd://x:1"],
+        [sys.executable, "-m", "sbpstream.pm", "--port", "0", "--metadata", "etcd://x:99999"],
         capture_output=True, timeout=30, env={**os.environ},
     )
     assert out.returncode == 2 and b"etcd" in out.stderr

@@ -95,9 +95,9 @@ async def test_create_places_and_syncs(env: tuple[PmService, FakeDn, Clock]) -> 
     (none,) = await svc.create_streams([(1, 0)])
     assert isinstance(none, NotEnoughDataNodesError)
     await add_nodes(svc, 2)
-    out = await svc.create_streams([(1, 0), (2, 0), (0, 0), (1, -5), (1, 100)])
+    out = await svc.create_streams([(1, 0), (8, 0), (0, 0), (1, -5), (1, 100)])
     assert isinstance(out[0], CreatedStream) and isinstance(out[4], CreatedStream)
-    assert isinstance(out[1], InvalidStreamConfigError) and "replication" in out[1].message
+    assert isinstance(out[1], InvalidStreamConfigError) and "at most 7" in out[1].message
     assert isinstance(out[2], InvalidStreamConfigError)
     assert isinstance(out[3], InvalidStreamConfigError)
     # Spread over both nodes, each told of its range.
@@ -208,7 +208,7 @@ async def test_update_and_paging(env: tuple[PmService, FakeDn, Clock]) -> None:
     await add_nodes(svc, 1)
     out = await svc.create_streams([(1, 0)] * 5)
     ids = [c.stream.stream_id for c in out if isinstance(c, CreatedStream)]
-    ups = await svc.update_streams([(ids[0], 0, 99), (ids[1], 3, 1), (ids[2], 1, -1)])
+    ups = await svc.update_streams([(ids[0], 0, 99), (ids[1], 9, 1), (ids[2], 1, -1)])
     assert not isinstance(ups[0], SbpError) and ups[0].retention_period_ms == 99
     assert ups[0].replica_nums == 1
     assert isinstance(ups[1], InvalidStreamConfigError)

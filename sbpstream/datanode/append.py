@@ -34,7 +34,6 @@ from sbpstream.protocol.errors import (
     LimitExceededError,
     NotPrimaryError,
     RangeNotFoundError,
-    ReplicaUnavailableError,
     SbpError,
     TimeoutError_,
 )
@@ -59,6 +58,8 @@ class Written:
     rng: RangeInfo
     outcome: AppendOutcome
     append_time_ms: int
+    # resolves once every secondary holds the batch (None: nothing to replicate)
+    replicated: asyncio.Future[None] | None = None
 
 
 def _error(item: AppendItem, exc: SbpError) -> AppendResult:
@@ -86,18 +87,15 @@ def split_payload(m: AppendRequest, payload: memoryview) -> list[memoryview]:
 
 
 async def replicate(dn: DataNode, rng: RangeInfo, written: list[Written]) -> None:
-    """Forward stored batches to the range's secondaries; return once all hold them.
+    """Return once every secondary of the range holds the written batches.
 
-    The replication seam (design.md section 5): the primary sends each secondary an APPEND with
-    ``replication=True``, the batches carrying their assigned base offsets, and its committed
-    offset. Until that lands the PM creates single-replica ranges only, so there is nothing to
-    forward; a range with secondaries is refused rather than acknowledged unreplicated.
+    The batches were queued for replication right after ``store.append`` (in offset order, see
+    :mod:`sbpstream.datanode.replication`); this waits for their rounds. A failed round raises
+    REPLICA_UNAVAILABLE: the writer then seals the range at the PM (design.md section 5).
     """
-    secondaries = [rn for rn in rng.replicas if rn.data_node.node_id != dn.node_id]
-    if secondaries:
-        raise ReplicaUnavailableError(
-            f"range {rng.stream_id}/{rng.range_index} has {len(secondaries)} secondaries; "
-            "replication to secondaries is not implemented yet")
+    futs = [w.replicated for w in written if w.replicated is not None]
+    if futs:
+        await asyncio.gather(*futs)
 
 
 class AppendHandler:
@@ -197,7 +195,11 @@ class AppendHandler:
                                       assign_offset=not m.replication)
         except SbpError as exc:
             return _error(item, exc)
-        return Written(item, rng, outcome, time.time_ns() // 1_000_000)
+        replicated = None
+        if not m.replication and not outcome.duplicate and dn.replicators.needs(rng):
+            replicated = dn.replicators.get(rng).submit(batch, outcome.base_offset,
+                                                        outcome.next_offset)
+        return Written(item, rng, outcome, time.time_ns() // 1_000_000, replicated)
 
     async def _after_lookup(self, stream_id: int, pending: list[tuple[AppendItem, memoryview]],
                             m: AppendRequest, timeout_s: float) -> list[AppendResult]:

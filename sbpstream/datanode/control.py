@@ -63,6 +63,7 @@ class ControlHandlers:
         for it in m.items:
             try:
                 final = it.end_offset >= 0
+                dn.replicators.drop(it.stream_id, it.range_index)
                 end = dn.store.seal_range(it.stream_id, it.range_index,
                                           it.end_offset if final else None)
                 if final:

@@ -34,6 +34,7 @@ from sbpstream.datanode.limits import (
 from sbpstream.datanode.metrics import Metrics
 from sbpstream.datanode.pmclient import PmClient
 from sbpstream.datanode.ranges import RangeInfo, RangeTable
+from sbpstream.datanode.replication import Replicators
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.server import Handler, Server
 from sbpstream.protocol.errors import (
@@ -87,6 +88,7 @@ class DataNode:
         self.config = config
         self.directory = Path(config.directory)
         self.table = RangeTable()
+        self.replicators = Replicators(self)
         self.metrics = Metrics(self.directory)
         self.pool = ConnectionPool()
         self.pm = PmClient(config.pm, self.pool)
@@ -163,6 +165,7 @@ class DataNode:
             await self.server.close(drain_timeout_s=DRAIN_TIMEOUT_S)
         for _, task in self._lookups.values():
             task.cancel()
+        self.replicators.close()
         await self.pool.close()
         if self._store is not None:
             self._store.close()
@@ -375,6 +378,7 @@ class DataNode:
             return -1
 
     def delete_stream(self, stream_id: int) -> None:
+        self.replicators.drop(stream_id)
         self.store.delete_stream(stream_id)
         self.table.drop_stream(stream_id)
         self._retention_ms.pop(stream_id, None)

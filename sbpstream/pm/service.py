@@ -53,9 +53,10 @@ log = logging.getLogger("sbpstream.pm")
 
 T = TypeVar("T")
 
-MAX_REPLICA_NUMS: Final = 1
-"""Highest replica_nums a stream may ask for. 1 until replication lands (design.md section 5);
-replication raises it (the placement and seal paths already handle several replicas)."""
+MAX_REPLICA_NUMS: Final = 7
+"""Highest replica_nums a stream may ask for. Every acknowledged write waits for all replicas
+(design.md section 5), so each copy adds a network round and a disk write to every append; past 7
+copies nothing a stream store needs gets safer while appends get slower."""
 
 
 DESCRIBE_STREAMS_PAGE_MAX: Final = 1000
@@ -150,8 +151,7 @@ def validate_stream_config(replica_nums: int, retention_period_ms: int) -> None:
         raise InvalidStreamConfigError(f"replica_nums must be >= 1, got {replica_nums}")
     if replica_nums > MAX_REPLICA_NUMS:
         raise InvalidStreamConfigError(
-            f"replica_nums {replica_nums}: replica_nums > {MAX_REPLICA_NUMS} needs replication, "
-            "not yet supported"
+            f"replica_nums {replica_nums}: at most {MAX_REPLICA_NUMS} replicas are supported"
         )
     if retention_period_ms < 0:
         raise InvalidStreamConfigError(
