@@ -120,7 +120,7 @@ def file_write(
 def measure_all(directory: Path, *, quick: bool) -> list[PhysicalResult]:
     """One measurement of every physical limit (the caller repeats it for medians)."""
     scale = 1 if not quick else 8
-    cap_s = 5.0 if not quick else 1.0
+    cap_s = 5.0 if not quick else 0.5
     return [
         loopback_tcp(4 * 1024**3 // scale, cap_s),
         file_write(directory, 64 * 1024, 256 * 1024**2 // scale, cap_s, fsync=True),
