@@ -108,7 +108,14 @@ class FetchHandler:
         failed = 0
         try:
             while True:
+                # Register before reading, so a commit landing between the read and the wait
+                # still wakes us (no lost wake-up).
                 wake.clear()
+                for st in states:
+                    s = dn.table.streams.get(st.item.stream_id)
+                    if not st.done and s is not None and wake not in s.waiters:
+                        s.waiters.add(wake)
+                        registered.append(s)
                 for st in states:
                     if not st.done:
                         failed += await self._poll(st, out)
@@ -117,11 +124,6 @@ class FetchHandler:
                         or all(st.done for st in states)):
                     break
                 await out.flush(end=False)  # what we have goes now; the rest as it arrives
-                for st in states:
-                    s = dn.table.streams.get(st.item.stream_id)
-                    if not st.done and s is not None and wake not in s.waiters:
-                        s.waiters.add(wake)
-                        registered.append(s)
                 w0 = loop.time()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), remaining)
