@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -128,6 +129,13 @@ async def wait_ready(proc: subprocess.Popen[bytes], address: str) -> Connection:
             await asyncio.sleep(0.05)
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process: insensitive to other load on the machine."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -151,7 +159,17 @@ async def list_ranges(conn: Connection, owners: tuple[m.RangeOwner, ...]) -> int
     return sum(len(it.ranges) for f in frames for it in m.ListRangesResponse.decode(f.header).items)
 
 
-async def one_run(streams: int, samples: int, measure: bool) -> dict[str, object]:
+@dataclass
+class RunResult:
+    create_per_s: float
+    pm_cpu_ms_per_1000: float
+    rss_mib: float
+    synced: int
+    latency_ms: dict[str, list[float]] = field(default_factory=dict)
+    node_ranges: int = 0
+
+
+async def one_run(streams: int, samples: int, measure: bool) -> RunResult:
     with tempfile.TemporaryDirectory(prefix="bench-pm-") as tmp:
         proc, address = start_pm(Path(tmp))
         nodes: list[FakeNode] = []
@@ -160,6 +178,7 @@ async def one_run(streams: int, samples: int, measure: bool) -> dict[str, object
             conn = await wait_ready(proc, address)
             nodes = [await FakeNode(address).start() for _ in range(NODES)]
             ids: list[int] = []
+            cpu0 = cpu_s(proc.pid)
             t0 = time.perf_counter()
             while len(ids) < streams:
                 n = min(BATCH, streams - len(ids))
@@ -170,34 +189,18 @@ async def one_run(streams: int, samples: int, measure: bool) -> dict[str, object
                         raise RuntimeError(f"create failed: {it.status}")
                     ids.append(it.stream.stream_id)
             elapsed = time.perf_counter() - t0
-            out: dict[str, object] = {
-                "create_per_s": streams / elapsed,
-                "rss_mib": rss_mib(proc.pid),
-                "synced": sum(n.synced for n in nodes),
-            }
-            if not measure:
-                return out
-            rnd = random.Random(1)
-            one = (m.StreamOwner(rnd.choice(ids)),)
-            thousand = tuple(m.StreamOwner(i) for i in rnd.sample(ids, min(1000, len(ids))))
-            node_owner = (m.DataNode(nodes[0].node_id, ""),)
-            node_ranges = await list_ranges(conn, node_owner)
-            mid = ids[len(ids) // 2]
-            some_ids = tuple(rnd.sample(ids, min(1000, len(ids))))
-            out |= {
-                "list_ranges_1": await timed(lambda: list_ranges(conn, one), samples),
-                "list_ranges_1000": await timed(lambda: list_ranges(conn, thousand), samples),
-                "list_ranges_node": await timed(lambda: list_ranges(conn, node_owner), samples),
-                "node_ranges": node_ranges,
-                "describe_1000": await timed(lambda: call(conn, m.DescribeStreamsRequest(
-                    stream_ids=some_ids), m.DescribeStreamsResponse), samples),
-                "describe_page": await timed(lambda: call(conn, m.DescribeStreamsRequest(
-                    limit=1000, continuation=mid), m.DescribeStreamsResponse), samples),
-            }
+            out = RunResult(
+                create_per_s=streams / elapsed,
+                pm_cpu_ms_per_1000=(cpu_s(proc.pid) - cpu0) * 1000 / (streams / BATCH),
+                rss_mib=rss_mib(proc.pid),
+                synced=sum(dn.synced for dn in nodes),
+            )
+            if measure:
+                await measure_latencies(conn, ids, nodes[0].node_id, samples, out)
             return out
         finally:
-            for n in nodes:
-                await n.close()
+            for dn in nodes:
+                await dn.close()
             if conn is not None:
                 await conn.aclose()
             proc.terminate()
@@ -208,27 +211,48 @@ async def one_run(streams: int, samples: int, measure: bool) -> dict[str, object
                 proc.wait(10)
 
 
+async def measure_latencies(
+    conn: Connection, ids: list[int], node_id: int, samples: int, out: RunResult
+) -> None:
+    rnd = random.Random(1)
+    one = (m.StreamOwner(rnd.choice(ids)),)
+    thousand = tuple(m.StreamOwner(i) for i in rnd.sample(ids, min(1000, len(ids))))
+    node_owner = (m.DataNode(node_id, ""),)
+    out.node_ranges = await list_ranges(conn, node_owner)
+    mid = ids[len(ids) // 2]
+    some_ids = tuple(rnd.sample(ids, min(1000, len(ids))))
+    lat = out.latency_ms
+    lat["LIST_RANGES 1 stream"] = await timed(lambda: list_ranges(conn, one), samples)
+    lat["LIST_RANGES 1,000 streams"] = await timed(lambda: list_ranges(conn, thousand), samples)
+    lat[f"LIST_RANGES 1 node ({out.node_ranges} ranges)"] = await timed(
+        lambda: list_ranges(conn, node_owner), samples)
+    lat["DESCRIBE_STREAMS 1,000 ids"] = await timed(lambda: call(
+        conn, m.DescribeStreamsRequest(stream_ids=some_ids), m.DescribeStreamsResponse), samples)
+    lat["DESCRIBE_STREAMS page of 1,000"] = await timed(lambda: call(
+        conn, m.DescribeStreamsRequest(limit=1000, continuation=mid), m.DescribeStreamsResponse),
+        samples)
+
+
 async def main_async(streams: int, runs: int, samples: int) -> None:
     print(f"bench_pm: {streams} streams in batches of {BATCH}, {NODES} fake data nodes, "
           f"{runs} runs (python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
-    results = []
+    results: list[RunResult] = []
     for i in range(runs):
         res = await one_run(streams, samples, measure=(i == runs - 1))
-        print(f"  run {i + 1}: {res['create_per_s']:.0f} streams/s, rss {res['rss_mib']:.1f} MiB, "
-              f"synced {res['synced']}")
+        print(f"  run {i + 1}: {res.create_per_s:.0f} streams/s, PM CPU "
+              f"{res.pm_cpu_ms_per_1000:.1f} ms per 1,000, rss {res.rss_mib:.1f} MiB, "
+              f"synced {res.synced}")
         results.append(res)
-    rate = median_spread([float(r["create_per_s"]) for r in results])  # type: ignore[arg-type]
-    rss = median_spread([float(r["rss_mib"]) for r in results])  # type: ignore[arg-type]
-    last = results[-1]
-    print(f"CREATE_STREAMS          {rate[0]:10.0f} streams/s [{rate[1]:.0f}..{rate[2]:.0f}]")
-    print(f"PM RSS at {streams} streams {rss[0]:8.1f} MiB [{rss[1]:.1f}..{rss[2]:.1f}]")
-    print("latency, ms: median [min..max] of", samples)
-    print(f"  LIST_RANGES 1 stream         {fmt_ms(last['list_ranges_1'])}")  # type: ignore[arg-type]
-    print(f"  LIST_RANGES 1,000 streams    {fmt_ms(last['list_ranges_1000'])}")  # type: ignore[arg-type]
-    print(f"  LIST_RANGES 1 node ({last['node_ranges']} ranges) "
-          f"{fmt_ms(last['list_ranges_node'])}")  # type: ignore[arg-type]
-    print(f"  DESCRIBE_STREAMS 1,000 ids   {fmt_ms(last['describe_1000'])}")  # type: ignore[arg-type]
-    print(f"  DESCRIBE_STREAMS page 1,000  {fmt_ms(last['describe_page'])}")  # type: ignore[arg-type]
+    rate = median_spread([r.create_per_s for r in results])
+    cpu = median_spread([r.pm_cpu_ms_per_1000 for r in results])
+    rss = median_spread([r.rss_mib for r in results])
+    print(f"CREATE_STREAMS {rate[0]:10.0f} streams/s [{rate[1]:.0f}..{rate[2]:.0f}]")
+    print(f"PM CPU per 1,000 creates {cpu[0]:10.1f} ms [{cpu[1]:.1f}..{cpu[2]:.1f}]")
+    print(f"PM RSS at {streams} streams {rss[0]:10.1f} MiB [{rss[1]:.1f}..{rss[2]:.1f}]")
+    print(f"latency, ms: median [min..max] of {samples} (load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus)")
+    for name, values in results[-1].latency_ms.items():
+        print(f"  {name:34s} {fmt_ms(values)}")
 
 
 def main() -> None:
