@@ -13,7 +13,7 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sbpstream.net.loop import new_event_loop
 from sbpstream.protocol.errors import ErrorCode, SbpError
@@ -138,7 +138,7 @@ class ClientBase(SyncBase):
     def _after_close(self) -> None:
         self._runner.stop()
 
-    def __enter__(self) -> ClientBase:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -152,7 +152,7 @@ class ProducerBase(SyncBase):
     def _after_close(self) -> None:
         pass
 
-    def __enter__(self) -> ProducerBase:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -168,7 +168,12 @@ class ConsumerBase(SyncBase):
     def _after_close(self) -> None:
         pass
 
-    def __iter__(self) -> ConsumerBase:
+    @property
+    def buffered(self) -> int:
+        """Records fetched but not yet returned by the iterator."""
+        return len(self.__dict__.get("_pending", ())) + len(self._async._buffer)
+
+    def __iter__(self) -> Self:
         return self
 
     def __next__(self) -> ConsumedRecord:
@@ -183,7 +188,7 @@ class ConsumerBase(SyncBase):
         rec: ConsumedRecord = pending.popleft()
         return rec
 
-    def __enter__(self) -> ConsumerBase:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
