@@ -20,7 +20,7 @@ primary. Nodes that reported less than ``DISK_FREE_MIN_BYTES`` free are never ch
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -173,8 +173,12 @@ def choose_nodes(candidates: Sequence[NodeLoad], count: int) -> list[int]:
 class Placer:
     """Places ranges on live nodes, keeping its own count of writable ranges per node."""
 
-    def __init__(self, registry: NodeRegistry) -> None:
+    def __init__(
+        self, registry: NodeRegistry, suspect: Callable[[int], bool] | None = None
+    ) -> None:
         self.registry = registry
+        # nodes that are live by heartbeat but just failed a call: skipped for new ranges
+        self.suspect = suspect
         self._writable: dict[int, int] = {}
 
     def reset_counts(self, counts: dict[int, int]) -> None:
@@ -186,6 +190,8 @@ class Placer:
     def loads(self, now: float) -> list[NodeLoad]:
         out: list[NodeLoad] = []
         for st in self.registry.live_nodes(now):
+            if self.suspect is not None and self.suspect(st.node_id):
+                continue
             m = st.metrics
             rate = 0 if m is None else max(0, m.network_append_rate) + max(0, m.disk_in_rate) // (
                 1024 * 1024

@@ -174,7 +174,7 @@ class PmService:
         self.wall_ms = wall_ms
         self.node_timeout_ms = node_timeout_ms
         self.registry = NodeRegistry(node_timeout_ms, clock())
-        self.placer = Placer(self.registry)
+        self.placer = Placer(self.registry, suspect=self._suspect)
         self._locks = _KeyedLocks()
         self._renewed_dead: set[int] = set()
         self._unreachable_until: dict[int, float] = {}
@@ -184,7 +184,7 @@ class PmService:
         """Load nodes and placement counts from metadata (the store must be open)."""
         self.registry = NodeRegistry(self.node_timeout_ms, self.clock())
         self.registry.load(await self.meta.list_nodes())
-        self.placer = Placer(self.registry)
+        self.placer = Placer(self.registry, suspect=self._suspect)
         self.placer.reset_counts(await self.meta.writable_range_counts())
         log.info("event=pm_state_loaded nodes=%d", len(self.registry.all()))
 
@@ -251,6 +251,8 @@ class PmService:
         try:
             results = await self.meta.create_streams([ns for _, ns in todo], self.wall_ms())
         except SbpError as e:
+            if e.redirect:
+                raise  # not the leader (etcd backend): the whole request goes to the leader
             results = [e] * len(todo)
         fresh: list[RangeMeta] = []
         for (i, ns), res in zip(todo, results, strict=True):
@@ -322,6 +324,8 @@ class PmService:
         try:
             return await call
         except SbpError as e:
+            if e.redirect:
+                raise  # not the leader (etcd backend): the whole request goes to the leader
             return [e] * n
 
     async def delete_streams(self, stream_ids: Sequence[int]) -> list[StreamMeta | SbpError]:
@@ -477,6 +481,8 @@ class PmService:
                 try:
                     return await self.seal_and_new(sid, idx, reason="writer")
                 except SbpError as e:
+                    if e.redirect:
+                        raise  # not the leader (etcd backend): redirect the whole request
                     return e
 
         return list(await asyncio.gather(*(one(s, i) for s, i in items)))
@@ -493,11 +499,15 @@ class PmService:
             stream = self._live_or_error(stream_id, found)
             if isinstance(stream, SbpError):
                 raise stream
-            # Place first: if no node can take the next range, nothing is sealed.
+            # Stop the replicas first (end -1): a replica that cannot be reached is then known
+            # as unreachable and the next range is not placed on it. If no node can take the
+            # next range, nothing is sealed for good (the stopped replicas stay stopped and a
+            # retried SEAL_RANGES redoes this).
+            nodes, first = await self._stop_replicas(cur)
             new_replicas = self.placer.place(stream.replica_nums, self.clock())
             new_ids = [r.node_id for r in new_replicas]
             try:
-                end, producers, source = await self._seal_on_replicas(cur)
+                end, producers, source = await self._finish_seal(cur, nodes, first)
                 result = await self.meta.seal_and_new(
                     stream_id, range_index, end, new_replicas, producers
                 )
@@ -520,11 +530,22 @@ class PmService:
     ) -> tuple[int, tuple[ProducerState, ...], str]:
         """Stop every reachable replica (-1), seal at the minimum end they report, tell them.
         With no replica reachable, the last reported next offset is the end (docs/pm.md)."""
+        nodes, first = await self._stop_replicas(rng)
+        return await self._finish_seal(rng, nodes, first)
+
+    async def _stop_replicas(
+        self, rng: RangeMeta
+    ) -> tuple[list[NodeState], list[tuple[NodeState, DnSealReply]]]:
         nodes = [
             st for st in (self.registry.get(n) for n in rng.node_ids)
             if st is not None and self._may_call(st)
         ]
-        first = await self._seal_calls(nodes, rng, -1)
+        return nodes, await self._seal_calls(nodes, rng, -1)
+
+    async def _finish_seal(
+        self, rng: RangeMeta, nodes: list[NodeState], first: list[tuple[NodeState, DnSealReply]]
+    ) -> tuple[int, tuple[ProducerState, ...], str]:
+        del nodes
         if not first:
             end = max(rng.next_offset, rng.start_offset)
             return end, (), "last_report"
@@ -562,6 +583,11 @@ class PmService:
             return False
         until = self._unreachable_until.get(st.node_id)
         return until is None or self.clock() >= until
+
+    def _suspect(self, node_id: int) -> bool:
+        """A node whose last call failed to connect or timed out gets no new ranges for
+        UNREACHABLE_BACKOFF_S, even before its heartbeats are overdue."""
+        return self._unreachable_until.get(node_id, 0.0) > self.clock()
 
     def _call_failed(self, st: NodeState, e: BaseException) -> None:
         if isinstance(e, OSError | TimeoutError | ConnectionClosedError | ClientTimeoutError):

@@ -1,0 +1,194 @@
+"""Replication and failover with real processes: a PM and 5 data nodes, replica_nums 3.
+
+Under a steady append load a secondary is killed with SIGKILL, later the primary; afterwards every
+acknowledged record is readable exactly once, in order, from every live replica of every range,
+and writes have resumed. Bounds are generous (a loaded 2-core machine); the real failover time is
+measured in the benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from sbpstream.client import AsyncClient
+from sbpstream.cluster import LocalCluster, Node
+from sbpstream.net.client import Connection
+from sbpstream.protocol.errors import RangeSealedError, SbpError
+from sbpstream.protocol.messages import (
+    AppendItem,
+    AppendRequest,
+    AppendResponse,
+    FetchItem,
+    FetchRequest,
+    FetchResponse,
+    Range,
+)
+from sbpstream.protocol.opcodes import Opcode
+from sbpstream.records import build_batch, iter_all_records
+from sbpstream.records.builder import Record
+
+PROGRESS_TIMEOUT_S = 60.0  # generous: detection + seal + new range on a loaded machine
+MAX_RECORDS = 200_000  # the load loop's bound in count...
+LOAD_SECONDS_MAX = 120.0  # ...and in time
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> LocalCluster:  # type: ignore[misc]
+    c = LocalCluster(tmp_path, datanodes=5, heartbeat_interval_ms=200, node_timeout_ms=2000)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def node_at(cluster: LocalCluster, address: str) -> Node:
+    return next(dn for dn in cluster.datanodes if dn.address == address)
+
+
+async def read_range(address: str, rng: Range) -> list[bytes]:
+    """Every record value of a sealed range, read straight from one replica."""
+    conn = await Connection.open(address)
+    out: list[bytes] = []
+    offset = rng.start_offset
+    try:
+        while offset < rng.end_offset:
+            req = FetchRequest(max_wait_ms=0, min_bytes=1, items=(FetchItem(
+                stream_id=rng.stream_id, request_index=0, fetch_offset=offset,
+                batch_max_bytes=1 << 20, range_index=rng.range_index),))
+            frames = await conn.request(Opcode.FETCH, req.encode(), timeout_s=10)
+            got = 0
+            for f in frames:
+                for item in FetchResponse.decode(f.header).items:
+                    if item.status.code:
+                        raise item.status.error()
+                for r in iter_all_records(bytes(f.payload), start_offset=offset):
+                    if r.offset >= rng.end_offset:
+                        break
+                    assert r.offset == offset, f"gap or reorder at {offset} on {address}"
+                    out.append(bytes(r.value or b""))
+                    offset += 1
+                    got += 1
+            assert got, f"replica {address} returned nothing at {offset} < {rng.end_offset}"
+    finally:
+        await conn.aclose()
+    return out
+
+
+async def wait_progress(acked: list[int], target: int, what: str) -> None:
+    deadline = time.monotonic() + PROGRESS_TIMEOUT_S
+    while len(acked) < target:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"writes did not resume after {what} within "
+                                 f"{PROGRESS_TIMEOUT_S}s ({len(acked)} < {target})")
+        await asyncio.sleep(0.05)
+
+
+async def test_kill_secondary_then_primary_loses_nothing(cluster: LocalCluster) -> None:
+    async with AsyncClient(cluster.pm_address, retry_deadline_ms=90_000) as client:
+        sid = await client.create_stream(replica_nums=3)
+        (r0,) = await client.list_ranges(sid)
+        assert len(r0.replica_nodes) == 3
+        assert len({rn.data_node.node_id for rn in r0.replica_nodes}) == 3
+
+        acked: list[int] = []
+        failed: list[BaseException] = []
+        stop = asyncio.Event()
+
+        async def load() -> None:
+            producer = client.producer(linger_ms=2)
+            t_end = time.monotonic() + LOAD_SECONDS_MAX
+            pending: set[asyncio.Future[int]] = set()
+
+            def done(i: int, f: asyncio.Future[int]) -> None:
+                pending.discard(f)
+                if f.exception() is not None:
+                    failed.append(f.exception())  # type: ignore[arg-type]
+                else:
+                    acked.append(i)
+
+            for i in range(MAX_RECORDS):
+                if stop.is_set() or time.monotonic() > t_end:
+                    break
+                f = await producer.send(sid, f"r{i:07d}".encode())
+                pending.add(f)
+                f.add_done_callback(lambda f, i=i: done(i, f))
+                if i % 200 == 199:
+                    await asyncio.sleep(0.01)  # a steady load, not a flood
+            await producer.flush()
+            await producer.close()
+
+        task = asyncio.ensure_future(load())
+        await wait_progress(acked, 2000, "start")
+
+        primary = next(rn for rn in r0.replica_nodes if rn.is_primary)
+        secondary = next(rn for rn in r0.replica_nodes if not rn.is_primary)
+        node_at(cluster, secondary.data_node.advertise_addr).kill()
+        await wait_progress(acked, len(acked) + 3000, "killing a secondary")
+
+        ranges = await client.list_ranges(sid)
+        cur = ranges[-1]
+        assert len(ranges) >= 2, "the range with a dead secondary was not sealed"
+        cur_primary = next(rn for rn in cur.replica_nodes if rn.is_primary)
+        assert cur_primary.data_node.advertise_addr != secondary.data_node.advertise_addr
+        node_at(cluster, cur_primary.data_node.advertise_addr).kill()
+        await wait_progress(acked, len(acked) + 3000, "killing the primary")
+        stop.set()
+        await asyncio.wait_for(task, PROGRESS_TIMEOUT_S)
+        assert not failed, f"{len(failed)} records failed, first: {failed[0]!r}"
+        del primary
+
+        # seal the last range too, so every range has a final end on every replica
+        ranges = await client.list_ranges(sid)
+        assert len(ranges) >= 3, "the range with a dead primary was not sealed"
+        await client._seal_range(sid, ranges[-1].range_index)
+        ranges = [r for r in await client.list_ranges(sid) if r.sealed]
+        dead = {dn.address for dn in cluster.datanodes if not dn.running}
+        stream: list[bytes] = []
+        for rng in ranges:
+            copies = []
+            for rn in rng.replica_nodes:
+                if rn.data_node.advertise_addr in dead:
+                    continue
+                copies.append(await read_range(rn.data_node.advertise_addr, rng))
+            assert copies, f"range {rng.range_index} has no live replica"
+            assert all(c == copies[0] for c in copies), f"replicas of {rng.range_index} differ"
+            stream.extend(copies[0])
+        expected = [f"r{i:07d}".encode() for i in sorted(acked)]
+        assert len(stream) == len(set(stream)), "a record is stored twice"
+        assert stream == expected, "acknowledged records lost or reordered"
+        assert len(expected) >= 8000
+        print(f"acked={len(expected)} ranges={len(ranges)}")
+
+
+async def test_old_primary_refuses_writes_after_seal(cluster: LocalCluster) -> None:
+    """A primary that did not hear of its seal from a writer still refuses once sealed."""
+    async with AsyncClient(cluster.pm_address) as client:
+        sid = await client.create_stream(replica_nums=3)
+        (r0,) = await client.list_ranges(sid)
+        primary = next(rn for rn in r0.replica_nodes if rn.is_primary).data_node.advertise_addr
+        conn = await Connection.open(primary)
+        batch = build_batch([Record(value=b"x", timestamp_ms=1)])
+
+        async def append() -> AppendResponse:
+            req = AppendRequest(timeout_ms=5000, items=(AppendItem(
+                stream_id=sid, request_index=0, batch_length=len(batch), range_index=0),))
+            f = await conn.request_one(Opcode.APPEND, req.encode(), batch, timeout_s=10)
+            return AppendResponse.decode(f.header)
+
+        first = await append()
+        assert first.items[0].status.ok and first.items[0].base_offset == 0
+        await client._seal_range(sid, 0)  # another writer failed over: the PM sealed range 0
+        again = await append()
+        assert again.items[0].status.code == RangeSealedError.code
+        await conn.aclose()
+
+
+async def test_replica_count_bounds(cluster: LocalCluster) -> None:
+    async with AsyncClient(cluster.pm_address) as client:
+        with pytest.raises(SbpError, match="NOT_ENOUGH_DATA_NODES|INVALID_STREAM_CONFIG"):
+            await client.create_stream(replica_nums=6)
