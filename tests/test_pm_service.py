@@ -32,6 +32,7 @@ class FakeDn:
     down: set[int] = field(default_factory=set)
     next_offset: int = 0
     calls: list[tuple[str, int, object]] = field(default_factory=list)
+    seals: list[tuple[int, int, int, int]] = field(default_factory=list)  # node, sid, idx, end
 
     def _check(self, node: NodeState) -> None:
         if node.node_id in self.down:
@@ -44,6 +45,7 @@ class FakeDn:
     async def seal_range(self, node: NodeState, rng: RangeMeta, end_offset: int) -> DnSealReply:
         self._check(node)
         self.calls.append(("seal", node.node_id, (rng.stream_id, rng.range_index, end_offset)))
+        self.seals.append((node.node_id, rng.stream_id, rng.range_index, end_offset))
         end = self.local_end.get(node.node_id, 0) if end_offset < 0 else end_offset
         return DnSealReply(end, (ProducerState(5, 0, node.node_id, 1),))
 
@@ -228,3 +230,29 @@ async def test_unknown_node_rejected(env: tuple[PmService, FakeDn, Clock]) -> No
     # Too little disk: not placed on.
     (c,) = await svc.create_streams([(1, 0)])
     assert isinstance(c, NotEnoughDataNodesError)
+
+
+async def test_seal_takes_minimum_of_replicas(env: tuple[PmService, FakeDn, Clock]) -> None:
+    svc, dn, _ = env
+    a, b, c = await add_nodes(svc, 3)
+    (cs,) = await svc.create_streams([(2, 0)])
+    assert isinstance(cs, CreatedStream)
+    r0 = cs.first_range
+    assert len(set(r0.node_ids)) == 2 and r0.primary_node_id == r0.replicas[0].node_id
+    assert sum(rep.is_primary for rep in r0.replicas) == 1
+    first, second = r0.node_ids
+    dn.local_end[first], dn.local_end[second] = 30, 25
+    (res,) = await svc.seal_ranges([(cs.stream.stream_id, 0)])
+    assert isinstance(res, SealResult)
+    assert res.sealed.end_offset == 25 and res.new.start_offset == 25
+    assert len(set(res.new.node_ids)) == 2
+    finals = sorted((n, end) for n, _, _, end in dn.seals if end >= 0)
+    assert finals == sorted([(first, 25), (second, 25)])
+    # One replica unreachable: the other's end decides.
+    sid = cs.stream.stream_id
+    n1, n2 = res.new.node_ids
+    dn.local_end[n1], dn.local_end[n2] = 40, 44
+    dn.down.add(n1)
+    (res2,) = await svc.seal_ranges([(sid, 1)])
+    assert isinstance(res2, SealResult) and res2.sealed.end_offset == 44
+    assert {a, b, c} >= set(res2.new.node_ids)
