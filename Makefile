@@ -23,6 +23,7 @@ sysdeps:
 
 run: install
 	@mkdir -p $(DATA)
+	@echo "(in a second terminal, first: source $(VENV)/bin/activate  -- puts 'sbpstream' on PATH)"
 	$(BIN)/sbpstream up --dir $(DATA)
 
 lint: install
