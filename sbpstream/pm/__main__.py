@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PM_PORT,
                    help=f"port to listen on (0 = any free port; default {DEFAULT_PM_PORT})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--metadata", required=True, help="metadata store: sqlite:PATH")
+    p.add_argument("--metadata", required=True,
+                   help="metadata store: sqlite:PATH, or etcd://HOST:PORT[,HOST:PORT...]"
+                   "[/PREFIX][?lease_ttl_s=3] for several PMs with one leader")
     p.add_argument("--advertise", default="", help="HOST:PORT others use to reach this PM")
     p.add_argument("--heartbeat-interval-ms", type=int, default=DEFAULT_HEARTBEAT_INTERVAL_MS,
                    help="expected heartbeat period; the liveness check runs at this period")

@@ -21,7 +21,9 @@ MIN_INTERVAL_MS: Final = 10
 @dataclass(frozen=True, slots=True)
 class PmConfig:
     metadata: str
-    """``sqlite:PATH`` (the embedded default). ``etcd://...`` is reserved for the etcd backend."""
+    """``sqlite:PATH`` (the embedded default, one PM) or
+    ``etcd://HOST:PORT[,HOST:PORT...][/PREFIX][?lease_ttl_s=3]`` (several PMs, one leader;
+    docs/etcd.md)."""
     port: int = DEFAULT_PM_PORT
     """0 picks a free port (see :attr:`PmServer.port`)."""
     host: str = "127.0.0.1"
@@ -45,7 +47,22 @@ class PmConfig:
             )
         if self.advertise and ":" not in self.advertise:
             raise ValueError(f"--advertise {self.advertise!r}: expected HOST:PORT")
-        sqlite_path(self.metadata)
+        if self.metadata.startswith("etcd://"):
+            validate_etcd_url(self.metadata)
+        else:
+            sqlite_path(self.metadata)
+
+
+def validate_etcd_url(metadata: str) -> None:
+    """ValueError for a malformed etcd URL, or when the etcd extra (aetcd) is not installed."""
+    try:
+        from sbpstream.pm.etcd_meta import parse_etcd_url  # the optional etcd dependency
+    except ImportError as e:
+        raise ValueError(
+            f"--metadata {metadata!r}: the etcd backend needs aetcd (pip install "
+            f"'sbpstream[etcd]'): {e}"
+        ) from e
+    parse_etcd_url(metadata)
 
 
 def sqlite_path(metadata: str) -> Path:
@@ -53,8 +70,4 @@ def sqlite_path(metadata: str) -> Path:
     scheme, sep, rest = metadata.partition(":")
     if scheme == "sqlite" and sep and rest:
         return Path(rest.removeprefix("//") if rest.startswith("///") else rest)
-    if scheme in ("etcd", "etcds"):
-        raise ValueError(
-            f"--metadata {metadata!r}: the etcd backend is not available yet; use sqlite:PATH"
-        )
-    raise ValueError(f"--metadata {metadata!r}: expected sqlite:PATH")
+    raise ValueError(f"--metadata {metadata!r}: expected sqlite:PATH or etcd://HOST:PORT")

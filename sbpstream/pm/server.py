@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.server import Handler, Request, Responder, Server
@@ -32,11 +32,16 @@ from sbpstream.pm.sqlite_meta import SqliteMetadataStore
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     DataNodeNotFoundError,
+    FencedLeaderError,
     InvalidRequestError,
+    PmNotLeaderError,
     SbpError,
 )
 from sbpstream.protocol.messages import ClientRole, Status
 from sbpstream.protocol.opcodes import Opcode
+
+if TYPE_CHECKING:
+    from sbpstream.pm.leader import LeaderElection
 
 log = logging.getLogger("sbpstream.pm")
 
@@ -170,7 +175,18 @@ class PmServer:
     def __init__(self, config: PmConfig) -> None:
         config.validate()
         self.config = config
-        self.meta = SqliteMetadataStore(sqlite_path(config.metadata))
+        self.meta: md.MetadataStore
+        self.election: LeaderElection | None = None
+        if config.metadata.startswith("etcd://"):
+            # Several PMs share etcd; one leads (docs/etcd.md). aetcd is an optional dependency.
+            from sbpstream.pm.etcd_meta import EtcdMetadataStore
+            from sbpstream.pm.leader import LeaderElection
+
+            etcd = EtcdMetadataStore(config.metadata)
+            self.meta = etcd
+            self.election = LeaderElection(etcd, config.advertise, on_elected=self._on_elected)
+        else:
+            self.meta = SqliteMetadataStore(sqlite_path(config.metadata))
         self.dn = WireDataNodeApi(lambda nid: self.service.node_address(nid))
         self.service = PmService(self.meta, self.dn, node_timeout_ms=config.node_timeout_ms)
         handlers: dict[int, Handler] = {
@@ -186,6 +202,8 @@ class PmServer:
             Opcode.TRIM_STREAMS: self._trim_streams,
             Opcode.REPORT_METRICS: self._report_metrics,
         }
+        if self.election is not None:
+            handlers = {op: self._leader_only(h) for op, h in handlers.items()}
         self.server = Server(handlers, name="pm")
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False
@@ -207,6 +225,9 @@ class PmServer:
             await self.meta.close()
             raise
         self._started = True
+        if self.election is not None:
+            self.election.address = self.address
+            self.election.start()
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
         log.info("event=pm_started address=%s metadata=%s heartbeat_interval_ms=%d "
                  "node_timeout_ms=%d", self.address, self.config.metadata,
@@ -220,6 +241,8 @@ class PmServer:
             self._sweeper = None
         if self._started:
             await self.server.close(drain_timeout_s=2.0)
+        if self.election is not None:
+            await self.election.stop()  # resign: a follower takes over without waiting
         await self.dn.close()
         await self.meta.close()
         if self._started:
@@ -230,6 +253,8 @@ class PmServer:
         interval = self.config.heartbeat_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
+            if self.election is not None and not self.election.is_leader:
+                continue  # only the leader seals the ranges of dead nodes
             try:
                 n = await self.service.sweep_dead_nodes()
                 if n:
@@ -238,6 +263,26 @@ class PmServer:
                 log.warning("event=sweep_failed error=%r", str(e))
             except Exception:
                 log.exception("event=sweep_crashed")
+
+    # ------------------------------------------------------------------ leadership (etcd)
+    async def _on_elected(self, token: int) -> None:
+        """Won the election: start from the warm metadata cache with fresh liveness (every
+        node gets a grace period, as after a restart)."""
+        await self.service.start()
+
+    def _leader_only(self, handler: Handler) -> Handler:
+        """A follower answers every request with PM_NOT_LEADER and the leader's address in
+        ``detail``; a leader deposed mid-request (its write was fenced) does the same."""
+
+        async def gated(req: Request, resp: Responder) -> None:
+            assert self.election is not None
+            self.election.check_leader()
+            try:
+                await handler(req, resp)
+            except FencedLeaderError as e:
+                raise PmNotLeaderError(e.message, e.detail) from e
+
+        return gated
 
     # ------------------------------------------------------------------ handlers
     async def _heartbeat(self, req: Request, resp: Responder) -> None:
