@@ -15,6 +15,8 @@ import pytest
 from aetcd import rpc
 from etcd_fixture import EtcdServer, require_etcd
 
+from sbpstream.net.client import Connection
+from sbpstream.pm.config import PmConfig
 from sbpstream.pm.etcd_meta import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_TXN_OPS,
@@ -24,6 +26,8 @@ from sbpstream.pm.etcd_meta import (
 )
 from sbpstream.pm.leader import LeaderElection
 from sbpstream.pm.metadata import CreatedStream, NewStream, ReplicaMeta, StreamUpdate
+from sbpstream.pm.server import PmServer
+from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     FencedLeaderError,
     MetadataError,
@@ -226,3 +230,30 @@ async def test_unreachable_etcd_is_a_clear_error() -> None:
     store = EtcdMetadataStore("etcd://127.0.0.1:1?timeout_s=0.5")
     with pytest.raises(MetadataError, match="no etcd endpoint answered"):
         await store.open()
+
+
+async def test_server_turns_a_fenced_write_into_pm_not_leader(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leader deposed between the leadership check and its write answers the whole request
+    with PM_NOT_LEADER (a system error frame), never with a half-applied batch."""
+    server = PmServer(PmConfig(metadata=url, port=0))
+    await server.start()
+    try:
+        assert server.election is not None and await server.election.wait_leader(WAIT_S)
+        store = server.meta
+        assert isinstance(store, EtcdMetadataStore)
+        assert ids(await store.create_streams([NewStream(1, 0, R1)] * 2, 1)) == [1, 2]
+        conn = await Connection.open(server.address)
+        try:
+            await store.client.revoke(server.election._lease_id)  # deposed behind its back
+            req = m.UpdateStreamsRequest(timeout_ms=2000, items=(m.Stream(1, 1, 5),
+                                                                 m.Stream(2, 1, 5)))
+            with pytest.raises(PmNotLeaderError):
+                await conn.request_one(req.OPCODE, req.encode(), timeout_s=5.0)
+        finally:
+            await conn.aclose()
+        assert "event=etcd_write_fenced" in caplog.text
+        assert [s.retention_period_ms for s in await store.get_streams([1, 2]) if s] == [0, 0]
+    finally:
+        await server.close()

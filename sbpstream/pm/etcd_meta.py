@@ -799,7 +799,7 @@ class EtcdMetadataStore:
 
     def drop_leadership(self) -> None:
         if self._token is not None:
-            log.warning("event=etcd_leadership_dropped token=%d", self._token)
+            log.info("event=etcd_leadership_dropped token=%d", self._token)
         self._token = None
 
     def _not_leader(self) -> SbpError:

@@ -26,7 +26,7 @@ from typing import Final
 from aetcd import rpc
 
 from sbpstream.pm.etcd_meta import EtcdMetadataStore, decode_leader, encode_leader
-from sbpstream.protocol.errors import MetadataError, SbpError
+from sbpstream.protocol.errors import MetadataError, PmNotLeaderError, SbpError
 
 log = logging.getLogger("sbpstream.pm.leader")
 
@@ -95,6 +95,13 @@ class LeaderElection:
         addr = self.store.leader_address()
         return "" if addr == self.address else addr
 
+    def check_leader(self) -> None:
+        """Raise PmNotLeaderError (``detail``: the leader's address, empty when unknown)."""
+        if not self.is_leader:
+            addr = self.leader_address
+            raise PmNotLeaderError(
+                f"this PM is not the leader (leader: {addr or 'unknown'})", addr.encode())
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         if self._task is None:
@@ -111,6 +118,9 @@ class LeaderElection:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         was_leader = self._token is not None
+        if self.is_leader:
+            with contextlib.suppress(SbpError):
+                await self.store.flush_soft_state()
         await self._step_down("stopped")
         if resign and was_leader and self._lease_id:
             with contextlib.suppress(SbpError):
@@ -226,8 +236,9 @@ class LeaderElection:
         if self._token is None:
             self.store.drop_leadership()
             return
-        log.warning("event=leader_lost address=%s token=%d reason=%s", self.address,
-                    self._token, reason)
+        log.log(logging.INFO if reason == "stopped" else logging.WARNING,
+                "event=leader_lost address=%s token=%d reason=%s", self.address, self._token,
+                reason)
         self._token = None
         self._deadline = 0.0
         self.store.drop_leadership()

@@ -1,0 +1,223 @@
+"""Several PM processes on one real etcd: one leader, redirects, kill -9 failover, fencing.
+
+Each test starts its own three ``python -m sbpstream.pm --metadata etcd://...`` processes (own
+key prefix) and one data node that knows all three; every loop is bounded and every process is
+stopped at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from etcd_fixture import EtcdServer, require_etcd
+
+from sbpstream.client.aclient import AsyncClient
+from sbpstream.cluster import Node, free_port
+from sbpstream.net.client import Connection
+from sbpstream.protocol import messages as m
+from sbpstream.protocol.errors import PmNotLeaderError, SbpError
+
+LEASE_TTL_S = 2
+"""Short lease so failovers in the tests take about two seconds."""
+
+FAILOVER_BOUND_S = 20.0
+"""Generous bound on "a new leader serves": lease TTL + election + one data node heartbeat,
+on a loaded 2-core box."""
+
+LOAD_CREATES_MAX = 400
+"""Upper bound on CREATE_STREAMS calls of the load loop (it normally stops far earlier)."""
+
+_prefixes = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def etcd_server() -> Iterator[EtcdServer]:
+    require_etcd()
+    with EtcdServer() as server:
+        yield server
+
+
+@dataclass
+class PmCluster:
+    pms: list[Node]
+    dn: Node
+
+    @property
+    def addresses(self) -> list[str]:
+        return [p.address for p in self.pms]
+
+    def by_address(self, address: str) -> Node:
+        return next(p for p in self.pms if p.address == address)
+
+
+@pytest.fixture
+async def cluster(etcd_server: EtcdServer, tmp_path: Path) -> AsyncIterator[PmCluster]:
+    url = etcd_server.url(f"/cluster{next(_prefixes)}") + f"?lease_ttl_s={LEASE_TTL_S}"
+    ports = [free_port() for _ in range(3)]
+    pms = [
+        Node("pm", f"pm{i}", port,
+             ["--port", str(port), "--metadata", url, "--heartbeat-interval-ms", "200",
+              "--node-timeout-ms", "5000"],
+             tmp_path / f"pm{i}.log")
+        for i, port in enumerate(ports)
+    ]
+    dn_port = free_port()
+    dn = Node("datanode", "dn0", dn_port,
+              ["--dir", str(tmp_path / "dn0"), "--port", str(dn_port),
+               "--pm", ",".join(p.address for p in pms), "--heartbeat-interval-ms", "200",
+               "--fsync", "none"],
+              tmp_path / "dn0.log")
+    nodes = [*pms, dn]
+    try:
+        for n in pms:
+            n.start()
+        for n in pms:
+            await asyncio.to_thread(n.wait_ready)
+        dn.start()
+        await asyncio.to_thread(dn.wait_ready)
+        yield PmCluster(pms, dn)
+    finally:
+        for n in nodes:
+            n.resume()
+            n.stop()
+
+
+async def probe(address: str) -> str | None:
+    """None if the PM at ``address`` serves as leader; else the leader it names ('' unknown).
+    Raises on connection failures."""
+    conn = await Connection.open(address, connect_timeout_s=2.0)
+    try:
+        req = m.DescribeStreamsRequest(timeout_ms=2000, limit=1)
+        await conn.request_one(req.OPCODE, req.encode(), timeout_s=5.0)
+        return None
+    except PmNotLeaderError as e:
+        return e.detail.decode()
+    finally:
+        await conn.aclose()
+
+
+async def wait_for_leader(addresses: list[str], timeout_s: float = FAILOVER_BOUND_S) -> str:
+    """The one PM serving as leader, once every other named one points at it."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, str | Exception | None] = {}
+    while time.monotonic() < deadline:
+        for a in addresses:
+            try:
+                last[a] = await probe(a)
+            except (SbpError, OSError) as e:
+                last[a] = e
+        leaders = [a for a, v in last.items() if v is None]
+        if len(leaders) == 1 and all(last[a] == leaders[0] for a in addresses if a != leaders[0]):
+            return leaders[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no single leader within {timeout_s}s: {last}")
+
+
+async def create_until_ok(client: AsyncClient, count: int, timeout_s: float) -> list[int]:
+    """Create streams, retrying while the data node is not yet live at a new leader."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await client.create_streams(count)
+        except SbpError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def test_one_leader_followers_redirect(cluster: PmCluster) -> None:
+    leader = await wait_for_leader(cluster.addresses)
+    followers = [a for a in cluster.addresses if a != leader]
+    for f in followers:
+        conn = await Connection.open(f)
+        try:
+            req = m.CreateStreamsRequest(timeout_ms=2000, items=(m.CreateStreamItem(1, 0),))
+            with pytest.raises(PmNotLeaderError) as ei:
+                await conn.request_one(req.OPCODE, req.encode(), timeout_s=5.0)
+            assert ei.value.detail.decode() == leader
+            hb = m.HeartbeatRequest(client_id="t", client_role=m.ClientRole.CLIENT)
+            with pytest.raises(PmNotLeaderError):
+                await conn.request_one(hb.OPCODE, hb.encode(), timeout_s=5.0)
+        finally:
+            await conn.aclose()
+    # The SDK given only a follower follows the redirect to the leader.
+    async with AsyncClient(followers[0], retry_deadline_ms=15_000) as client:
+        ids = await create_until_ok(client, 3, FAILOVER_BOUND_S)
+        assert len(set(ids)) == 3
+        assert [s.stream_id for s in await client.describe_streams(ids)] == ids
+
+
+async def test_kill_leader_under_load_loses_nothing(cluster: PmCluster) -> None:
+    leader = await wait_for_leader(cluster.addresses)
+    acked: list[int] = []
+    failures = 0
+    killed_at: float | None = None
+    first_ok_after_kill: float | None = None
+    async with AsyncClient(cluster.addresses, request_timeout_ms=3000,
+                           retry_deadline_ms=int(FAILOVER_BOUND_S * 1000)) as client:
+        await create_until_ok(client, 1, FAILOVER_BOUND_S)
+        for _ in range(LOAD_CREATES_MAX):
+            if killed_at is None and len(acked) >= 100:
+                cluster.by_address(leader).kill()  # SIGKILL: no resignation, the lease expires
+                killed_at = time.monotonic()
+            try:
+                ids = await client.create_streams(5)
+            except SbpError:
+                failures += 1
+                await asyncio.sleep(0.05)
+                continue
+            acked.extend(ids)
+            if killed_at is not None and first_ok_after_kill is None:
+                first_ok_after_kill = time.monotonic()
+            if first_ok_after_kill is not None and len(acked) >= 200:
+                break
+        assert killed_at is not None and first_ok_after_kill is not None
+        failover_s = first_ok_after_kill - killed_at
+        assert failover_s < FAILOVER_BOUND_S
+        survivors = [a for a in cluster.addresses if a != leader]
+        new_leader = await wait_for_leader(survivors)
+        assert new_leader != leader
+        # Every acknowledged stream is describable at the new leader, and no id was reused.
+        assert len(set(acked)) == len(acked)
+        described = await client.describe_streams(acked)
+        assert [s.stream_id for s in described] == acked
+    print(f"failover {failover_s:.2f}s acked={len(acked)} failed_calls={failures}")
+
+
+async def test_paused_leader_is_fenced(cluster: PmCluster) -> None:
+    """SIGSTOP the leader past its lease, let another take over and write, resume the old one:
+    it must not act as leader (no write of its own lands) and redirects to the new leader."""
+    old = await wait_for_leader(cluster.addresses)
+    async with AsyncClient(cluster.addresses, request_timeout_ms=3000,
+                           retry_deadline_ms=int(FAILOVER_BOUND_S * 1000)) as client:
+        before = await create_until_ok(client, 2, FAILOVER_BOUND_S)
+        old_node = cluster.by_address(old)
+        old_node.pause()
+        try:
+            survivors = [a for a in cluster.addresses if a != old]
+            new = await wait_for_leader(survivors)
+            during = await create_until_ok(client, 3, FAILOVER_BOUND_S)
+        finally:
+            old_node.resume()
+        # Resumed: its lease is gone; it answers as a follower at once, naming the new leader.
+        conn = await Connection.open(old)
+        try:
+            req = m.CreateStreamsRequest(timeout_ms=2000, items=(m.CreateStreamItem(1, 0),) * 4)
+            with pytest.raises(PmNotLeaderError) as ei:
+                await conn.request_one(req.OPCODE, req.encode(), timeout_s=5.0)
+            assert ei.value.detail.decode() in ("", new)
+        finally:
+            await conn.aclose()
+        assert await wait_for_leader(cluster.addresses) == new
+        after = await create_until_ok(client, 1, FAILOVER_BOUND_S)
+        listed = [s.stream_id for s in await client.list_streams()]
+        # Exactly the acknowledged streams exist: the old leader wrote nothing after its pause.
+        assert listed == sorted(before + during + after)
+        assert len(set(listed)) == len(listed)
+    assert "event=leader_lost" in old_node.log_tail(200)
