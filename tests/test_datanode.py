@@ -10,14 +10,18 @@ from pathlib import Path
 import pytest
 
 from sbpstream.cluster import LocalCluster
-from sbpstream.net.client import Connection
-from sbpstream.protocol.errors import ErrorCode
+from sbpstream.datanode.metrics import Metrics
+from sbpstream.datanode.pmclient import PmClient
+from sbpstream.net.client import Connection, ConnectionPool
+from sbpstream.net.server import Request, Responder, Server
+from sbpstream.protocol.errors import ErrorCode, PmNotLeaderError
 from sbpstream.protocol.frame import Frame
 from sbpstream.protocol.messages import (
     AppendItem,
     AppendRequest,
     AppendResponse,
     AppendResult,
+    ClientRole,
     CreateStreamItem,
     CreateStreamsRequest,
     CreateStreamsResponse,
@@ -30,20 +34,27 @@ from sbpstream.protocol.messages import (
     FetchRequest,
     FetchResponse,
     FetchResult,
+    HeartbeatRequest,
+    HeartbeatResponse,
     ListRangesRequest,
     ListRangesResponse,
     Range,
     SealItem,
     SealRangesRequest,
     SealRangesResponse,
+    Status,
     Stream,
     StreamOwner,
     TrimItem,
     TrimStreamsRequest,
     TrimStreamsResponse,
 )
+from sbpstream.protocol.messages import (
+    DataNode as DataNodeMsg,
+)
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import Record, build_batch, iter_records, read_header
+from sbpstream.store import StoreStats
 
 TIMEOUT_S = 10.0  # every in-test wait is bounded by this
 
@@ -319,6 +330,78 @@ async def test_describe_ranges_is_authoritative(cluster: LocalCluster) -> None:
         assert (items[0].range.start_offset, items[0].range.next_offset,
                 items[0].range.end_offset) == (0, 7, -1)
         assert items[1].status.code == ErrorCode.RANGE_NOT_FOUND
+    finally:
+        await conn.aclose()
+
+
+async def test_pm_client_follows_not_leader_redirects(cluster: LocalCluster) -> None:
+    """A follower PM answers PM_NOT_LEADER with the leader's address in detail."""
+    async def follower(req: Request, resp: Responder) -> None:
+        await resp.send(HeartbeatResponse(status=Status(
+            code=ErrorCode.PM_NOT_LEADER, message="not the leader",
+            detail=cluster.pm_address.encode())).encode())
+
+    async def system_error_follower(req: Request, resp: Responder) -> None:
+        raise PmNotLeaderError("not the leader", b"")  # no leader known: try the next one
+
+    fake = Server({Opcode.HEARTBEAT: follower}, name="fake-pm")
+    fake2 = Server({Opcode.HEARTBEAT: system_error_follower}, name="fake-pm2")
+    await fake.start("127.0.0.1", 0)
+    await fake2.start("127.0.0.1", 0)
+    pool = ConnectionPool()
+    try:
+        pm = PmClient((fake2.address, fake.address), pool)
+        r = await pm.call(HeartbeatRequest(client_id="t", client_role=ClientRole.CLIENT),
+                          HeartbeatResponse)
+        assert r.status.ok and pm.current == cluster.pm_address
+    finally:
+        await pool.close()
+        await fake.close(0.5)
+        await fake2.close(0.5)
+
+
+def test_metrics_report_is_clamped(tmp_path: Path) -> None:
+    m = Metrics(tmp_path)
+    m.c.append_requests = 10**9  # far beyond int16 per second
+    m.c.syncs_waiting = 10**12
+    m.append_latency_ms.add(123.0)
+    m.append_latency_ms.add(77.0)
+    stats = StoreStats(unindexed_bytes=5, bytes_written=10**6, bytes_read=0, appends=0,
+                       reads=0, fsyncs=0, segment_count=1, log_bytes=0, live_bytes=0,
+                       streams=0, ranges=0, indexed_batches=0, disk_free_bytes=0)
+    r = m.report(DataNodeMsg(node_id=1, advertise_addr="h:1"), stats, active_ranges=70_000)
+    assert r.network_append_rate == 2**15 - 1 and r.range_active_cnt == 2**15 - 1
+    assert r.uring_pending_task_cnt == 2**31 - 1
+    assert r.network_append_avg_latency == 100
+    assert r.disk_unindexed_data_size == 5 and r.disk_free_space > 0 and r.memory_used > 0
+    assert r.disk_in_rate > 0
+    r.encode()  # every field fits its wire type
+
+
+async def test_graceful_stop_then_start(cluster: LocalCluster) -> None:
+    sid, rng = await create_stream(cluster.pm_address)
+    addr = primary(rng)
+    node = next(dn for dn in cluster.datanodes if dn.address == addr)
+    conn = await Connection.open(addr)
+    _, res = await append(conn, [(sid, batch(3))])
+    assert res[0].status.ok
+    poll = asyncio.ensure_future(fetch(conn, sid, 3, max_wait_ms=30_000, min_bytes=1))
+    await asyncio.sleep(0.2)
+    proc = node.proc
+    assert proc is not None
+    t0 = time.monotonic()
+    await asyncio.to_thread(node.stop)  # SIGTERM: GOAWAY, end long polls, drain, close store
+    assert proc.returncode == 0 and time.monotonic() - t0 < 8.0
+    frames, results, _ = await asyncio.wait_for(poll, TIMEOUT_S)  # the long poll was ended
+    assert frames[-1].is_end and results[0].status.ok
+    assert "event=datanode_stopped" in node.log_tail(10)
+    await conn.aclose()
+    node.start()
+    await asyncio.to_thread(node.wait_ready, 30.0)
+    conn = await Connection.open(addr)
+    try:
+        _, _, batches = await fetch(conn, sid, 0)
+        assert len(values(batches)) == 3
     finally:
         await conn.aclose()
 

@@ -98,7 +98,7 @@ class DataNode:
         self.closing = False
         self.server: Server | None = None
         self._store: Store | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self._lookups: dict[int, tuple[float, asyncio.Task[None]]] = {}
         self._retention_ms: dict[int, int] = {}
         self._closed = False
@@ -156,9 +156,10 @@ class DataNode:
         self._closed = True
         self.closing = True
         self.table.wake_all()
-        for t in self._tasks:
+        tasks = list(self._tasks)
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         if self.server is not None:
@@ -172,7 +173,9 @@ class DataNode:
         log.info("event=datanode_stopped node_id=%d", self.node_id)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
-        self._tasks.append(asyncio.ensure_future(coro))
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _every(self, interval_ms: int, fn: Callable[[], Awaitable[None]],
                      what: str) -> None:
@@ -402,11 +405,14 @@ class DataNode:
         r = await self.pm.call(ListRangesRequest(timeout_ms=int(PM_CALL_TIMEOUT_S * 1000),
                                                  items=(StreamOwner(stream_id),)),
                                ListRangesResponse)
+        adopted = False
         for res in r.items:
             for rng in res.ranges:
                 if self.is_me(rng.replica_nodes):
                     self.adopt_range(rng)
-        self.note_new_streams([stream_id])
+                    adopted = True
+        if adopted:
+            self.note_new_streams([stream_id])
 
     async def durable(self, position: int) -> None:
         """``store.sync`` with the I/O executor figures REPORT_METRICS carries."""
@@ -435,7 +441,8 @@ class DataNode:
 
     def note_new_streams(self, stream_ids: list[int]) -> None:
         """Fetch retention periods of streams just learned of (in the background)."""
-        new = [sid for sid in stream_ids if sid not in self._retention_ms]
+        new = [sid for sid in stream_ids
+               if sid not in self._retention_ms and sid in self.table.streams]
         if new and not self.closing:
             self._spawn(self._refresh_streams(new))
 
