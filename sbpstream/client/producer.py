@@ -40,6 +40,7 @@ from sbpstream.protocol.errors import (
     ErrorCode,
     InvalidRequestError,
     SbpError,
+    UnknownServerError,
 )
 from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse, AppendResult
 from sbpstream.records import BatchBuilder
@@ -277,7 +278,14 @@ class AsyncProducer:
     async def _run_sender(self) -> None:
         while True:
             self._wake.clear()
-            delay = self._dispatch()
+            try:
+                delay = self._dispatch()
+            except Exception as exc:  # a bug: fail what is queued rather than hang flush()
+                log.exception("event=producer_dispatch_failed")
+                for st in list(self._active):
+                    if st.in_flight is None:
+                        self._fail_stream(st, as_sbp_error(exc))
+                delay = 0.1
             if delay is None:
                 await self._wake.wait()
             else:
@@ -364,8 +372,8 @@ class AsyncProducer:
                     if not exc.retriable:
                         raise
                     await attempts.backoff(exc)
-        except SbpError as exc:
-            self._fail_stream(st, exc)
+        except Exception as exc:
+            self._fail_stream(st, as_sbp_error(exc))
         finally:
             st.resolving = False
             self._wake.set()
@@ -393,8 +401,8 @@ class AsyncProducer:
                 if not resp.status.ok:
                     error = resp.status.error()
                 results = {r.request_index: r for r in resp.items}
-            except SbpError as exc:
-                error = exc
+            except Exception as exc:
+                error = as_sbp_error(exc)
         for i, (st, batch, rng) in enumerate(entries):
             res = results.get(i)
             if error is None and res is None:
@@ -458,9 +466,9 @@ class AsyncProducer:
             st.ready.appendleft(batch)
             st.in_flight = None
             self._wake.set()
-        except SbpError as exc:
+        except Exception as exc:
             st.in_flight = None
-            self._fail_batch(st, batch, exc)
+            self._fail_batch(st, batch, as_sbp_error(exc))
 
     def _wait_for_primary(self, batch: _Batch, rng: Range, err: SbpError) -> bool:
         assert batch.attempts is not None
@@ -532,6 +540,13 @@ class AsyncProducer:
         for f in batch.futures:
             if not f.done():
                 f.set_exception(exc)
+
+
+def as_sbp_error(exc: BaseException) -> SbpError:
+    """``exc`` itself when it is an SbpError, else a FATAL UnknownServerError wrapping it."""
+    if isinstance(exc, SbpError):
+        return exc
+    return UnknownServerError(f"producer failure: {exc!r}")
 
 
 def _primary(rng: Range) -> str | None:
