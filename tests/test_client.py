@@ -138,6 +138,8 @@ def test_sync_and_async_agree(cluster: LocalCluster) -> None:
         end = c.end_offset(sid)
         sync_got = list(c.consumer(sid, end=end))
         cols = c.consumer(sid, 0, end=end).poll_columns()
+        it = c.consumer(sid, 5, end=end)
+        assert next(it).offset == 5 and it.position == 6 and it.buffered > 0
 
     async def read() -> list[ConsumedRecord]:
         async with AsyncClient(cluster.pm_address) as ac:

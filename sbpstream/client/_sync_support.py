@@ -11,7 +11,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -160,10 +159,13 @@ class ProducerBase(SyncBase):
 
 
 class ConsumerBase(SyncBase):
-    """The sync consumer is a plain iterator; records are fetched in chunks, not one by one."""
+    """The sync consumer is a plain iterator over the async consumer's buffer.
+
+    Records are fetched a round at a time on the loop thread (while this thread waits), then
+    handed out here one by one without crossing threads; ``position`` stays exact.
+    """
 
     _async: AsyncConsumer
-    _pending: deque[ConsumedRecord]
 
     def _after_close(self) -> None:
         pass
@@ -171,22 +173,19 @@ class ConsumerBase(SyncBase):
     @property
     def buffered(self) -> int:
         """Records fetched but not yet returned by the iterator."""
-        return len(self.__dict__.get("_pending", ())) + len(self._async._buffer)
+        return len(self._async._buffer)
 
     def __iter__(self) -> Self:
         return self
 
     def __next__(self) -> ConsumedRecord:
-        pending = self.__dict__.setdefault("_pending", deque())
-        while not pending:
-            if self._async.at_end:
+        a = self._async
+        buf = a._buffer
+        while not buf:
+            if a.at_end or a._closed:
                 raise StopIteration
-            got = self._runner.run(self._async.poll())
-            if not got and (self._async.at_end or self._async._closed):
-                raise StopIteration
-            pending.extend(got)
-        rec: ConsumedRecord = pending.popleft()
-        return rec
+            self._runner.run(a._fill(a.max_wait_ms))
+        return buf.popleft()
 
     def __enter__(self) -> Self:
         return self
