@@ -86,6 +86,7 @@ class EtcdServer:
         binary = etcd_binary()
         if binary is None:
             raise FileNotFoundError("etcd binary not on PATH (Debian package etcd-server)")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.client_port, self.peer_port = _free_port(), _free_port()
         while self.peer_port == self.client_port:
             self.peer_port = _free_port()

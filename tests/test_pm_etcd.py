@@ -112,8 +112,9 @@ async def test_batches_respect_max_txn_ops(url: str, pms: list[Pm]) -> None:
     before = pm.store.txns
     out = await pm.store.create_streams([NewStream(1, 0, R1)] * 100, 1)
     assert ids(out) == list(range(1, 101))
-    # 16 ops: fence + counter compares leave 14 -> 7 items (2 keys each) per transaction.
-    assert pm.store.txns - before == math.ceil(100 / 7)
+    # One transaction reserves the id block; then 16 ops per list: the fence compare leaves
+    # 15 compares -> 7 items (2 keys each, one compare per key) per transaction.
+    assert pm.store.txns - before == 1 + math.ceil(100 / 7)
     # Deleting a stream with many ranges is one range-delete, whatever the count.
     for i in range(40):
         await pm.store.seal_and_new(1, i, i + 1, R1, [])
@@ -126,8 +127,8 @@ async def test_large_batch_default_limits(url: str, pms: list[Pm]) -> None:
     before = pm.store.txns
     out = await pm.store.create_streams([NewStream(1, 0, R1)] * 5000, 1)
     assert ids(out) == list(range(1, 5001))
-    per_txn = (DEFAULT_MAX_TXN_OPS - 2) // 2
-    assert pm.store.txns - before == math.ceil(5000 / per_txn)
+    per_txn = (DEFAULT_MAX_TXN_OPS - 1) // 2
+    assert pm.store.txns - before == 1 + math.ceil(5000 / per_txn)
     # Another PM loading the prefix from scratch (paged reads) sees all of it.
     other = await Pm(url, "127.0.0.1:2").start()
     pms.append(other)
@@ -181,8 +182,9 @@ async def test_deposed_leader_writes_are_fenced(url: str, pms: list[Pm]) -> None
 
 async def test_fenced_midway_keeps_committed_items(url: str, pms: list[Pm]) -> None:
     a = await leader(url + "&max_txn_ops=8", pms, "127.0.0.1:1")
-    # Depose A between its transactions: revoke its lease after the first commit.
     store = a.store
+    assert ids(await store.create_streams([NewStream(1, 0, R1)] * 9, 1)) == list(range(1, 10))
+    # Depose A between its transactions: revoke its lease after the first commit.
     real_commit = store._commit
     calls = 0
 
@@ -195,9 +197,11 @@ async def test_fenced_midway_keeps_committed_items(url: str, pms: list[Pm]) -> N
         await real_commit(chunk)  # type: ignore[arg-type]
 
     store._commit = commit_then_lose  # type: ignore[method-assign]
-    out = await store.create_streams([NewStream(1, 0, R1)] * 9, 1)
-    assert [type(o).__name__ for o in out] == ["CreatedStream"] * 3 + ["FencedLeaderError"] * 6
-    assert [s.stream_id for s in await store.list_streams(0, 10)] == [1, 2, 3]
+    # 8 ops per list: the fence compare leaves 7 -> 7 updates per transaction.
+    out = await store.update_streams([StreamUpdate(i, 1, 5) for i in range(1, 10)], 1)
+    assert [type(o).__name__ for o in out] == ["StreamMeta"] * 7 + ["FencedLeaderError"] * 2
+    got = await store.get_streams(list(range(1, 10)))
+    assert [s.retention_period_ms for s in got if s] == [5] * 7 + [0] * 2
 
 
 async def test_ids_are_compare_and_swap(url: str, pms: list[Pm], etcd_server: EtcdServer
