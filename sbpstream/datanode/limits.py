@@ -61,6 +61,10 @@ PM_LOOKUP_TTL_S: Final = 1.0
 """An APPEND for a range this node does not hold asks the PM (LIST_RANGES) at most once per
 stream per this interval, so a client hammering an unknown stream cannot flood the PM."""
 
+PM_LOOKUP_WAIT_S: Final = 2.0
+"""How long an APPEND for an unknown range waits for that lookup before answering
+RANGE_NOT_FOUND: a slow PM must not hold writes for the PM client's full retry budget."""
+
 METRICS_WINDOW_S: Final = 60.0
 """Window of the averaged latencies and of "active ranges" in REPORT_METRICS (the spec's "past
 minute")."""

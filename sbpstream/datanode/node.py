@@ -28,6 +28,7 @@ from sbpstream.datanode.limits import (
     METRICS_WINDOW_S,
     PM_CALL_TIMEOUT_S,
     PM_LOOKUP_TTL_S,
+    PM_LOOKUP_WAIT_S,
     PM_RETRY_BACKOFF_MAX_S,
     PM_RETRY_BACKOFF_MIN_S,
 )
@@ -398,8 +399,9 @@ class DataNode:
                                  if now - v[0] <= PM_LOOKUP_TTL_S}
             ent = (now, asyncio.ensure_future(self._lookup(stream_id)))
             self._lookups[stream_id] = ent
-        with contextlib.suppress(SbpError):
-            await asyncio.shield(ent[1])
+        with contextlib.suppress(SbpError, TimeoutError):
+            async with asyncio.timeout(PM_LOOKUP_WAIT_S):
+                await asyncio.shield(ent[1])
 
     async def _lookup(self, stream_id: int) -> None:
         r = await self.pm.call(ListRangesRequest(timeout_ms=int(PM_CALL_TIMEOUT_S * 1000),
