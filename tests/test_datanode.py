@@ -30,6 +30,8 @@ from sbpstream.protocol.messages import (
     DescribeRangeItem,
     DescribeRangesRequest,
     DescribeRangesResponse,
+    DescribeStreamsRequest,
+    DescribeStreamsResponse,
     FetchItem,
     FetchRequest,
     FetchResponse,
@@ -63,7 +65,8 @@ TIMEOUT_S = 10.0  # every in-test wait is bounded by this
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     # node timeout far above a restart, so the PM does not seal the killed node's ranges
     with LocalCluster(tmp_path_factory.mktemp("dn"), datanodes=2, heartbeat_interval_ms=200,
-                      node_timeout_ms=20_000) as c:
+                      node_timeout_ms=20_000,
+                      extra_dn_args=["--retention-interval-ms", "300"]) as c:
         yield c
 
 
@@ -71,12 +74,13 @@ def batch(n: int, tag: str = "r", size: int = 16) -> bytes:
     return build_batch([Record(value=f"{tag}-{i}".encode().ljust(size, b".")) for i in range(n)])
 
 
-async def create_stream(pm: str) -> tuple[int, Range]:
+async def create_stream(pm: str, retention_period_ms: int = 0) -> tuple[int, Range]:
     """A new single-replica stream; returns its id and its first range (with placement)."""
     conn = await Connection.open(pm)
     try:
         f = await conn.request_one(Opcode.CREATE_STREAMS, CreateStreamsRequest(
-            timeout_ms=5000, items=(CreateStreamItem(replica_nums=1),)).encode(),
+            timeout_ms=5000, items=(CreateStreamItem(
+                replica_nums=1, retention_period_ms=retention_period_ms),)).encode(),
             timeout_s=TIMEOUT_S)
         res = CreateStreamsResponse.decode(f.header).items[0]
         assert res.status.ok, res.status
@@ -312,6 +316,39 @@ async def test_trim_and_delete_from_pm(cluster: LocalCluster) -> None:
         assert res[0].status.code == ErrorCode.STREAM_DELETED
         _, results, _ = await fetch(conn, sid, 10)
         assert results[0].status.code == ErrorCode.STREAM_DELETED
+    finally:
+        await conn.aclose()
+
+
+async def test_retention_trims_and_reports_to_pm(cluster: LocalCluster) -> None:
+    sid, rng = await create_stream(cluster.pm_address, retention_period_ms=500)
+    conn = await Connection.open(primary(rng))
+    try:
+        _, res = await append(conn, [(sid, batch(4, "old"))])
+        assert res[0].status.ok
+        deadline = time.monotonic() + TIMEOUT_S
+        code = 0
+        while time.monotonic() < deadline:  # retention runs every 300 ms here
+            _, results, _ = await fetch(conn, sid, 0)
+            code = results[0].status.code
+            if code == ErrorCode.OFFSET_TRIMMED:
+                assert results[0].start_offset == 4
+                break
+            await asyncio.sleep(0.2)
+        assert code == ErrorCode.OFFSET_TRIMMED
+        start = -1
+        while time.monotonic() < deadline:  # the node told the PM the new start
+            f = await pm_call(cluster.pm_address, Opcode.DESCRIBE_STREAMS,
+                              DescribeStreamsRequest(timeout_ms=1000,
+                                                     stream_ids=(sid,)).encode())
+            st = DescribeStreamsResponse.decode(f.header).items[0].stream
+            start = st.start_offset if st is not None else -1
+            if start == 4:
+                break
+            await asyncio.sleep(0.2)
+        assert start == 4
+        _, res = await append(conn, [(sid, batch(1, "new"))])  # the stream goes on
+        assert res[0].status.ok and res[0].base_offset == 4
     finally:
         await conn.aclose()
 

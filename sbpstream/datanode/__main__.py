@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sbpstream.datanode.config import DEFAULT_HOST, DEFAULT_PM, DataNodeConfig
+from sbpstream.datanode.limits import DEFAULT_COMPACTION_INTERVAL_MS, DEFAULT_RETENTION_INTERVAL_MS
 from sbpstream.datanode.node import run_datanode
 from sbpstream.net.loop import run
 from sbpstream.store import FsyncPolicy
@@ -28,6 +29,10 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
     p.add_argument("--metrics-interval-ms", type=int, default=5000)
     p.add_argument("--fsync", choices=[f.value for f in FsyncPolicy], default="always")
     p.add_argument("--fsync-interval-ms", type=int, default=10)
+    p.add_argument("--retention-interval-ms", type=int, default=DEFAULT_RETENTION_INTERVAL_MS,
+                   help="how often retention runs and stream configs are refreshed")
+    p.add_argument("--compaction-interval-ms", type=int, default=DEFAULT_COMPACTION_INTERVAL_MS,
+                   help="how often compaction looks for segments to reclaim")
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=a.log_level.upper(), format=LOG_FORMAT)
@@ -36,7 +41,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
             directory=a.dir, port=a.port, host=a.host, pm=DataNodeConfig.parse_pm_list(a.pm),
             advertise=a.advertise, heartbeat_interval_ms=a.heartbeat_interval_ms,
             metrics_interval_ms=a.metrics_interval_ms, fsync=FsyncPolicy(a.fsync),
-            fsync_interval_ms=a.fsync_interval_ms)
+            fsync_interval_ms=a.fsync_interval_ms,
+            retention_interval_ms=a.retention_interval_ms,
+            compaction_interval_ms=a.compaction_interval_ms)
     except ValueError as exc:
         p.error(str(exc))
 
