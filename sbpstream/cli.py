@@ -237,7 +237,9 @@ def pm_server(
                     ] = 12378,
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     metadata: Annotated[str, typer.Option(
-        "--metadata", help="Metadata store: sqlite:PATH.")] = "sqlite:./data/pm/metadata.sqlite3",
+        "--metadata", help="Metadata store: sqlite:PATH, or etcd://HOST:PORT[,HOST:PORT...]"
+        "[/PREFIX][?lease_ttl_s=3] for several PMs with one leader (docs/etcd.md)."
+    )] = "sqlite:./data/pm/metadata.sqlite3",
     advertise: Annotated[str, typer.Option(
         "--advertise", help="HOST:PORT others use to reach this PM.")] = "",
     heartbeat_interval_ms: Annotated[int, typer.Option(
@@ -259,7 +261,8 @@ def pm_server(
                       node_timeout_ms=node_timeout_ms)
     try:
         config.validate()
-        sqlite_path(metadata).parent.mkdir(parents=True, exist_ok=True)
+        if not metadata.startswith("etcd://"):
+            sqlite_path(metadata).parent.mkdir(parents=True, exist_ok=True)
     except (ValueError, OSError) as exc:
         fail(str(exc), EXIT_USAGE)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
