@@ -60,10 +60,11 @@ class PmCluster:
 async def cluster(etcd_server: EtcdServer, tmp_path: Path) -> AsyncIterator[PmCluster]:
     url = etcd_server.url(f"/cluster{next(_prefixes)}") + f"?lease_ttl_s={LEASE_TTL_S}"
     ports = [free_port() for _ in range(3)]
+    # pm0 and pm1 run `python -m sbpstream.pm`, pm2 the CLI (`sbpstream pm`): both entry points.
     pms = [
-        Node("pm", f"pm{i}", port,
-             ["--port", str(port), "--metadata", url, "--heartbeat-interval-ms", "200",
-              "--node-timeout-ms", "5000"],
+        Node("pm" if i < 2 else "cli", f"pm{i}", port,
+             [*([] if i < 2 else ["pm"]), "--port", str(port), "--metadata", url,
+              "--heartbeat-interval-ms", "200", "--node-timeout-ms", "5000"],
              tmp_path / f"pm{i}.log")
         for i, port in enumerate(ports)
     ]
