@@ -242,6 +242,19 @@ async def test_multi_item_append_answers_out_of_order(cluster: LocalCluster) -> 
         assert [r.request_index for r in AppendResponse.decode(frames[0].header).items] == [1]
         _, _, batches = await fetch(conn, s1, 0)
         assert len(values(batches)) == 5
+        # many streams in one FETCH, each item with its own status
+        req = FetchRequest(max_wait_ms=0, items=(
+            FetchItem(stream_id=s1, request_index=0, fetch_offset=2, batch_max_bytes=1 << 20),
+            FetchItem(stream_id=987_654_321, request_index=1, fetch_offset=0),
+            FetchItem(stream_id=s1, request_index=2, fetch_offset=-1)))
+        frames = await conn.request(Opcode.FETCH, req.encode(), timeout_s=TIMEOUT_S)
+        got = [r for f in frames for r in FetchResponse.decode(f.header).items]
+        by_index: dict[int, list[FetchResult]] = {}
+        for r in got:
+            by_index.setdefault(r.request_index, []).append(r)
+        assert [r.batch_length > 0 for r in by_index[0]] == [True]
+        assert by_index[1][0].status.code == ErrorCode.RANGE_NOT_FOUND
+        assert by_index[2][0].status.code == ErrorCode.OFFSET_OUT_OF_RANGE
     finally:
         await conn.aclose()
 
