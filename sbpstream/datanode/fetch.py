@@ -126,7 +126,8 @@ class FetchHandler:
                 await out.flush(end=False)  # what we have goes now; the rest as it arrives
                 w0 = loop.time()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), remaining)
+                    async with asyncio.timeout(remaining):  # no extra task, unlike wait_for
+                        await wake.wait()
                 waited += loop.time() - w0
             for st in states:
                 if not st.answered:
