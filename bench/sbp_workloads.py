@@ -195,3 +195,156 @@ class SbpSystem:
             await reader
             await c.delete_streams([sid])
         return out
+
+
+# ------------------------------------------------------------------------------ profiling
+
+PROFILE_RATE_HZ = 100
+PROFILE_TOP = 20
+
+
+def summarize_raw(path: Path, top: int = PROFILE_TOP) -> tuple[int, list[str]]:
+    """Top frames (self and inclusive) of a py-spy ``--format raw`` file: (samples, lines)."""
+    import collections
+    import re
+
+    self_c: collections.Counter[str] = collections.Counter()
+    incl_c: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")
+                  if not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        total += n
+        self_c[frames[-1]] += n
+        for f in set(frames):
+            incl_c[f] += n
+    out = [f"{total} samples (threads not idle)", "self (the frame itself is on CPU):"]
+    out += [f"  {100 * c / total:5.1f}%  {f}" for f, c in self_c.most_common(top)]
+    out += ["inclusive (the frame is on the stack):"]
+    out += [f"  {100 * c / total:5.1f}%  {f}" for f, c in incl_c.most_common(top)]
+    return total, out
+
+
+async def _profiled(
+    name: str, pids: dict[str, int], out_dir: Path, body: Any, seconds: float
+) -> list[str]:
+    """Run ``body()`` repeatedly for ``seconds`` while py-spy records every process in pids."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    for pname, pid in pids.items():
+        raw = out_dir / f"{name}-{pname}.raw"
+        procs[pname] = (
+            subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--format", "raw", "--output", str(raw),
+                 "--rate", str(PROFILE_RATE_HZ), "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ),
+            raw,
+        )
+    await asyncio.sleep(1.0)  # py-spy attaches
+    t0 = time.perf_counter()
+    rounds = 0
+    figures: list[str] = []
+    try:
+        while time.perf_counter() - t0 < seconds:
+            figures.append(str(await body()))
+            rounds += 1
+    finally:
+        wall = time.perf_counter() - t0
+        for p, _ in procs.values():
+            p.send_signal(signal.SIGINT)
+        for p, _ in procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    lines = [f"# {name}: {rounds} rounds in {wall:.1f} s, py-spy at {PROFILE_RATE_HZ} Hz"]
+    lines += [f"# round figures: {'; '.join(figures)}"]
+    for pname, (_, raw) in procs.items():
+        if not raw.exists():
+            lines.append(f"## {pname}: no profile written")
+            continue
+        total, summary = summarize_raw(raw)
+        busy = total / (wall * PROFILE_RATE_HZ) if wall else 0.0
+        if total < 0.02 * wall * PROFILE_RATE_HZ:  # an idle process: not worth the lines
+            lines.append(f"## {pname}: idle ({total} samples)")
+            raw.unlink()
+            continue
+        lines.append(f"## {pname}: ~{100 * busy:.0f}% of one core busy in Python threads")
+        lines += summary
+        raw.unlink()
+    return lines
+
+
+PROFILE_WORKLOADS = (AppendSpec(1024, 1, 100_000, 30.0), AppendSpec(100, 1000, 100_000, 30.0))
+
+
+async def profile_main(out_dir: Path, seconds: float, datanodes: int) -> None:
+    """Profile the append and catch-up of each PROFILE_WORKLOADS spec, client and servers."""
+    import os
+    import tempfile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="sbpbench-prof-") as d:
+        cluster = SbpCluster(Path(d), datanodes=datanodes)
+        cluster.start()
+        try:
+            system = SbpSystem(cluster, 1)
+            pids = {**cluster.pids(), "client": os.getpid()}
+            for spec in PROFILE_WORKLOADS:
+                payload = payload_of(spec.record_bytes)
+                handles: list[object] = []
+                tag = spec.label.replace(" ", "")
+
+                async def append_round(spec: AppendSpec = spec, payload: bytes = payload,
+                                       handles: list[object] = handles) -> str:
+                    tp, h = await system.append(spec, payload)
+                    handles.append(h)
+                    return f"{tp.mb_s:.1f} MB/s"
+
+                report += await _profiled(f"append-{tag}", pids, out_dir, append_round, seconds)
+
+                async def read_round(spec: AppendSpec = spec,
+                                     handles: list[object] = handles) -> str:
+                    tp = await system.catch_up(handles[-1], spec)
+                    return f"{tp.mb_s:.1f} MB/s"
+
+                report += await _profiled(f"catchup-{tag}", pids, out_dir, read_round, seconds)
+                for h in handles:
+                    await system.drop(h)
+        finally:
+            cluster.stop()
+    stamp = time.strftime("%Y-%m-%d")
+    path = out_dir / f"{stamp}-profile.txt"
+    path.write_text("\n".join(report) + "\n")
+    print("\n".join(report))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from sbpstream.net.loop import run
+
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.sbp_workloads",
+        description="profile sbpstream's append and catch-up hot paths with py-spy",
+    )
+    ap.add_argument("--profile", action="store_true", required=True)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/profiles"))
+    ap.add_argument("--seconds", type=float, default=15.0, help="profiled time per workload")
+    ap.add_argument("--datanodes", type=int, default=1)
+    a = ap.parse_args()
+    run(profile_main(a.out, a.seconds, a.datanodes))
