@@ -248,9 +248,17 @@ async def test_server_turns_a_fenced_write_into_pm_not_leader(
         store = server.meta
         assert isinstance(store, EtcdMetadataStore)
         assert ids(await store.create_streams([NewStream(1, 0, R1)] * 2, 1)) == [1, 2]
+        lease_id = server.election._lease_id
+        real_commit = store._commit
+
+        async def deposed_then_commit(chunk: object) -> None:
+            # Deposed after the server's leadership check passed, before the write reaches etcd.
+            await store.client.revoke(lease_id)
+            await real_commit(chunk)  # type: ignore[arg-type]
+
+        store._commit = deposed_then_commit  # type: ignore[method-assign]
         conn = await Connection.open(server.address)
         try:
-            await store.client.revoke(server.election._lease_id)  # deposed behind its back
             req = m.UpdateStreamsRequest(timeout_ms=2000, items=(m.Stream(1, 1, 5),
                                                                  m.Stream(2, 1, 5)))
             with pytest.raises(PmNotLeaderError):
@@ -261,3 +269,27 @@ async def test_server_turns_a_fenced_write_into_pm_not_leader(
         assert [s.retention_period_ms for s in await store.get_streams([1, 2]) if s] == [0, 0]
     finally:
         await server.close()
+
+
+async def test_leader_key_deleted_behind_the_leaders_back(
+    url: str, pms: list[Pm], etcd_server: EtcdServer
+) -> None:
+    """An operator deletes P/leader: the leader stops leading as soon as its watch sees it
+    (not only at its next write), and a follower takes over."""
+    a = await leader(url, pms, "127.0.0.1:1")
+    b = await Pm(url, "127.0.0.1:2").start()
+    pms.append(b)
+    ch = rpc.insecure_channel(etcd_server.endpoint)
+    try:
+        await rpc.KVStub(ch).DeleteRange(rpc.DeleteRangeRequest(key=a.store.keys.leader),
+                                         timeout=5)
+    finally:
+        await ch.close()
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while a.election.is_leader == b.election.is_leader:
+        assert asyncio.get_running_loop().time() < deadline, "no clean handover"
+        await asyncio.sleep(0.02)
+    assert await b.election.wait_leader(WAIT_S) or await a.election.wait_leader(WAIT_S)
+    leaders = [p for p in (a, b) if p.election.is_leader]
+    assert len(leaders) == 1
+    assert ids(await leaders[0].store.create_streams([NewStream(1, 0, R1)], 1)) == [1]

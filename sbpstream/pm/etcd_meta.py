@@ -122,7 +122,10 @@ GRPC_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 limit each) and may batch several when catching up; gRPC's 4 MiB default is too tight."""
 
 WATCH_RETRY_S: Final = 0.2
-"""Pause before re-establishing a broken watch (and between endpoint rotations)."""
+"""First pause before re-establishing a broken watch (and rotating endpoints); it doubles per
+consecutive failure up to WATCH_RETRY_MAX_S, so an etcd outage does not flood the log."""
+
+WATCH_RETRY_MAX_S: Final = 3.0
 
 CONFLICT_RETRIES: Final = 3
 """Times a chunk is re-planned after a mod_revision compare failed (stale cache) before the
@@ -912,19 +915,24 @@ class EtcdMetadataStore:
 
     # ------------------------------------------------------------------ watch
     async def _watch_loop(self) -> None:
+        pause = WATCH_RETRY_S
         while self._open:
+            applied = self._cache.applied
             try:
                 await self._watch_once()
             except asyncio.CancelledError:
                 raise
             except SbpError as e:
-                log.warning("event=etcd_watch_broken error=%r", str(e))
+                log.warning("event=etcd_watch_broken error=%r retry_s=%.1f", str(e), pause)
             except Exception as e:
-                log.warning("event=etcd_watch_broken error=%r", repr(e))
+                log.warning("event=etcd_watch_broken error=%r retry_s=%.1f", repr(e), pause)
                 if isinstance(e, rpc.AioRpcError) and len(self.settings.endpoints) > 1:
                     with contextlib.suppress(Exception):
                         await self.client.rotate()
-            await asyncio.sleep(WATCH_RETRY_S)
+            if self._cache.applied > applied:
+                pause = WATCH_RETRY_S  # it made progress before breaking: not an outage
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, WATCH_RETRY_MAX_S)
 
     async def _watch_once(self) -> None:
         queue: asyncio.Queue[Any] = asyncio.Queue()

@@ -80,7 +80,10 @@ class LeaderElection:
     # ------------------------------------------------------------------ state
     @property
     def is_leader(self) -> bool:
+        """Holding a token the store still fences with, within the lease deadline, and the
+        leader key (as the watch last saw it) still the one this PM created."""
         return (self._token is not None and self.store.is_leader
+                and self.store.leader_revision() == self._token
                 and time.monotonic() < self._deadline)
 
     @property
@@ -215,8 +218,8 @@ class LeaderElection:
             if now >= self._deadline:
                 reason = "deadline_passed"  # e.g. this process was paused past its lease
                 break
-            if not self.store.is_leader:
-                reason = "fenced"  # a write found another leader's key
+            if not self.store.is_leader or self.store.leader_revision() != self._token:
+                reason = "fenced"  # a write, or the watch, found the leader key changed
                 break
             try:
                 ttl = await client.keepalive(self._lease_id, self._deadline - now)
