@@ -184,10 +184,13 @@ async def test_restarted_data_node_is_ridden_through(cluster: LocalCluster,
         for i in range(3000):
             sent.append(b"before-%d" % i)
             futs.append(await p.send(sid, sent[-1]))
-        await p.flush()
+        await futs[0]
         (rng,) = await client.list_ranges(sid)
         primary = next(r.data_node.advertise_addr for r in rng.replica_nodes if r.is_primary)
         node = next(dn for dn in cluster.datanodes if dn.address == primary)
+        for i in range(2000):  # kill -9 with appends in flight
+            sent.append(b"during-%d" % i)
+            futs.append(await p.send(sid, sent[-1]))
         node.kill()
 
         async def restart() -> None:
