@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from sbpstream.datanode.rereplicate import Rereplicator, needs_copy
 from sbpstream.net.server import Request, Responder
 from sbpstream.protocol.errors import InternalError, LimitExceededError, SbpError
 from sbpstream.protocol.messages import (
@@ -52,6 +53,7 @@ def _check(n: int) -> None:
 class ControlHandlers:
     def __init__(self, dn: DataNode) -> None:
         self.dn = dn
+        self.rereplicator = Rereplicator(dn)
 
     async def seal(self, req: Request, resp: Responder) -> None:
         """end_offset -1: stop writing, report the local end and producer states. end_offset
@@ -86,13 +88,18 @@ class ControlHandlers:
         await resp.send(SealRangesResponse(items=tuple(out)).encode())
 
     async def sync(self, req: Request, resp: Responder) -> None:
-        """Create the listed ranges here (idempotent) and remember their placement."""
+        """Create the listed ranges here (idempotent) and remember their placement. A sealed
+        range with data this node lacks is copied from another replica first (may take a
+        while); its item is OK only once the copy is durable and sealed."""
         dn = self.dn
         m = SyncRangesRequest.decode(req.header)
         _check(sum(len(sr.ranges) for sr in m.items))
         out: list[SyncResult] = []
         for sr in m.items:
             try:
+                for r in sr.ranges:  # a sealed range this node lacks: copy it first
+                    if needs_copy(dn, r):
+                        await self.rereplicator.copy(r)
                 got = tuple(dn.adopt_range(r) for r in sr.ranges)
                 out.append(SyncResult(stream_id=sr.stream_id, ranges=got))
             except Exception as exc:  # per-item status

@@ -57,6 +57,7 @@ from sbpstream.pm.metadata import (
     StreamMeta,
     StreamUpdate,
     TrimResult,
+    replace_in,
 )
 from sbpstream.protocol.errors import (
     DataNodeNotFoundError,
@@ -1508,6 +1509,22 @@ class EtcdMetadataStore:
     ) -> tuple[ProducerState, ...]:
         got = self._cache.producers.get((stream_id, range_index))
         return () if got is None else got[0]
+
+    async def replace_replica(
+        self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
+    ) -> RangeMeta:
+        def plan(v: _View, _: None) -> RangeMeta:
+            v.live_stream(stream_id)
+            cur = v.range(stream_id, range_index)
+            new = replace_in(cur, stream_id, range_index, old_node_id, new_node_id)
+            if new is None:
+                assert cur is not None
+                return cur
+            new = replace(new, replicas=_sorted_replicas(new.replicas))
+            v.put_range(new)
+            return new
+
+        return await self._write_one(None, plan)
 
 
 class _Conflict(Exception):

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sbpstream.protocol.errors import SbpError
+from sbpstream.protocol.errors import InvalidRequestError, RangeNotFoundError, SbpError
 
 WRITABLE_END_OFFSET = -1
 """``end_offset`` of a writable (open) range, as the wire says (design.md, "unclear spec")."""
@@ -286,3 +286,34 @@ class MetadataStore(Protocol):
     async def get_seal_producers(
         self, stream_id: int, range_index: int
     ) -> tuple[ProducerState, ...]: ...
+
+    async def replace_replica(
+        self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
+    ) -> RangeMeta:
+        """Sealed range ``range_index``: its replica on ``old_node_id`` is now on
+        ``new_node_id`` (re-replication). Idempotent once done; see :func:`replace_in`."""
+
+
+def replace_in(
+    cur: RangeMeta | None, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
+) -> RangeMeta | None:
+    """The range with ``old_node_id``'s replica moved to ``new_node_id`` (keeping its
+    is_primary flag); None when already done. RangeNotFoundError without the range,
+    InvalidRequestError for a writable range or a replica set that has neither node."""
+    if cur is None:
+        raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
+    if cur.writable:
+        raise InvalidRequestError(f"range {stream_id}/{range_index} is writable: only sealed "
+                                  "ranges are re-replicated")
+    ids = cur.node_ids
+    if old_node_id not in ids:
+        if new_node_id in ids:
+            return None
+        raise InvalidRequestError(f"range {stream_id}/{range_index} has no replica on node "
+                                  f"{old_node_id}")
+    if new_node_id in ids:
+        raise InvalidRequestError(f"range {stream_id}/{range_index} already has a replica on "
+                                  f"node {new_node_id}")
+    reps = tuple(ReplicaMeta(new_node_id, r.is_primary) if r.node_id == old_node_id else r
+                 for r in cur.replicas)
+    return dataclasses.replace(cur, replicas=reps)

@@ -22,6 +22,7 @@ from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.pm import metadata as md
 from sbpstream.pm.config import PmConfig, sqlite_path
 from sbpstream.pm.placement import NodeState
+from sbpstream.pm.repair import Repairer
 from sbpstream.pm.service import (
     DN_CALL_TIMEOUT_S,
     LIST_RANGES_FRAME_MAX,
@@ -206,6 +207,7 @@ class PmServer:
             handlers = {op: self._leader_only(h) for op, h in handlers.items()}
         self.server = Server(handlers, name="pm")
         self._sweeper: asyncio.Task[None] | None = None
+        self.repairer = Repairer(self.service)
         self._started = False
 
     @property
@@ -239,6 +241,7 @@ class PmServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
             self._sweeper = None
+        await self.repairer.close()
         if self._started:
             await self.server.close(drain_timeout_s=2.0)
         if self.election is not None:
@@ -257,6 +260,7 @@ class PmServer:
                 continue  # only the leader seals the ranges of dead nodes
             try:
                 n = await self.service.sweep_dead_nodes()
+                self.repairer.tick()  # re-replicate sealed ranges of nodes dead for good
                 if n:
                     log.info("event=dead_node_ranges_renewed ranges=%d", n)
             except SbpError as e:

@@ -44,6 +44,7 @@ from sbpstream.pm.metadata import (
     StreamMeta,
     StreamUpdate,
     TrimResult,
+    replace_in,
 )
 from sbpstream.protocol.errors import (
     DataNodeNotFoundError,
@@ -849,3 +850,29 @@ class SqliteMetadataStore:
 
     def _get_seal_producers(self, stream_id: int, range_index: int) -> tuple[ProducerState, ...]:
         return self._producers(self._c, stream_id, range_index)
+
+    async def replace_replica(
+        self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
+    ) -> RangeMeta:
+        return await self._run(
+            self._replace_replica, stream_id, range_index, old_node_id, new_node_id
+        )
+
+    def _replace_replica(
+        self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
+    ) -> RangeMeta:
+        with self._tx() as c:
+            self._live_stream(c, stream_id)
+            cur = self._one_range(c, stream_id, range_index)
+            new = replace_in(cur, stream_id, range_index, old_node_id, new_node_id)
+            if new is None:
+                assert cur is not None
+                return cur
+            c.execute(
+                "UPDATE range_replicas SET node_id = ? "
+                "WHERE stream_id = ? AND range_index = ? AND node_id = ?",
+                (new_node_id, stream_id, range_index, old_node_id),
+            )
+            got = self._one_range(c, stream_id, range_index)
+            assert got is not None
+            return got
