@@ -159,24 +159,24 @@ async def test_dead_node_ranges_renewed(env: tuple[PmService, FakeDn, Clock]) ->
     clock.t += 3
     await svc.node_seen(b, "")  # b keeps heartbeating
     clock.t += 3
+    # a does not answer: sealing at its last report (33) could cut off records it acknowledged
+    # later, so nothing is sealed; the range waits for a replica (durability first).
+    assert await svc.sweep_dead_nodes() == 0
+    for c in on_a:
+        ranges = (await svc.list_stream_ranges([c.stream.stream_id]))[0]
+        assert isinstance(ranges, list) and len(ranges) == 1 and ranges[0].writable
+    # New streams avoid the dead node.
+    more = await svc.create_streams([(1, 0)] * 3)
+    assert all(isinstance(c, CreatedStream) and c.first_range.node_ids == (b,) for c in more)
+    # a answers again (still silent on heartbeats): the sweep seals at the end it reports.
+    dn.down.clear()
+    clock.t += 10
+    await svc.node_seen(b, "")
     assert await svc.sweep_dead_nodes() == 2
     for c in on_a:
         ranges = (await svc.list_stream_ranges([c.stream.stream_id]))[0]
         assert isinstance(ranges, list) and len(ranges) == 2
         assert ranges[1].node_ids == (b,) and ranges[1].writable
-    # a is unreachable: the end is the last reported next offset.
-    r0 = (await svc.list_stream_ranges([on_a[0].stream.stream_id]))[0]
-    assert isinstance(r0, list) and r0[0].end_offset == 33
-    assert await svc.sweep_dead_nodes() == 0
-    # New streams avoid the dead node.
-    more = await svc.create_streams([(1, 0)] * 3)
-    assert all(isinstance(c, CreatedStream) and c.first_range.node_ids == (b,) for c in more)
-    # b dies too: nowhere to renew, the ranges stay and a later sweep retries.
-    clock.t += 10
-    assert await svc.sweep_dead_nodes() == 0
-    dn.down.clear()
-    await svc.node_seen(a, "")
-    assert await svc.sweep_dead_nodes() > 0
 
 
 async def test_trim_and_delete_forwarded(env: tuple[PmService, FakeDn, Clock]) -> None:

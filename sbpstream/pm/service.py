@@ -43,6 +43,7 @@ from sbpstream.protocol.errors import (
     MetadataError,
     OffsetOutOfRangeError,
     RangeNotFoundError,
+    ReplicaUnavailableError,
     SbpError,
     StreamDeletedError,
     StreamNotFoundError,
@@ -529,7 +530,7 @@ class PmService:
         self, rng: RangeMeta
     ) -> tuple[int, tuple[ProducerState, ...], str]:
         """Stop every reachable replica (-1), seal at the minimum end they report, tell them.
-        With no replica reachable, the last reported next offset is the end (docs/pm.md)."""
+        With no replica reachable nothing is sealed: REPLICA_UNAVAILABLE (docs/pm.md)."""
         nodes, first = await self._stop_replicas(rng)
         return await self._finish_seal(rng, nodes, first)
 
@@ -547,8 +548,14 @@ class PmService:
     ) -> tuple[int, tuple[ProducerState, ...], str]:
         del nodes
         if not first:
-            end = max(rng.next_offset, rng.start_offset)
-            return end, (), "last_report"
+            # No replica answered. Sealing at the last *reported* next offset could cut off
+            # records that were acknowledged after that report (a single-replica range on a
+            # crashed node): durability first, the range stays writable-but-stopped and the
+            # seal is retried (by the writer, or by the next liveness sweep) once a replica is
+            # back. design.md section 5: every acknowledged record survives a seal.
+            raise ReplicaUnavailableError(
+                f"no replica of range {rng.stream_id}/{rng.range_index} answered; it cannot be "
+                "sealed without risking acknowledged records: retry once a replica is back")
         end = max(rng.start_offset, min(reply.end_offset for _, reply in first))
         second = await self._seal_calls([st for st, _ in first], rng, end)
         replies = [r for _, r in second] or [r for _, r in first if r.end_offset == end]
