@@ -1,0 +1,370 @@
+"""The ``sbpstream`` sink: ``df.write`` / ``writeStream`` append rows to one stream.
+
+Exactly once for streaming writes rests on the data node's idempotent-producer check. Each Spark
+task appends with its own producer id, ``hash(query id, partition id, batch id)`` (all three
+read from the TaskContext: Spark keeps the query id in the checkpoint, so a restarted query
+replays batch N with the same ids), epoch 0 and sequences from 0. Batches are cut by size
+from the rows alone (one timestamp per task unless the rows carry one), so a replay rebuilds the
+same batches with the same sequences, and sends them one at a time. The data node answers a
+duplicate among a producer's last 5 batches with its original offset, and an older one with
+OUT_OF_ORDER_SEQUENCE, which this writer reads as "already stored" (its sequences have no
+gaps). Across a seal: before writing, the task asks for the seal result of the range before
+the writable one (SEAL_RANGES is idempotent there) and skips the sequences that range already
+holds. A replay after two or more seals of the target stream can duplicate (docs/spark.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    StringType,
+    StructType,
+    TimestampType,
+)
+
+from sbpstream.client import AsyncClient
+from sbpstream.client.retry import MOVE_CODES
+from sbpstream.client.types import Range, codec_of
+from sbpstream.net.client import ConnectionPool
+from sbpstream.net.loop import new_event_loop
+from sbpstream.protocol.errors import ErrorCode, SbpError
+from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse
+from sbpstream.records import BatchBuilder
+from sbpstream.spark.meta import replica_addresses
+from sbpstream.spark.options import SinkOptions
+
+log = logging.getLogger("sbpstream.spark")
+
+SINK_BATCH_BYTES = 1024 * 1024  # one APPEND batch; cut by the rows' sizes, so replays match
+APPEND_MARGIN_MS = 2000
+PRODUCER_ID_MASK = (1 << 63) - 1
+SEQUENCE_WRAP = 1 << 31
+BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's MicroBatchExecution on every task
+QUERY_ID_PROPERTY = "sql.streaming.queryId"  # the query's id, kept in its checkpoint
+
+_BYTES_OR_STRING = (BinaryType, StringType)
+
+
+def _is_bytes_or_string(t: DataType) -> bool:
+    return isinstance(t, _BYTES_OR_STRING)
+
+
+def check_sink_schema(schema: StructType) -> None:
+    """``value`` is required; ``key``, ``headers`` and ``timestamp`` optional; others ignored."""
+    fields = {f.name.lower(): f for f in schema.fields}
+    value = fields.get("value")
+    if value is None:
+        raise ValueError(
+            "the sbpstream sink needs a 'value' column (binary or string); got columns "
+            + ", ".join(schema.fieldNames())
+        )
+    if not _is_bytes_or_string(value.dataType):
+        raise ValueError(f"column 'value' must be binary or string, not {value.dataType}")
+    key = fields.get("key")
+    if key is not None and not _is_bytes_or_string(key.dataType):
+        raise ValueError(f"column 'key' must be binary or string, not {key.dataType}")
+    ts = fields.get("timestamp")
+    if ts is not None and not isinstance(ts.dataType, TimestampType):
+        raise ValueError(f"column 'timestamp' must be a timestamp, not {ts.dataType}")
+    headers = fields.get("headers")
+    if headers is not None:
+        t = headers.dataType
+        ok = (
+            isinstance(t, ArrayType)
+            and isinstance(t.elementType, StructType)
+            and [f.name for f in t.elementType.fields] == ["key", "value"]
+            and isinstance(t.elementType.fields[0].dataType, StringType)
+            and _is_bytes_or_string(t.elementType.fields[1].dataType)
+        )
+        if not ok:
+            raise ValueError(
+                "column 'headers' must be array<struct<key: string, value: binary>>, "
+                f"not {t.simpleString()}"
+            )
+
+
+def producer_id_of(*parts: object) -> int:
+    """A stable 63-bit producer id from its parts (never -1, the non-idempotent marker)."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & PRODUCER_ID_MASK
+
+
+@dataclass(frozen=True)
+class SinkCommitMessage(WriterCommitMessage):
+    partition_id: int
+    producer_id: int
+    records: int
+    batches: int
+    duplicate_batches: int
+
+
+def _b(v: Any) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode()
+    return bytes(v)
+
+
+def iter_records(batch: Any, default_ts_ms: int) -> Iterator[tuple[Any, ...]]:
+    """(value, key, headers, timestamp_ms) per row of an Arrow record batch."""
+    names = {n.lower(): n for n in batch.schema.names}
+    n = batch.num_rows
+    values = batch.column(names["value"]).to_pylist()
+    keys = batch.column(names["key"]).to_pylist() if "key" in names else [None] * n
+    if "headers" in names:
+        headers = [
+            tuple((h["key"], _b(h["value"]) or b"") for h in hs) if hs else ()
+            for hs in batch.column(names["headers"]).to_pylist()
+        ]
+    else:
+        headers = [()] * n
+    if "timestamp" in names:
+        col = batch.column(names["timestamp"]).cast(pa.int64()).to_pylist()
+        stamps = [default_ts_ms if t is None else t // 1000 for t in col]
+    else:
+        stamps = [default_ts_ms] * n
+    for i in range(n):
+        yield _b(values[i]), _b(keys[i]), headers[i], stamps[i]
+
+
+class Appender:
+    """Appends one producer's batches to one stream, one at a time, deduplicated on replay."""
+
+    def __init__(self, opts: SinkOptions, producer_id: int) -> None:
+        self.opts = opts
+        self.stream_id = opts.stream
+        self.producer_id = producer_id
+        self.client = AsyncClient(
+            list(opts.pm), request_timeout_ms=opts.timeout_ms, retry_deadline_ms=opts.timeout_ms
+        )
+        self.pool = ConnectionPool()
+        self.range: Range | None = None
+        self.stored_through = -1  # the highest sequence an earlier, sealed range already holds
+        self.duplicates = 0
+
+    async def close(self) -> None:
+        await self.pool.close()
+        await self.client.close()
+
+    async def start(self) -> None:
+        """Find the writable range and what the range sealed before it holds of this producer."""
+        ranges = await self.client.list_ranges(self.stream_id)
+        if len(ranges) >= 2 and ranges[-2].sealed:
+            res = await self.client._seal_range(self.stream_id, ranges[-2].range_index)
+            for p in res.producers:
+                if p.producer_id == self.producer_id and p.producer_epoch == 0:
+                    self.stored_through = p.last_sequence
+        await self._refresh()
+
+    async def _refresh(self) -> Range:
+        ranges = await self.client.list_ranges(self.stream_id)
+        if not ranges:
+            raise RuntimeError(f"option 'stream': stream {self.stream_id} has no ranges")
+        if ranges[-1].sealed:
+            res = await self.client._seal_range(self.stream_id, ranges[-1].range_index)
+            self.range = res.ranges[-1] if res.ranges else None
+        else:
+            self.range = ranges[-1]
+        if self.range is None or self.range.sealed:
+            raise RuntimeError(f"stream {self.stream_id} has no writable range")
+        return self.range
+
+    async def append(self, data: bytes, base_sequence: int, count: int) -> None:
+        if base_sequence + count - 1 <= self.stored_through:
+            self.duplicates += 1  # stored before the last seal: a replay
+            return
+        deadline = time.monotonic() + self.opts.timeout_ms / 1000
+        attempt = 0
+        while True:
+            rng = self.range or await self._refresh()
+            addrs = replica_addresses(rng)
+            try:
+                if not addrs:
+                    raise RuntimeError(f"range {rng.range_index} has no primary")
+                code = await self._send(addrs[0], rng, data)
+            except SbpError as exc:
+                code = exc.code
+                if not (exc.retriable or code in MOVE_CODES):
+                    raise
+                self.pool.discard(addrs[0])
+            if code == ErrorCode.NONE:
+                return
+            if code == ErrorCode.OUT_OF_ORDER_SEQUENCE:
+                self.duplicates += 1  # older than the node's dedup window: already stored
+                return
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"stream {self.stream_id}: append failed ({ErrorCode(code).name}) for "
+                    f"{self.opts.timeout_ms} ms (option 'timeoutMs')"
+                )
+            if code in MOVE_CODES:
+                res = await self.client._seal_range(self.stream_id, rng.range_index)
+                last = (base_sequence + count - 1) % SEQUENCE_WRAP
+                for p in res.producers:
+                    if p.producer_id == self.producer_id and p.last_sequence >= last:
+                        self.stored_through = max(self.stored_through, p.last_sequence)
+                        return
+                self.range = None
+            elif code == ErrorCode.RANGE_NOT_FOUND:
+                self.range = None
+            await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
+            attempt += 1
+
+    async def _send(self, addr: str, rng: Range, data: bytes) -> int:
+        """One APPEND of one batch; its error code (NONE when stored or a known duplicate)."""
+        req = AppendRequest(
+            timeout_ms=self.opts.timeout_ms,
+            items=(
+                AppendItem(
+                    stream_id=self.stream_id,
+                    request_index=0,
+                    batch_length=len(data),
+                    range_index=rng.range_index,
+                ),
+            ),
+        )
+        conn = await self.pool.get(addr)
+        frame = await conn.request_one(
+            req.OPCODE,
+            req.encode(),
+            data,
+            timeout_s=(self.opts.timeout_ms + APPEND_MARGIN_MS) / 1000,
+        )
+        resp = AppendResponse.decode(frame.header)
+        resp.status.raise_for_error()
+        item = resp.items[0]
+        code = int(item.status.code)
+        if code not in (ErrorCode.NONE, ErrorCode.OUT_OF_ORDER_SEQUENCE) and not (
+            item.status.error().retriable or code in MOVE_CODES or code == ErrorCode.RANGE_NOT_FOUND
+        ):
+            raise item.status.error()
+        return code
+
+
+def write_partition(
+    opts: SinkOptions, producer_id: int, partition_id: int, batches: Iterator[Any]
+) -> SinkCommitMessage:
+    """Append every row of one Spark task (blocking, on a private event loop)."""
+    loop = new_event_loop()
+    app = Appender(opts, producer_id)
+    codec = codec_of(opts.compression)
+    ts_ms = time.time_ns() // 1_000_000
+    seq = records = sent = 0
+
+    def builder() -> BatchBuilder:
+        return BatchBuilder(
+            codec=codec,
+            batch_bytes_max=SINK_BATCH_BYTES,
+            producer_id=producer_id,
+            producer_epoch=0,
+            base_sequence=seq,
+        )
+
+    def flush(b: BatchBuilder) -> None:
+        nonlocal seq, sent
+        loop.run_until_complete(app.append(b.build(), seq, len(b)))
+        seq = (seq + len(b)) % SEQUENCE_WRAP
+        sent += 1
+
+    try:
+        loop.run_until_complete(app.start())
+        b = builder()
+        for rb in batches:
+            for value, key, headers, ts in iter_records(rb, ts_ms):
+                if not b.add(value, key, headers, ts):
+                    flush(b)
+                    b = builder()
+                    b.add(value, key, headers, ts)
+                records += 1
+        if len(b):
+            flush(b)
+        return SinkCommitMessage(partition_id, producer_id, records, sent, app.duplicates)
+    finally:
+        try:
+            loop.run_until_complete(app.close())
+        finally:
+            loop.close()
+
+
+class SbpstreamBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("sbpstream")``: a producer per task, so a retried task deduplicates."""
+
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self.job_id = uuid.uuid4().hex  # made on the driver, pickled to every task
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        tc = TaskContext.get()
+        pid = tc.partitionId() if tc is not None else 0
+        return write_partition(self.opts, producer_id_of(self.job_id, pid), pid, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _log_commit(self.opts, None, messages)
+
+
+class SbpstreamStreamWriter(DataSourceStreamArrowWriter):
+    """``writeStream.format("sbpstream")``: exactly once via (query, partition, batch) ids."""
+
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        tc = TaskContext.get()
+        if tc is None:
+            raise RuntimeError("the sbpstream stream writer runs only inside a Spark task")
+        query = tc.getLocalProperty(QUERY_ID_PROPERTY)
+        batch = tc.getLocalProperty(BATCH_ID_PROPERTY)
+        if not query or batch is None:
+            raise RuntimeError(
+                "Spark did not tell the task its streaming query id and batch id "
+                f"({QUERY_ID_PROPERTY}, {BATCH_ID_PROPERTY}); exactly-once needs them"
+            )
+        pid = tc.partitionId()
+        producer = producer_id_of(query, pid, batch)
+        return write_partition(self.opts, producer, pid, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _log_commit(self.opts, batchId, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning(
+            "event=sink_abort stream=%d batch=%d: a replay of this batch appends only what is "
+            "missing",
+            self.opts.stream,
+            batchId,
+        )
+
+
+def _log_commit(
+    opts: SinkOptions, batch_id: int | None, messages: list[WriterCommitMessage | None]
+) -> None:
+    msgs = [m for m in messages if isinstance(m, SinkCommitMessage)]
+    log.info(
+        "event=sink_commit stream=%d batch=%s records=%d batches=%d duplicate_batches=%d",
+        opts.stream,
+        batch_id,
+        sum(m.records for m in msgs),
+        sum(m.batches for m in msgs),
+        sum(m.duplicate_batches for m in msgs),
+    )

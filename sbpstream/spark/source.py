@@ -1,0 +1,298 @@
+"""The ``sbpstream`` PySpark data source: batch and streaming reads, batch and streaming writes.
+
+Process topology (see docs/spark.md): Spark builds reader objects on the driver (a planner
+process for batch, one long-lived runner process per streaming query) and pickles them into the
+executors' read function. So every reader keeps its cluster client out of its pickled state, and
+every :class:`SourcePartition` carries all a read needs: PM and replica addresses, stream, range
+and [from, until).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from sbpstream.spark.fetch import SpanRequest, data_loss_message, read_span
+from sbpstream.spark.meta import ClusterView
+from sbpstream.spark.offsets import (
+    Offsets,
+    Span,
+    next_offsets,
+    offsets_from_json,
+    offsets_to_json,
+    spans_of_stream,
+    split_spans,
+)
+from sbpstream.spark.options import (
+    EARLIEST,
+    LATEST,
+    SourceOptions,
+    parse_sink_options,
+    parse_source_options,
+)
+from sbpstream.spark.schema import (
+    SOURCE_SCHEMA,
+    arrow_schema,
+    check_source_schema,
+    columns_to_batch,
+)
+
+log = logging.getLogger("sbpstream.spark")
+
+FORMAT_NAME = "sbpstream"
+
+
+@dataclass(frozen=True)
+class SourcePartition(InputPartition):
+    """Records [from_offset, until_offset) of one range of one stream, and how to reach them."""
+
+    pm: tuple[str, ...]
+    stream_id: int
+    range_index: int
+    from_offset: int
+    until_offset: int
+    replicas: tuple[str, ...]
+    fail_on_data_loss: bool
+    timeout_ms: int
+    fetch_max_bytes: int
+
+    def request(self) -> SpanRequest:
+        return SpanRequest(
+            self.pm,
+            self.stream_id,
+            self.range_index,
+            self.from_offset,
+            self.until_offset,
+            self.replicas,
+            self.fail_on_data_loss,
+            self.timeout_ms,
+            self.fetch_max_bytes,
+        )
+
+
+def _partition(opts: SourceOptions, span: Span) -> SourcePartition:
+    return SourcePartition(
+        opts.pm,
+        span.stream_id,
+        span.range_index,
+        span.from_offset,
+        span.until_offset,
+        span.replicas,
+        opts.fail_on_data_loss,
+        opts.timeout_ms,
+        opts.fetch_max_bytes,
+    )
+
+
+def _read(partition: InputPartition, schema: StructType) -> Iterator[Any]:
+    if not isinstance(partition, SourcePartition):
+        raise TypeError(f"not an sbpstream partition: {partition!r}")
+    pa_schema = arrow_schema(schema)
+    sid = partition.stream_id
+    yield from read_span(partition.request(), lambda cols: columns_to_batch(sid, cols, pa_schema))
+
+
+class _Planner:
+    """Shared driver-side logic: data-loss checks and partition planning."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._view: ClusterView | None = None
+
+    @property
+    def view(self) -> ClusterView:
+        if self._view is None:
+            self._view = ClusterView(self.opts.pm, self.opts.timeout_ms)
+        return self._view
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_view"] = None  # a live client (thread, sockets) never travels
+        return state
+
+    def readable_from(self, start: Offsets, trim_points: dict[int, int]) -> Offsets:
+        """Where reading really begins per stream, after the data-loss check."""
+        out: Offsets = {}
+        for s, st in start.items():
+            first = trim_points[s]
+            if st == LATEST or st >= first:
+                out[s] = st
+                continue
+            msg = data_loss_message(s, st, first, "trimmed")
+            if self.opts.fail_on_data_loss:
+                raise RuntimeError(msg)
+            log.warning("%s; skipped (failOnDataLoss=false)", msg.removeprefix("failOnDataLoss: "))
+            out[s] = first
+        return out
+
+    def plan(self, start: Offsets, end: Offsets) -> list[SourcePartition]:
+        spans: list[Span] = []
+        wanted = [s for s in self.opts.streams if start.get(s, LATEST) != LATEST]
+        trims = {s: self.view.state(s).start_offset for s in wanted if end[s] > start[s]}
+        froms = self.readable_from({s: start[s] for s in trims}, trims)
+        for s in trims:
+            if end[s] > froms[s]:
+                spans += spans_of_stream(s, self.view.ranges(s), froms[s], end[s])
+        return [_partition(self.opts, sp) for sp in split_spans(spans, self.opts.min_partitions)]
+
+
+class SbpstreamBatchReader(_Planner, DataSourceReader):
+    """``spark.read.format("sbpstream")``: [startingOffsets, endingOffsets) of each stream."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        super().__init__(opts)
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        try:
+            opts = self.opts
+            self.view.check_streams(opts.streams)
+            states = self.view.states(opts.streams)
+            start: Offsets = {}
+            end: Offsets = {}
+            for s in opts.streams:
+                st, want_end = opts.starting[s], opts.ending[s]
+                start[s] = {EARLIEST: states[s].start_offset, LATEST: states[s].end_offset}.get(
+                    st, st
+                )
+                end[s] = states[s].end_offset if want_end == LATEST else want_end
+                if end[s] > states[s].end_offset:
+                    raise ValueError(
+                        f"option 'endingOffsets': offset {end[s]} of stream {s} is past its end "
+                        f"{states[s].end_offset}"
+                    )
+                if start[s] > end[s]:
+                    raise ValueError(
+                        f"option 'startingOffsets': offset {start[s]} of stream {s} is after "
+                        f"the ending offset {end[s]}"
+                    )
+            parts = self.plan(start, end)
+        finally:
+            self.view.close()
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read(partition, self.schema)
+
+
+class SbpstreamStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("sbpstream")``, exactly once from the checkpointed offsets."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        super().__init__(opts)
+        self.schema = schema
+        self._cap: Offsets | None = None  # availableNow: the ends fetched once at its start
+        self._checked = False
+
+    def _ends(self) -> Offsets:
+        if not self._checked:
+            self.view.check_streams(self.opts.streams)
+            self._checked = True
+        return {s: self.view.state(s).end_offset for s in self.opts.streams}
+
+    def initialOffset(self) -> dict[str, int]:
+        """Concrete offsets, or LATEST (-1) for "latest": resolved by the first batch (module
+        docs of :mod:`sbpstream.spark.offsets`), so a restart replays the same first batch."""
+        self.view.check_streams(self.opts.streams)
+        self._checked = True
+        out: Offsets = {}
+        for s in self.opts.streams:
+            st = self.opts.starting[s]
+            out[s] = self.view.state(s).start_offset if st == EARLIEST else st
+        return offsets_to_json(out)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_offsets_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._cap = self._ends()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        begin = offsets_from_json(start, self.opts.streams)
+        for s in self.opts.streams:  # a stream added to the query since the checkpoint
+            begin.setdefault(s, self.opts.starting[s] if self.opts.starting[s] >= 0 else LATEST)
+        ends = self._cap if self._cap is not None else self._ends()
+        trims = {s: self.view.state(s).start_offset for s in begin if begin[s] != LATEST}
+        froms = self.readable_from({s: begin[s] for s in trims}, trims)
+        froms.update({s: LATEST for s in begin if s not in trims})
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return offsets_to_json(next_offsets(begin, froms, ends, max_rows))
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        try:
+            return offsets_to_json(self._ends())
+        except Exception:  # progress reporting must never fail a batch
+            return None
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if start == end:
+            return []
+        begin = offsets_from_json(start, self.opts.streams)
+        stop = offsets_from_json(end, self.opts.streams)
+        for s in stop:
+            begin.setdefault(s, LATEST)
+        return self.plan(begin, stop)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read(partition, self.schema)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: the checkpoint is the only truth (as with Kafka)."""
+
+    def stop(self) -> None:
+        if self._view is not None:
+            self._view.close()
+
+
+class SbpstreamDataSource(DataSource):
+    """``format("sbpstream")``: options as in Spark's Kafka source (see docs/spark.md)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return SOURCE_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        check_source_schema(schema)
+        return SbpstreamBatchReader(parse_source_options(self.options, streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        check_source_schema(schema)
+        return SbpstreamStreamReader(parse_source_options(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from sbpstream.spark.sink import SbpstreamBatchWriter, check_sink_schema
+
+        if overwrite:
+            raise ValueError("sbpstream streams are append-only: use mode('append')")
+        check_sink_schema(schema)
+        return SbpstreamBatchWriter(parse_sink_options(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from sbpstream.spark.sink import SbpstreamStreamWriter, check_sink_schema
+
+        if overwrite:
+            raise ValueError("sbpstream streams are append-only: use outputMode('append')")
+        check_sink_schema(schema)
+        return SbpstreamStreamWriter(parse_sink_options(self.options), schema)

@@ -1,0 +1,61 @@
+"""Session fixtures of the Spark tests: one local[2] SparkSession and one LocalCluster.
+
+Imported by the ``tests/test_spark*.py`` modules (tests/conftest.py is not ours to edit); the
+functions have other names than their fixtures so importing them shadows nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sbpstream.cluster import LocalCluster
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def _require_java() -> None:
+    if shutil.which("java") is None:
+        pytest.skip("java is not on PATH: the Spark tests need a JVM (Java 17)")
+
+
+@pytest.fixture(scope="session", name="spark")
+def spark_session_fixture() -> Iterator[Any]:
+    _require_java()
+    pytest.importorskip("pyspark")
+    from sbpstream.spark import prepare_environment
+
+    prepare_environment()
+    os.environ["PYSPARK_PYTHON"] = os.environ.get("PYSPARK_PYTHON") or sys.executable
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(TESTS_DIR) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, str(TESTS_DIR)])
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sbpstream-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session", name="cluster")
+def cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    _require_java()
+    with LocalCluster(tmp_path_factory.mktemp("spark-cluster"), datanodes=2) as c:
+        yield c

@@ -1,0 +1,345 @@
+"""The sbpstream Spark source and sink against a real LocalCluster on a local[2] SparkSession."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from spark_fixtures import cluster_fixture, spark_session_fixture  # noqa: F401
+
+from sbpstream.client import Client
+from sbpstream.cluster import LocalCluster, free_port
+
+Row = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client(cluster.pm_address) as c:
+        yield c
+
+
+def produce(c: Client, sid: int, n: int, *, tag: str = "", size: int = 0) -> list[Row]:
+    """Append n records; return (stream, offset, key, value, headers) of each."""
+    out: list[tuple[Any, bytes, bytes, tuple[tuple[str, bytes], ...]]] = []
+    pad = b"x" * size
+    with c.producer(linger_ms=1) as p:
+        for i in range(n):
+            key = f"{tag}k{i}".encode()
+            value = f"{tag}v{i}".encode() + pad
+            headers = (("h", str(i).encode()), ("e", b"")) if i % 4 == 0 else ()
+            out.append((p.send(sid, value, key=key, headers=headers), key, value, headers))
+    return [(sid, f.result(), k, v, h) for f, k, v, h in out]
+
+
+def rows_of(df: Any) -> list[Row]:
+    return sorted(
+        (
+            r.stream_id,
+            r.offset,
+            r.key,
+            r.value,
+            tuple((h.key, h.value) for h in r.headers),
+        )
+        for r in df.collect()
+    )
+
+
+def reader(spark: Any, cluster: LocalCluster, streams: list[int], **options: Any) -> Any:
+    r = spark.read.format("sbpstream").option("pm", cluster.pm_address)
+    r = r.option("streams", ",".join(map(str, streams)))
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def stream_reader(spark: Any, cluster: LocalCluster, streams: list[int], **options: Any) -> Any:
+    r = spark.readStream.format("sbpstream").option("pm", cluster.pm_address)
+    r = r.option("streams", ",".join(map(str, streams)))
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def offsets_in(spark: Any, path: Path) -> list[tuple[int, int]]:
+    df = spark.read.parquet(str(path))
+    return sorted((r.stream_id, r.offset) for r in df.select("stream_id", "offset").collect())
+
+
+def to_parquet(df: Any, out: Path, checkpoint: Path, **trigger: Any) -> Any:
+    return (
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**(trigger or {"availableNow": True}))
+        .start()
+    )
+
+
+def wait_for(cond: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+# -------------------------------------------------------------------------------- batch read
+
+
+def test_batch_read_equals_produced_across_ranges(
+    spark: Any, cluster: LocalCluster, client: Client
+) -> None:
+    s1, s2 = client.create_streams(2)
+    produced = produce(client, s1, 300, tag="a") + produce(client, s2, 120, tag="b")
+    sealed = client._async  # the PM's SEAL_RANGES through the client: range 0 -> range 1
+    client._runner.run(sealed._seal_range(s1, 0))
+    produced += produce(client, s1, 200, tag="c")
+    assert len(client.list_ranges(s1)) == 2
+
+    from sbpstream.spark.options import parse_source_options
+    from sbpstream.spark.schema import SOURCE_SCHEMA
+    from sbpstream.spark.source import SbpstreamBatchReader
+
+    options = {"pm": cluster.pm_address, "streams": f"{s1},{s2}", "minPartitions": "5"}
+    plan = SbpstreamBatchReader(parse_source_options(options, streaming=False), SOURCE_SCHEMA)
+    parts = plan.partitions()
+    assert len(parts) >= 5
+    assert {(p.stream_id, p.range_index) for p in parts} == {(s1, 0), (s1, 1), (s2, 0)}
+
+    df = reader(spark, cluster, [s1, s2], minPartitions=5)
+    assert df.schema.simpleString() == (
+        "struct<stream_id:bigint,offset:bigint,timestamp:timestamp,key:binary,value:binary,"
+        "headers:array<struct<key:string,value:binary>>>"
+    )
+    assert rows_of(df) == sorted(produced)
+
+    part = reader(
+        spark,
+        cluster,
+        [s1, s2],
+        startingOffsets=json.dumps({str(s1): 250, str(s2): -2}),
+        endingOffsets=json.dumps({str(s1): 350, str(s2): -1}),
+    )
+    got = rows_of(part)
+    want = [r for r in produced if (r[0] == s1 and 250 <= r[1] < 350) or r[0] == s2]
+    assert got == sorted(want)
+    # explicit registration works as well as the pyspark_sbpstream auto-registration
+    from sbpstream.spark import register
+
+    register(spark)
+    assert reader(spark, cluster, [s2]).count() == 120
+
+
+# ---------------------------------------------------------------------------- streaming read
+
+
+def test_available_now_read_limit_stop_and_restart(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    s1, s2 = client.create_streams(2)
+    produce(client, s1, 200)
+    produce(client, s2, 100)
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    df = stream_reader(spark, cluster, [s1, s2], startingOffsets="earliest",
+                       maxOffsetsPerTrigger=30)
+    q = to_parquet(df, out, ck)
+    wait_for(lambda: len(q.recentProgress) >= 2)
+    q.stop()
+    first = q.recentProgress[0]
+    assert first["numInputRows"] == 30
+    assert json.loads(first["sources"][0]["endOffset"]) == {str(s1): 20, str(s2): 10}
+    assert all(p["numInputRows"] <= 30 for p in q.recentProgress)
+
+    produce(client, s2, 50)
+    q = to_parquet(stream_reader(spark, cluster, [s1, s2], maxOffsetsPerTrigger=30), out, ck)
+    q.awaitTermination(120)
+    assert q.exception() is None
+    assert all(p["numInputRows"] <= 30 for p in q.recentProgress)
+    want = [(s1, i) for i in range(200)] + [(s2, i) for i in range(150)]
+    assert offsets_in(spark, out) == want  # no gaps, no duplicates
+
+
+def test_latest_is_stable_across_restart(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    from sbpstream.spark.options import parse_source_options
+    from sbpstream.spark.schema import SOURCE_SCHEMA
+    from sbpstream.spark.source import SbpstreamStreamReader
+
+    (s,) = client.create_streams(1)
+    produce(client, s, 40)
+    opts = parse_source_options({"pm": cluster.pm_address, "streams": str(s)}, streaming=True)
+    r1 = SbpstreamStreamReader(opts, SOURCE_SCHEMA)
+    init = r1.initialOffset()
+    produce(client, s, 10)
+    r2 = SbpstreamStreamReader(opts, SOURCE_SCHEMA)  # a restart before the first batch
+    assert r2.initialOffset() == init == {str(s): -1}
+    end = r2.latestOffset(init, r2.getDefaultReadLimit())
+    assert end == {str(s): 50}
+    assert r2.partitions(init, end) == []  # the first batch (and its replay) reads nothing
+    r1.stop()
+    r2.stop()
+
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    q = to_parquet(stream_reader(spark, cluster, [s]), out, ck)
+    q.awaitTermination(60)
+    assert q.recentProgress[0]["numInputRows"] == 0
+    produce(client, s, 7)
+    q = to_parquet(stream_reader(spark, cluster, [s]), out, ck)
+    q.awaitTermination(60)
+    assert q.exception() is None
+    assert offsets_in(spark, out) == [(s, i) for i in range(50, 57)]
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_trim_under_running_query(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path, fail: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    (s,) = client.create_streams(1)
+    produce(client, s, 100)
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    opts = {"startingOffsets": "earliest", "failOnDataLoss": str(fail).lower()}
+    q = to_parquet(stream_reader(spark, cluster, [s], **opts), out, ck)
+    q.awaitTermination(60)
+    produce(client, s, 100)
+    client.trim_stream(s, 150)  # records 100..149 go before the query reads them
+    q = to_parquet(stream_reader(spark, cluster, [s], **opts), out, ck)
+    if fail:
+        with pytest.raises(Exception, match="failOnDataLoss"):
+            q.awaitTermination(60)
+        assert offsets_in(spark, out) == [(s, i) for i in range(100)]
+    else:
+        q.awaitTermination(60)
+        assert q.exception() is None
+        got = offsets_in(spark, out)
+        assert got == [(s, i) for i in range(100)] + [(s, i) for i in range(150, 200)]
+
+
+def test_trim_between_planning_and_reading(cluster: LocalCluster, client: Client,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    from sbpstream.spark.fetch import DataLossError, SpanRequest, read_span
+
+    (s,) = client.create_streams(1)
+    produce(client, s, 100)
+    ranges = client.list_ranges(s)
+    replicas = tuple(r.data_node.advertise_addr for r in ranges[0].replica_nodes)
+    req = SpanRequest((cluster.pm_address,), s, 0, 10, 90, replicas, True, 10_000, 1 << 20)
+    client.trim_stream(s, 60)
+    with pytest.raises(DataLossError, match=r"records \[10, 60\)"):
+        list(read_span(req, lambda cols: list(cols.offsets)))
+    lenient = SpanRequest((cluster.pm_address,), s, 0, 10, 90, replicas, False, 10_000, 1 << 20)
+    with caplog.at_level(logging.WARNING, logger="sbpstream.spark"):
+        got = [o for b in read_span(lenient, lambda cols: list(cols.offsets)) for o in b]
+    assert got == list(range(60, 90))
+    assert "skipped" in caplog.text
+
+
+# -------------------------------------------------------------------------------------- sink
+
+
+def test_batch_write(spark: Any, cluster: LocalCluster, client: Client) -> None:
+    (s,) = client.create_streams(1)
+    rows = [(f"v{i}", f"k{i}" if i % 2 else None, [("h", f"{i}".encode())]) for i in range(500)]
+    df = spark.createDataFrame(
+        rows, "value string, key string, headers array<struct<key:string,value:binary>>"
+    ).repartition(3)
+    df.write.format("sbpstream").option("pm", cluster.pm_address).option("stream", s).mode(
+        "append"
+    ).save()
+    got = reader(spark, cluster, [s]).collect()
+    assert sorted(r.value.decode() for r in got) == sorted(v for v, _, _ in rows)
+    assert sorted(r.offset for r in got) == list(range(500))
+    by_value = {r.value.decode(): r for r in got}
+    assert by_value["v3"].key == b"k3" and by_value["v4"].key is None
+    assert [(h.key, h.value) for h in by_value["v7"].headers] == [("h", b"7")]
+
+    with pytest.raises(Exception, match="append-only"):
+        df.write.format("sbpstream").option("pm", cluster.pm_address).option(
+            "stream", s
+        ).mode("overwrite").save()
+    with pytest.raises(Exception, match="'value' column"):
+        spark.range(3).write.format("sbpstream").option("pm", cluster.pm_address).option(
+            "stream", s
+        ).mode("append").save()
+
+
+def _drop_last_commit(ck: Path) -> int:
+    commits = sorted((ck / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+    last = commits[-1]
+    last.unlink()
+    crc = last.parent / f".{last.name}.crc"
+    if crc.exists():
+        crc.unlink()
+    return int(last.name)
+
+
+def test_stream_sink_replay_appends_nothing_twice(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    src, dst = client.create_streams(2)
+    produce(client, src, 300, size=40_000)  # 40 kB values: ~26 sink batches per micro-batch
+    ck = tmp_path / "ck"
+
+    def run() -> None:
+        df = stream_reader(spark, cluster, [src], startingOffsets="earliest",
+                           maxOffsetsPerTrigger=150)
+        q = (
+            df.select("key", "value", "headers")
+            .writeStream.format("sbpstream")
+            .option("pm", cluster.pm_address)
+            .option("stream", dst)
+            .option("checkpointLocation", str(ck))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+        assert q.exception() is None
+
+    run()
+    assert client.end_offset(dst) == 300
+    replayed = _drop_last_commit(ck)  # Spark replays the last batch with the same batch id
+    run()
+    assert client.end_offset(dst) == 300, f"batch {replayed} was appended twice"
+
+    client._runner.run(client._async._seal_range(dst, client.list_ranges(dst)[-1].range_index))
+    _drop_last_commit(ck)  # a replay across a seal of the target's range
+    run()
+    assert client.end_offset(dst) == 300
+    values = sorted(r.value for r in reader(spark, cluster, [dst]).select("value").collect())
+    assert values == sorted(r.value for r in reader(spark, cluster, [src]).collect())
+
+
+# ------------------------------------------------------------------------------------ misuse
+
+
+def test_misuse_errors(spark: Any, cluster: LocalCluster, client: Client) -> None:
+    (s,) = client.create_streams(1)
+    with pytest.raises(Exception, match="option 'streams': stream 987654 does not exist"):
+        reader(spark, cluster, [987654]).collect()
+    with pytest.raises(Exception, match="option 'startingOffsets'"):
+        reader(spark, cluster, [s], startingOffsets="{nope").collect()
+    with pytest.raises(Exception, match="option 'pm' is required"):
+        spark.read.format("sbpstream").option("streams", str(s)).load().collect()
+    dead = f"127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="option 'pm': no sbpstream placement manager"):
+        spark.read.format("sbpstream").option("pm", dead).option("streams", "1").option(
+            "timeoutMs", "1500"
+        ).load().collect()
+    assert time.monotonic() - t0 < 30
+    q = stream_reader(spark, cluster, [s], endingOffsets="latest").writeStream.format(
+        "noop"
+    ).start()
+    with pytest.raises(Exception, match="option 'endingOffsets'"):
+        q.awaitTermination(60)
