@@ -193,29 +193,27 @@ class LocalCluster:
     def pm_address(self) -> str:
         return self.pm.address
 
-    def add_datanode(self, port: int | None = None) -> Node:
+    def add_datanode(
+        self,
+        port: int | None = None,
+        *,
+        pm_address: str | None = None,
+        advertise: str | None = None,
+    ) -> Node:
+        """Add a data node (started by ``start()``, or by ``node.start()`` later).
+
+        ``pm_address`` and ``advertise`` let a test put the node behind proxies: the node
+        reaches the PM at ``pm_address`` and tells everyone to reach it at ``advertise``.
+        """
         i = len(self.datanodes)
         port = port or free_port(self.host)
+        extra = ["--advertise", advertise] if advertise else []
+        args = ["--host", self.host, "--port", str(port), "--dir", str(self.directory / f"dn{i}")]
+        args += ["--pm", pm_address or self.pm.address]
+        args += ["--heartbeat-interval-ms", str(self.heartbeat_interval_ms), *extra]
         node = Node(
-            "datanode",
-            f"dn{i}",
-            port,
-            [
-                "--host",
-                self.host,
-                "--port",
-                str(port),
-                "--dir",
-                str(self.directory / f"dn{i}"),
-                "--pm",
-                self.pm.address,
-                "--heartbeat-interval-ms",
-                str(self.heartbeat_interval_ms),
-                *self._dn_args,
-            ],
-            self.directory / "logs" / f"dn{i}.log",
-            self.host,
-            env=self.env,
+            "datanode", f"dn{i}", port, [*args, *self._dn_args],
+            self.directory / "logs" / f"dn{i}.log", self.host, env=self.env,
         )
         self.datanodes.append(node)
         return node
