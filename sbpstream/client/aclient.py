@@ -451,6 +451,17 @@ class AsyncClient:
         return await conn.request_one(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
 
 
+    async def _dn_request_all(
+        self, addr: str, req: Message, payload: Buffer | Sequence[Buffer] = b"",
+        timeout_ms: int | None = None,
+    ) -> list[Frame]:
+        """Like :meth:`_dn_request` for a response that may span several frames (APPEND
+        answers items as they complete); returns every frame, the END frame last."""
+        conn = await self._pool.get(addr)
+        t = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        return await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+
+
 def primary_address(rng: Range) -> str | None:
     """The advertise address of a range's primary replica (None when it has none)."""
     for rep in rng.replica_nodes:

@@ -393,14 +393,16 @@ class AsyncProducer:
         error: SbpError | None = None
         async with slots:
             try:
-                frame = await self._client._dn_request(
+                # the data node answers items as they complete, over one or more frames
+                frames = await self._client._dn_request_all(
                     addr, req, [b.data for _, b, _ in entries],
                     timeout_ms=timeout_ms + APPEND_TIMEOUT_MARGIN_MS,
                 )
-                resp = AppendResponse.decode(frame.header)
-                if not resp.status.ok:
-                    error = resp.status.error()
-                results = {r.request_index: r for r in resp.items}
+                for frame in frames:
+                    resp = AppendResponse.decode(frame.header)
+                    if not resp.status.ok:
+                        error = resp.status.error()
+                    results.update((r.request_index, r) for r in resp.items)
             except Exception as exc:
                 error = as_sbp_error(exc)
         for i, (st, batch, rng) in enumerate(entries):
