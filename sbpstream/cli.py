@@ -643,6 +643,37 @@ def bench(
         fail(f"consumed {cons.records} records, expected {records}")
 
 
+# --------------------------------------------------------------------------------- pipeline
+
+
+@app.command()
+def pipeline(
+    streams: Annotated[str, typer.Option("--streams", help="Comma-separated stream ids.")],
+    out: Annotated[Path, typer.Option("--out", help="Parquet output directory (by date).")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="Checkpoint directory.")],
+    trigger: Annotated[str, typer.Option(
+        "--trigger", help="available-now or processing-time=SECONDS.")] = "available-now",
+    pm: PmOption = DEFAULT_PM,
+    starting_offsets: Annotated[str, typer.Option(
+        "--starting-offsets", help='earliest, latest or JSON {"<stream>": offset}.')
+    ] = "earliest",
+    max_offsets_per_trigger: Annotated[int | None, typer.Option(
+        "--max-offsets-per-trigger", min=1, help="Records per micro-batch, at most.")] = None,
+    master: Annotated[str, typer.Option("--master", help="Spark master.")] = "local[*]",
+) -> None:
+    """Streams to a Parquet table partitioned by date with Spark, exactly once (docs/spark.md)."""
+    try:
+        from sbpstream.spark.pipeline import run_from_args
+    except ImportError as exc:
+        fail(f"the pipeline needs the spark extra (pip install 'sbpstream[spark]'): {exc}")
+    try:
+        run_from_args(streams=streams, out=out, checkpoint=checkpoint, trigger=trigger, pm=pm,
+                      starting_offsets=starting_offsets,
+                      max_offsets_per_trigger=max_offsets_per_trigger, master=master)
+    except (ValueError, RuntimeError) as exc:
+        fail(str(exc))
+
+
 # ------------------------------------------------------------------------------------- main
 
 

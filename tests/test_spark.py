@@ -343,3 +343,39 @@ def test_misuse_errors(spark: Any, cluster: LocalCluster, client: Client) -> Non
     ).start()
     with pytest.raises(Exception, match="option 'endingOffsets'"):
         q.awaitTermination(60)
+
+
+# ---------------------------------------------------------------------------------- pipeline
+
+
+def test_pipeline_command_end_to_end(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sbpstream import cli
+
+    s1, s2 = client.create_streams(2)
+    produced = produce(client, s1, 150) + produce(client, s2, 60)
+    out, ck = tmp_path / "table", tmp_path / "ck"
+    argv = ["pipeline", "--pm", cluster.pm_address, "--streams", f"{s1},{s2}", "--out", str(out),
+            "--checkpoint", str(ck), "--max-offsets-per-trigger", "100"]
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)  # the CLI in this process: it reuses the session fixture's Spark
+    assert done.value.code == 0
+    printed = capsys.readouterr().out
+    assert "batch 0: 100 rows" in printed and "done: 210 rows" in printed
+    produced += produce(client, s1, 25)
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)  # continues from the checkpoint
+    assert done.value.code == 0
+    table = spark.read.parquet(str(out))
+    got = sorted((r.stream_id, r.offset) for r in table.select("stream_id", "offset").collect())
+    assert got == sorted((r[0], r[1]) for r in produced)  # every record exactly once
+    assert [p.name.split("=")[0] for p in out.iterdir() if p.is_dir() and "=" in p.name] == [
+        "date"
+    ]
+    with pytest.raises(SystemExit) as bad:
+        cli.main(["pipeline", "--pm", cluster.pm_address, "--streams", "424242", "--out",
+                  str(out), "--checkpoint", str(tmp_path / "ck2")])
+    assert bad.value.code == 1
+    assert "option 'streams': stream 424242 does not exist" in capsys.readouterr().err
