@@ -190,5 +190,5 @@ async def test_old_primary_refuses_writes_after_seal(cluster: LocalCluster) -> N
 
 async def test_replica_count_bounds(cluster: LocalCluster) -> None:
     async with AsyncClient(cluster.pm_address) as client:
-        with pytest.raises(SbpError, match="NOT_ENOUGH_DATA_NODES|INVALID_STREAM_CONFIG"):
+        with pytest.raises(SbpError, match=r"NOT_ENOUGH_DATA_NODES|INVALID_STREAM_CONFIG"):
             await client.create_stream(replica_nums=6)
