@@ -97,20 +97,60 @@ def workload_table(doc: dict[str, Any], kind: str) -> list[str]:
     return lines
 
 
+TARGETS = (
+    # (kind, label, system, base, goal, what)
+    ("append", "1 KiB x 1 stream", "sbpstream r1", "Redis Streams", 2.0, "target"),
+    ("append", "1 KiB x 1000 streams", "sbpstream r1", "Redis Streams", 2.0, "target"),
+    ("catch_up", "1 KiB x 1 stream", "sbpstream r1", "Redis Streams", 1.5, "stretch"),
+    ("catch_up", "1 KiB x 1000 streams", "sbpstream r1", "Redis Streams", 1.5, "stretch"),
+)
+
+
+def _ratio(doc: dict[str, Any], kind: str, label: str, system: str, base: str) -> Any:
+    for r in doc.get("ratios", []):
+        if (r["kind"], r["label"], r["system"], r["base"]) == (kind, label, system, base):
+            return r
+    return None
+
+
 def ratio_table(doc: dict[str, Any]) -> list[str]:
+    """Targets first, then every sbpstream / peer ratio as a matrix."""
     if not doc.get("ratios"):
         return []
     lines = [
+        "### Targets (sbpstream fsync-acknowledged vs Redis AOF everysec, MB/s ratio per run)",
+        "",
+        "| goal | ratio | median [min..max] | met (median) |",
+        "|---|---|---|---|",
+    ]
+    for kind, label, system, base, goal, what in TARGETS:
+        r = _ratio(doc, kind, label, system, base)
+        met = "-" if r is None else ("yes" if r["median"] >= goal else "no")
+        lines.append(
+            f"| {what}: {kind.replace('_', '-')} {label} >= {goal}x | {system} / {base} | "
+            f"{cell(r) + 'x' if r else 'n/a'} | {met} |"
+        )
+    pairs: list[tuple[str, str]] = []
+    for r in doc["ratios"]:
+        if (r["system"], r["base"]) not in pairs:
+            pairs.append((r["system"], r["base"]))
+    lines += [
+        "",
         "### Ratios (MB/s, computed within each run; median [min..max] over runs)",
         "",
-        "| workload | ratio | value |",
-        "|---|---|---|",
+        "| workload | " + " | ".join(f"{s} / {b}" for s, b in pairs) + " |",
+        "|---" * (len(pairs) + 1) + "|",
     ]
+    rows: list[tuple[str, str]] = []
     for r in doc["ratios"]:
-        lines.append(
-            f"| {r['kind'].replace('_', '-')} {r['label']} | {r['system']} / {r['base']} | "
-            f"{cell(r)}x |"
-        )
+        if (r["kind"], r["label"]) not in rows:
+            rows.append((r["kind"], r["label"]))
+    for kind, label in rows:
+        cells = []
+        for s, b in pairs:
+            r = _ratio(doc, kind, label, s, b)
+            cells.append(f"{cell(r)}x" if r else "-")
+        lines.append(f"| {kind.replace('_', '-')} {label} | " + " | ".join(cells) + " |")
     lines.append("")
     return lines
 
@@ -165,11 +205,11 @@ def markdown(doc: dict[str, Any], plot_prefix: str) -> str:
         lines.append(f"- **{name}**: {meta.get('error') or 'not available'}")
     if missing:
         lines.append("")
+    lines += ratio_table(doc)
     for kind in PLOT_KINDS:
         lines += workload_table(doc, kind)
         if any(w["kind"] == kind for w in doc["workloads"]):
             lines += [f"![{kind}]({plot_prefix}{date}-{kind}.png)", ""]
-    lines += ratio_table(doc)
     lines += physical_table(doc)
     return "\n".join(lines)
 
