@@ -14,10 +14,10 @@ Example::
             print(rec.offset, rec.value)
 """
 
-from sbpstream.client._sync_support import ClientClosedError
+
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.client.consumer import AsyncConsumer, iter_columns
-from sbpstream.client.producer import AsyncProducer, ProducerClosedError
+from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.sync import Client, Consumer, Producer
 from sbpstream.client.types import (
     DEFAULT_PM,
@@ -33,7 +33,7 @@ from sbpstream.client.types import (
     Stream,
     pm_addresses,
 )
-from sbpstream.protocol.errors import SbpError
+from sbpstream.protocol.errors import ClientClosedError, ProducerClosedError, SbpError
 
 __all__ = [
     "DEFAULT_PM",

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sbpstream.net.loop import new_event_loop
-from sbpstream.protocol.errors import ErrorCode, SbpError
+from sbpstream.protocol.errors import ClientClosedError
 
 if TYPE_CHECKING:
     from sbpstream.client.consumer import AsyncConsumer
@@ -25,12 +25,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 STOP_TIMEOUT_S = 5.0  # bound on joining the loop thread at close
-
-
-class ClientClosedError(SbpError):
-    """The sync client was closed; its loop thread is gone."""
-
-    code = ErrorCode.INVALID_REQUEST
 
 
 class LoopThread:

@@ -39,6 +39,7 @@ from sbpstream.protocol.errors import (
     ConnectionClosedError,
     ErrorCode,
     InvalidRequestError,
+    ProducerClosedError,
     SbpError,
     UnknownServerError,
 )
@@ -55,12 +56,6 @@ MAX_ITEMS_PER_APPEND = 1000  # batches per APPEND frame
 MAX_APPEND_PAYLOAD_BYTES = 8 * 1024 * 1024  # payload per APPEND frame (frames stop at 16 MiB)
 APPEND_TIMEOUT_MARGIN_MS = 2000  # client-side wait beyond the server's timeout_ms
 SEQUENCE_WRAP = 1 << 31  # sequences are int32 and wrap, as the data node expects (Kafka's rule)
-
-
-class ProducerClosedError(SbpError):
-    """The producer was closed; nothing more can be sent with it."""
-
-    code = ErrorCode.INVALID_REQUEST
 
 
 @dataclass(slots=True, eq=False)

@@ -64,6 +64,8 @@ class ErrorCode(enum.IntEnum):
     CLIENT_TIMEOUT = 91
     NO_PM_REACHABLE = 92
     PROTOCOL_VIOLATION = 93
+    CLIENT_CLOSED = 94
+    PRODUCER_CLOSED = 95
 
 
 class SbpError(Exception):
@@ -232,6 +234,14 @@ NoPmReachableError = _err(
 )
 ProtocolViolationError = _err(
     "ProtocolViolationError", C.PROTOCOL_VIOLATION, _F, "the peer broke the framing rules"
+)
+
+ClientClosedError = _err(
+    "ClientClosedError", C.CLIENT_CLOSED, _F, "the client was closed; create a new one"
+)
+ProducerClosedError = _err(
+    "ProducerClosedError", C.PRODUCER_CLOSED, _F,
+    "the producer was closed; nothing more can be sent",
 )
 
 
