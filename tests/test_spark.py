@@ -138,6 +138,8 @@ def test_batch_read_equals_produced_across_ranges(
 
     register(spark)
     assert reader(spark, cluster, [s2]).count() == 120
+    (empty,) = client.create_streams(1)
+    assert reader(spark, cluster, [empty]).count() == 0
 
 
 # ---------------------------------------------------------------------------- streaming read

@@ -104,6 +104,9 @@ def _partition(opts: SourceOptions, span: Span) -> SourcePartition:
 
 def _read(partition: InputPartition, schema: StructType) -> Iterator[Any]:
     if not isinstance(partition, SourcePartition):
+        # Spark reads one default InputPartition(None) when partitions() returned none.
+        if getattr(partition, "value", None) is None:
+            return
         raise TypeError(f"not an sbpstream partition: {partition!r}")
     pa_schema = arrow_schema(schema)
     sid = partition.stream_id
