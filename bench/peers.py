@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from bench.common import free_port, percentile
 
@@ -314,7 +314,7 @@ class RedisSystem:
         return await asyncio.to_thread(self._catch_up, handle, spec)
 
     def _catch_up(self, handle: object, spec: AppendSpec) -> Throughput:
-        keys, expected = handle  # type: ignore[misc]
+        keys, expected = cast(tuple[list[str], int], handle)
         with self._client() as r:
             got = nbytes = 0
             cursors: dict[str, str] = {k: "-" for k in keys}
@@ -338,7 +338,7 @@ class RedisSystem:
         return Throughput(got, nbytes, seconds, got < expected)
 
     async def drop(self, handle: object) -> None:
-        keys, _ = handle  # type: ignore[misc]
+        keys, _ = cast(tuple[list[str], int], handle)
 
         def run() -> None:
             with self._client() as r:
@@ -471,7 +471,7 @@ class NatsSystem:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-        name, prefix, expected = handle  # type: ignore[misc]
+        name, prefix, expected = cast(tuple[str, str, int], handle)
         nc = await self._connect()
         try:
             js = nc.jetstream()
@@ -497,7 +497,7 @@ class NatsSystem:
         return Throughput(got, nbytes, seconds, got < expected)
 
     async def drop(self, handle: object) -> None:
-        name, _, _ = handle  # type: ignore[misc]
+        name, _, _ = cast(tuple[str, str, int], handle)
         nc = await self._connect()
         try:
             await nc.jetstream().delete_stream(name)

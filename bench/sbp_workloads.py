@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench.peers import (
     AppendSpec,
@@ -126,7 +126,7 @@ class SbpSystem:
         return tp, (ids, acked)
 
     async def catch_up(self, handle: object, spec: AppendSpec) -> Throughput:
-        ids, done = handle  # type: ignore[misc]
+        ids, done = cast(tuple[list[int], int], handle)
         n = len(ids)
         ends = [done // n + (1 if j < done % n else 0) for j in range(n)]
         got = nbytes = 0
@@ -152,7 +152,7 @@ class SbpSystem:
         return Throughput(got, nbytes, seconds, got < done)
 
     async def drop(self, handle: object) -> None:
-        ids, _ = handle  # type: ignore[misc]
+        ids, _ = cast(tuple[list[int], int], handle)
         async with self._client() as c:
             for i in range(0, len(ids), CREATE_CHUNK):
                 await c.delete_streams(ids[i : i + CREATE_CHUNK])
