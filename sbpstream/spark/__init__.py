@@ -14,6 +14,10 @@ from typing import Any
 
 FORMAT = "sbpstream"
 
+# PySpark's workers otherwise start `python3` from PATH, which may lack pyarrow (or sbpstream):
+# importing this package on the driver, before the session starts, is enough.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
 
 def prepare_environment() -> None:
     """Before a SparkSession starts: workers run this interpreter and can import sbpstream.

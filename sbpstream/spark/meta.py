@@ -98,6 +98,11 @@ class ClusterView:
             c = self.client
             return StreamState(stream_id, c.start_offset(stream_id), c.end_offset(stream_id))
 
+    def start_offset(self, stream_id: int) -> int:
+        """The stream's first readable offset (its trim point)."""
+        with translated_errors(self.pm):
+            return self.client.start_offset(stream_id)
+
     def states(self, streams: Sequence[int]) -> dict[int, StreamState]:
         return {s: self.state(s) for s in streams}
 

@@ -169,10 +169,14 @@ class Appender:
         """Find the writable range and what the range sealed before it holds of this producer."""
         ranges = await self.client.list_ranges(self.stream_id)
         if len(ranges) >= 2 and ranges[-2].sealed:
-            res = await self.client._seal_range(self.stream_id, ranges[-2].range_index)
-            for p in res.producers:
-                if p.producer_id == self.producer_id and p.producer_epoch == 0:
-                    self.stored_through = p.last_sequence
+            try:
+                res = await self.client._seal_range(self.stream_id, ranges[-2].range_index)
+            except SbpError as exc:  # e.g. the writable range was sealed meanwhile
+                log.warning("event=sink_prior_seal_unknown stream=%d error=%s", self.stream_id, exc)
+            else:
+                for p in res.producers:
+                    if p.producer_id == self.producer_id and p.producer_epoch == 0:
+                        self.stored_through = p.last_sequence
         await self._refresh()
 
     async def _refresh(self) -> Range:

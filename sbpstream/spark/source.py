@@ -149,7 +149,7 @@ class _Planner:
     def plan(self, start: Offsets, end: Offsets) -> list[SourcePartition]:
         spans: list[Span] = []
         wanted = [s for s in self.opts.streams if start.get(s, LATEST) != LATEST]
-        trims = {s: self.view.state(s).start_offset for s in wanted if end[s] > start[s]}
+        trims = {s: self.view.start_offset(s) for s in wanted if end[s] > start[s]}
         froms = self.readable_from({s: start[s] for s in trims}, trims)
         for s in trims:
             if end[s] > froms[s]:
@@ -203,6 +203,7 @@ class SbpstreamStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAva
         super().__init__(opts)
         self.schema = schema
         self._cap: Offsets | None = None  # availableNow: the ends fetched once at its start
+        self._latest: Offsets = {}  # the ends the last latestOffset saw (for progress)
         self._checked = False
 
     def _ends(self) -> Offsets:
@@ -229,31 +230,34 @@ class SbpstreamStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAva
     def prepareForTriggerAvailableNow(self) -> None:
         self._cap = self._ends()
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+    def _begin(self, start: dict[str, Any]) -> Offsets:
         begin = offsets_from_json(start, self.opts.streams)
         for s in self.opts.streams:  # a stream added to the query since the checkpoint
             begin.setdefault(s, self.opts.starting[s] if self.opts.starting[s] >= 0 else LATEST)
-        ends = self._cap if self._cap is not None else self._ends()
-        trims = {s: self.view.state(s).start_offset for s in begin if begin[s] != LATEST}
+        return begin
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        begin = self._begin(start)
+        if not self._checked:
+            self.view.check_streams(self.opts.streams)
+            self._checked = True
+        states = self.view.states(self.opts.streams)  # one look per stream: start and end
+        self._latest = {s: st.end_offset for s, st in states.items()}
+        ends = self._cap if self._cap is not None else self._latest
+        trims = {s: states[s].start_offset for s in begin if begin[s] != LATEST}
         froms = self.readable_from({s: begin[s] for s in trims}, trims)
         froms.update({s: LATEST for s in begin if s not in trims})
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return offsets_to_json(next_offsets(begin, froms, ends, max_rows))
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        try:
-            return offsets_to_json(self._ends())
-        except Exception:  # progress reporting must never fail a batch
-            return None
+        """The ends seen by the last latestOffset (no extra round trip)."""
+        return offsets_to_json(self._latest) if self._latest else None
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if start == end:
             return []
-        begin = offsets_from_json(start, self.opts.streams)
-        stop = offsets_from_json(end, self.opts.streams)
-        for s in stop:
-            begin.setdefault(s, LATEST)
-        return self.plan(begin, stop)
+        return self.plan(self._begin(start), offsets_from_json(end, self.opts.streams))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(partition, self.schema)
