@@ -43,6 +43,10 @@ READ_PAGE = 1000  # records per XRANGE page / JetStream fetch
 NATS_MAX_PENDING = 4000  # JetStream acks in flight (nats-py's default publish_async bound)
 LATENCY_STAMP = struct.Struct(">Q")  # record index, at the front of each latency record
 
+# Set by the runner on Ctrl-C / SIGTERM: worker-thread loops (the Redis workloads) stop at once
+# instead of running to their time cap while the servers are being stopped.
+STOP = threading.Event()
+
 # ------------------------------------------------------------------------ workload contract
 
 
@@ -153,7 +157,7 @@ class Schedule:
             delay = self.due(i) - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            if time.perf_counter() > stop_at:
+            if time.perf_counter() > stop_at or STOP.is_set():
                 return
             j = i + 1
             now = time.perf_counter()
@@ -299,7 +303,7 @@ class RedisSystem:
             done = 0
             t0 = time.perf_counter()
             deadline = t0 + spec.time_cap_s
-            while done < spec.records and time.perf_counter() < deadline:
+            while done < spec.records and time.perf_counter() < deadline and not STOP.is_set():
                 n = min(PIPELINE_DEPTH, spec.records - done)
                 pipe = r.pipeline(transaction=False)
                 for i in range(done, done + n):
@@ -320,7 +324,7 @@ class RedisSystem:
             cursors: dict[str, str] = {k: "-" for k in keys}
             t0 = time.perf_counter()
             deadline = t0 + spec.time_cap_s
-            while cursors and time.perf_counter() < deadline:
+            while cursors and time.perf_counter() < deadline and not STOP.is_set():
                 active = list(cursors)[:PIPELINE_DEPTH]
                 pipe = r.pipeline(transaction=False)
                 for k in active:
@@ -368,7 +372,7 @@ class RedisSystem:
             last = "0-0"
             with self._client() as consumer:
                 while not (sent_all.is_set() and out.received >= out.sent):
-                    if time.perf_counter() > stop_at:
+                    if time.perf_counter() > stop_at or STOP.is_set():
                         out.capped = True
                         return
                     resp = consumer.xread({key: last}, count=READ_PAGE, block=200)

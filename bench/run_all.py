@@ -27,12 +27,13 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from bench import peers
 from bench.common import median_spread
 from bench.peers import (
     AppendSpec,
@@ -287,16 +288,55 @@ def aggregate(res: Results, systems_meta: dict[str, dict[str, Any]]) -> dict[str
 # ---------------------------------------------------------------------------------- main
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+class Interrupts:
+    """SIGINT/SIGTERM handling that never raises inside the event loop.
 
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    While the suite's top-level task runs, a signal sets ``peers.STOP`` (worker threads stop) and
+    cancels that task from the loop; ``main`` turns the cancellation into KeyboardInterrupt once
+    the loop is closed. Outside the loop (starting or stopping servers) a signal raises
+    KeyboardInterrupt at once, and the ExitStack stops whatever was started; later signals are
+    ignored so that the cleanup (bounded by the stop timeouts) completes.
+    """
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        first = not self.fired
+        self.fired = True
+        peers.STOP.set()
+        if self.loop is not None:
+            if self.task is not None and first:
+                self.loop.call_soon_threadsafe(self.task.cancel)
+            return
+        if first:  # a second signal must not break off the (bounded) cleanup under way
+            raise KeyboardInterrupt(f"signal {signum}")
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        old = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    async def run(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as the cancellable top-level task (the loop stays registered until
+        ``left_loop``, so a signal during the loop's shutdown does not raise inside it)."""
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.ensure_future(coro)
+        if self.fired:
+            self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+    def left_loop(self) -> None:
+        self.loop = self.task = None
+        if self.fired:
+            raise KeyboardInterrupt("interrupted")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -336,7 +376,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info(workdir)
     systems_meta: dict[str, dict[str, Any]] = {}
     res = Results()
-    with sigterm_as_interrupt(), contextlib.ExitStack() as stack:
+    interrupts = Interrupts()
+
+    def in_loop(coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            run_on_uvloop(interrupts.run(coro))
+        finally:
+            interrupts.left_loop()
+
+    with interrupts.installed(), contextlib.ExitStack() as stack:
         if own_workdir:
             stack.callback(shutil.rmtree, workdir, True)
         systems: list[System] = []
@@ -355,14 +403,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 meta: dict[str, Any] = {"acks": m.acks, "available": True, "error": None}
                 if isinstance(m, SbpSystem):
                     try:
-                        run_on_uvloop(m.probe())
+                        in_loop(m.probe())
                     except Exception as e:
                         meta.update(available=False, error=f"not available: {e}")
                         log(f"  {m.name} not available: {e}")
                 systems_meta[m.name] = meta
                 if meta["available"]:
                     systems.append(m)
-        run_on_uvloop(run_suite(plan, systems, workdir, res, log))
+        in_loop(run_suite(plan, systems, workdir, res, log))
         machine["loadavg_end"] = list(os.getloadavg())
     doc: dict[str, Any] = {
         "date": started.date().isoformat(),
