@@ -205,27 +205,29 @@ def test_latest_is_stable_across_restart(
 
 @pytest.mark.parametrize("fail", [True, False])
 def test_trim_under_running_query(
-    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path, fail: bool,
-    caplog: pytest.LogCaptureFixture,
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path, fail: bool
 ) -> None:
     (s,) = client.create_streams(1)
-    produce(client, s, 100)
+    produce(client, s, 200)
     out, ck = tmp_path / "out", tmp_path / "ck"
-    opts = {"startingOffsets": "earliest", "failOnDataLoss": str(fail).lower()}
-    q = to_parquet(stream_reader(spark, cluster, [s], **opts), out, ck)
-    q.awaitTermination(60)
-    produce(client, s, 100)
-    client.trim_stream(s, 150)  # records 100..149 go before the query reads them
-    q = to_parquet(stream_reader(spark, cluster, [s], **opts), out, ck)
-    if fail:
-        with pytest.raises(Exception, match="failOnDataLoss"):
-            q.awaitTermination(60)
-        assert offsets_in(spark, out) == [(s, i) for i in range(100)]
-    else:
-        q.awaitTermination(60)
-        assert q.exception() is None
-        got = offsets_in(spark, out)
-        assert got == [(s, i) for i in range(100)] + [(s, i) for i in range(150, 200)]
+    opts = {"startingOffsets": "earliest", "failOnDataLoss": str(fail).lower(),
+            "maxOffsetsPerTrigger": "100"}
+    # batch 0 reads [0, 100) at once; the next trigger comes 10 s after the start, and the trim
+    # of [100, 150) lands in between, while the query runs
+    q = to_parquet(stream_reader(spark, cluster, [s], **opts), out, ck, processingTime="10 seconds")
+    try:
+        wait_for(lambda: any(p["numInputRows"] == 100 for p in q.recentProgress))
+        client.trim_stream(s, 150)
+        if fail:
+            with pytest.raises(Exception, match="failOnDataLoss"):
+                q.awaitTermination(60)
+        else:
+            wait_for(lambda: sum(p["numInputRows"] for p in q.recentProgress) >= 150)
+            assert q.exception() is None
+    finally:
+        q.stop()
+    want = [(s, i) for i in range(100)] + ([] if fail else [(s, i) for i in range(150, 200)])
+    assert offsets_in(spark, out) == want
 
 
 def test_trim_between_planning_and_reading(cluster: LocalCluster, client: Client,
@@ -344,6 +346,9 @@ def test_misuse_errors(spark: Any, cluster: LocalCluster, client: Client) -> Non
         "noop"
     ).start()
     with pytest.raises(Exception, match="option 'endingOffsets'"):
+        q.awaitTermination(60)
+    q = stream_reader(spark, cluster, [987654]).writeStream.format("noop").start()
+    with pytest.raises(Exception, match="option 'streams': stream 987654 does not exist"):
         q.awaitTermination(60)
 
 
