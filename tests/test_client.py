@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from sbpstream.protocol.errors import (
     NoPmReachableError,
     OffsetOutOfRangeError,
     OffsetTrimmedError,
+    SbpError,
     StreamDeletedError,
     StreamNotFoundError,
 )
@@ -237,3 +239,38 @@ async def test_sealed_range_failover_neither_loses_nor_duplicates(cluster: Local
     assert [r.value for r in await _read_all(client, sid)] == sent
     ranges = await client.list_ranges(sid)
     assert len(ranges) == 4 and all(r.sealed for r in ranges[:-1])
+
+
+async def test_range_lookups_are_coalesced(cluster: LocalCluster) -> None:
+    """Lookups asked for in one loop turn go to the PM as one LIST_RANGES request."""
+    async with AsyncClient(cluster.pm_address) as c:
+        ids = await c.create_streams(300)
+        missing = 987_654_321
+        calls: list[int] = []
+        real = c._pm_call
+
+        async def counting(req: Any, resp_cls: Any) -> Any:
+            calls.append(len(getattr(req, "items", ())))
+            return await real(req, resp_cls)
+
+        c._pm_call = counting  # type: ignore[method-assign]
+        results = await asyncio.gather(*(c.list_ranges(s) for s in ids),
+                                       c.list_ranges(missing), return_exceptions=True)
+        assert calls == [301]
+        assert all(isinstance(r, list) and r[0].range_index == 0 for r in results[:-1])
+        assert isinstance(results[-1], SbpError) and "does not exist" in str(results[-1])
+        # cached now: no more PM calls
+        await asyncio.gather(*(c._ranges_of(s) for s in ids))
+        assert calls == [301]
+
+
+def test_streamed_pm_answer_items_are_merged() -> None:
+    from sbpstream.client.aclient import _merge_frames
+    from sbpstream.protocol.frame import Frame
+    from sbpstream.protocol.messages import ListRangesResponse, ListRangesResult
+
+    parts = [ListRangesResponse(items=(ListRangesResult(stream_id=i),)) for i in (1, 2, 3)]
+    frames = [Frame(Opcode.LIST_RANGES, 0x01 if i < 2 else 0x03, 5, p.encode())
+              for i, p in enumerate(parts)]
+    merged = _merge_frames(ListRangesResponse, frames)
+    assert [it.stream_id for it in merged.items] == [1, 2, 3]

@@ -365,3 +365,25 @@ def test_varint_limits() -> None:
         decode_varint(b"\x80\x80", 0)
     with pytest.raises(BatchError, match="overflows"):
         decode_varint(b"\xff" * 9 + b"\x7f", 0)
+
+
+def test_iter_all_records_bytes_matches_views() -> None:
+    from sbpstream.records import Record, build_batch, iter_all_records, iter_all_records_bytes
+    from sbpstream.records.header import patch_base_offset
+
+    recs = [Record(value=b"v" * n, key=None if n % 2 else b"k%d" % n,
+                   headers=(("h", b"x" * n),) if n % 3 == 0 else (), timestamp_ms=1000 + n)
+            for n in (0, 1, 63, 64, 200, 5000, 9000)]
+    b1 = bytearray(build_batch(recs[:4]))
+    b2 = bytearray(build_batch(recs[4:]))
+    patch_base_offset(b1, 10)
+    patch_base_offset(b2, 14)
+    buf = bytes(b1 + b2)
+    views = [(r.offset, r.timestamp_ms, None if r.key is None else bytes(r.key),
+              None if r.value is None else bytes(r.value),
+              tuple((k, bytes(v)) for k, v in r.headers))
+             for r in iter_all_records(buf, start_offset=11)]
+    got = list(iter_all_records_bytes(buf, start_offset=11))
+    assert got == views
+    assert [g[0] for g in got] == list(range(11, 17))
+    assert all(isinstance(g[3], bytes) for g in got)

@@ -9,6 +9,7 @@ metadata that is refreshed when a data node says it is stale. Admin calls go to 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import TypeVar
@@ -71,6 +72,10 @@ MAX_REDIRECTS = 8  # PM_NOT_LEADER hops followed in a row before backing off
 LIST_PAGE_SIZE = 1000  # streams per DESCRIBE_STREAMS page when listing
 
 
+# Streams per coalesced LIST_RANGES request (well under the protocol's items-per-request limit,
+# and a response of this many streams' ranges stays far below the frame limit).
+MAX_RANGE_LOOKUPS_PER_REQUEST = 1000
+
 class AsyncClient:
     """Asyncio client of an sbpstream cluster.
 
@@ -95,7 +100,8 @@ class AsyncClient:
         self._pool = ConnectionPool(connect_timeout_s=connect_timeout_ms / 1000)
         self._leader: str | None = None
         self._ranges: dict[int, list[Range]] = {}
-        self._range_locks: dict[int, asyncio.Lock] = {}
+        self._range_waiters: dict[int, asyncio.Future[list[Range]]] = {}
+        self._range_flusher: asyncio.Task[None] | None = None
         self._closed = False
 
     async def __aenter__(self) -> AsyncClient:
@@ -349,10 +355,10 @@ class AsyncClient:
             addr = self._leader or self.pm_addresses[index % len(self.pm_addresses)]
             try:
                 conn = await self._pool.get(addr)
-                frame = await conn.request_one(
+                frames = await conn.request(
                     req.OPCODE, header, timeout_s=self.request_timeout_ms / 1000
                 )
-                resp = resp_cls.decode(frame.header)
+                resp = _merge_frames(resp_cls, frames)
                 getattr(resp, "status", STATUS_OK).raise_for_error()
                 self._leader = addr
                 return resp
@@ -388,29 +394,58 @@ class AsyncClient:
         return last
 
     async def _ranges_of(self, stream_id: int, *, refresh: bool = False) -> list[Range]:
-        """Cached ranges of a stream (from LIST_RANGES), by range index."""
+        """Cached ranges of a stream (from LIST_RANGES), by range index.
+
+        Lookups are coalesced: every stream asked for in the same event-loop turn (a producer or
+        consumers of 1,000 streams) goes to the PM in ONE LIST_RANGES request (up to
+        ``MAX_RANGE_LOOKUPS_PER_REQUEST`` streams each), not one round trip per stream.
+        """
         cached = self._ranges.get(stream_id)
         if cached is not None and not refresh:
             return cached
-        lock = self._range_locks.setdefault(stream_id, asyncio.Lock())
-        before = cached
-        async with lock:
-            cached = self._ranges.get(stream_id)
-            if cached is not None and cached is not before:
-                return cached  # another task refreshed while we waited
-            req = ListRangesRequest(
-                timeout_ms=self.request_timeout_ms, items=(StreamOwner(stream_id=stream_id),)
-            )
-            resp = await self._pm_call(req, ListRangesResponse)
-            if not resp.items:
-                raise StreamNotFoundError(f"stream {stream_id} does not exist")
-            item = resp.items[0]
-            if item.status.code == ErrorCode.STREAM_NOT_FOUND:
-                raise StreamNotFoundError(f"stream {stream_id} does not exist")
-            item.status.raise_for_error()
-            ranges = sorted(item.ranges, key=lambda r: r.range_index)
-            self._ranges[stream_id] = ranges
-            return ranges
+        fut = self._range_waiters.get(stream_id)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._range_waiters[stream_id] = fut
+            if self._range_flusher is None or self._range_flusher.done():
+                self._range_flusher = asyncio.get_running_loop().create_task(
+                    self._flush_range_lookups())
+        return await asyncio.shield(fut)
+
+    async def _flush_range_lookups(self) -> None:
+        await asyncio.sleep(0)  # let every task of this turn ask first
+        while self._range_waiters:
+            ids = list(self._range_waiters)[:MAX_RANGE_LOOKUPS_PER_REQUEST]
+            futs = {sid: self._range_waiters.pop(sid) for sid in ids}
+            try:
+                req = ListRangesRequest(
+                    timeout_ms=self.request_timeout_ms,
+                    items=tuple(StreamOwner(stream_id=sid) for sid in ids),
+                )
+                resp = await self._pm_call(req, ListRangesResponse)
+            except BaseException as exc:
+                for f in futs.values():
+                    if not f.done():
+                        f.set_exception(exc)
+                        f.exception()  # retrieved here: a cancelled caller must not warn
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            by_id = {item.stream_id: item for item in resp.items}
+            for sid, f in futs.items():
+                if f.done():
+                    continue
+                item = by_id.get(sid)
+                if item is None or item.status.code == ErrorCode.STREAM_NOT_FOUND:
+                    f.set_exception(StreamNotFoundError(f"stream {sid} does not exist"))
+                    f.exception()
+                elif not item.status.ok:
+                    f.set_exception(item.status.error())
+                    f.exception()
+                else:
+                    ranges = sorted(item.ranges, key=lambda r: r.range_index)
+                    self._ranges[sid] = ranges
+                    f.set_result(ranges)
 
     def _invalidate(self, stream_id: int) -> None:
         """Forget the cached ranges of a stream; the next use reads them again."""
@@ -460,6 +495,17 @@ class AsyncClient:
         conn = await self._pool.get(addr)
         t = self.request_timeout_ms if timeout_ms is None else timeout_ms
         return await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+
+
+def _merge_frames(resp_cls: type[M], frames: Sequence[Frame]) -> M:
+    """One response from the frames of a streamed answer: a PM may split a long list (e.g.
+    LIST_RANGES results) over several frames; their ``items`` are concatenated in order."""
+    decoded = [resp_cls.decode(f.header) for f in frames]
+    last = decoded[-1]
+    if len(decoded) == 1 or not hasattr(last, "items"):
+        return last
+    items = tuple(it for d in decoded for it in d.items)  # type: ignore[attr-defined]
+    return dataclasses.replace(last, items=items)  # type: ignore[type-var]
 
 
 def primary_address(rng: Range) -> str | None:

@@ -25,7 +25,7 @@ from sbpstream.protocol.errors import (
     SbpError,
 )
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse
-from sbpstream.records import Columns, decode_columns, iter_all_records
+from sbpstream.records import Columns, decode_columns, iter_all_records_bytes
 
 if TYPE_CHECKING:
     from sbpstream.client.aclient import AsyncClient
@@ -183,15 +183,11 @@ class AsyncConsumer:
         sid, end = self.stream_id, self.end
         out = self._buffer
         for buf in bufs:
-            for off, ts, key, value, hdrs in iter_all_records(buf, start_offset=pos):
+            # one bytes copy per batch; keys, values and headers are bytes slices of it
+            for off, ts, key, value, hdrs in iter_all_records_bytes(buf, start_offset=pos):
                 if end is not None and off >= end:
                     break
-                out.append(ConsumedRecord(
-                    sid, off, ts,
-                    None if key is None else key.tobytes(),
-                    None if value is None else value.tobytes(),
-                    tuple((k, v.tobytes()) for k, v in hdrs) if hdrs else (),
-                ))
+                out.append(ConsumedRecord(sid, off, ts, key, value, hdrs))
                 pos = off + 1
         self._position = pos
 

@@ -250,7 +250,10 @@ class FrameDecoder:
         if opcode not in self._known_opcodes:
             self.discarded_unknown_opcode += 1
             return FrameDiscarded("unknown_opcode", opcode, flags, stream_id, magic)
-        body = bytes(buf[start + FIXED_SIZE : end])  # one copy; the frame outlives the buffer
+        # One copy (a bytearray slice would copy twice); the view is released before the
+        # buffer is resized again, and the frame outlives the buffer.
+        with memoryview(buf) as view:
+            body = bytes(view[start + FIXED_SIZE : end])
         mv = memoryview(body)
         payload_len = len(body) - header_len - CRC_SIZE
         header = mv[:header_len]

@@ -116,6 +116,28 @@ def iter_all_records(buf: Buffer, *, start_offset: int = 0) -> Iterator[DecodedR
                 yield record
 
 
+def iter_all_records_bytes(
+    buf: Buffer, *, start_offset: int = 0
+) -> Iterator[tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]]:
+    """Like :func:`iter_all_records`, but keys, values and header values are ``bytes``.
+
+    Each records section is copied to ``bytes`` once (as :func:`decode_columns` does), which is
+    cheaper than a memoryview slice plus ``tobytes`` per field when the caller keeps them all.
+    Yields ``(offset, timestamp_ms, key, value, headers)`` tuples.
+    """
+    for batch in iter_batches(buf):
+        h = read_header(batch)
+        if h.base_offset + h.record_count <= start_offset:
+            continue
+        h, section = open_batch(batch)
+        records = _decode_section(
+            section.tobytes(), h.record_count, h.base_offset, h.first_timestamp, tuple
+        )
+        for record in records:
+            if record[0] >= start_offset:
+                yield record
+
+
 def decode_columns(buf: Buffer, *, start_offset: int = 0) -> Columns:
     """Decode a buffer of batches into columns, skipping offsets before ``start_offset``.
 
@@ -152,7 +174,7 @@ def _decode_section(
 ) -> Iterator[tuple[Any, ...]]:
     """The hot loop, yielding ``cls`` tuples whose slices have the type of ``mv``.
 
-    One-byte varints (the usual case) are decoded inline by table.
+    One- and two-byte varints (lengths below 8 KiB: the usual case) are decoded inline.
     """
     zz = ZIGZAG_BYTE
     new = tuple.__new__
@@ -164,6 +186,10 @@ def _decode_section(
             if b < 0x80:
                 length = zz[b]
                 pos += 1
+            elif pos + 1 < end and mv[pos + 1] < 0x80:  # two-byte varint: records of 64 B..8 KiB
+                u = (b & 0x7F) | (mv[pos + 1] << 7)
+                length = (u >> 1) ^ -(u & 1)
+                pos += 2
             else:
                 length, pos = decode_varint(mv, pos)
             rec_end = pos + length
@@ -173,12 +199,20 @@ def _decode_section(
             if b < 0x80:
                 delta = zz[b]
                 pos += 1
+            elif pos + 1 < end and mv[pos + 1] < 0x80:  # two-byte varint: records of 64 B..8 KiB
+                u = (b & 0x7F) | (mv[pos + 1] << 7)
+                delta = (u >> 1) ^ -(u & 1)
+                pos += 2
             else:
                 delta, pos = decode_varint(mv, pos)
             b = mv[pos]
             if b < 0x80:
                 n = zz[b]
                 pos += 1
+            elif pos + 1 < end and mv[pos + 1] < 0x80:  # two-byte varint: records of 64 B..8 KiB
+                u = (b & 0x7F) | (mv[pos + 1] << 7)
+                n = (u >> 1) ^ -(u & 1)
+                pos += 2
             else:
                 n, pos = decode_varint(mv, pos)
             if n >= 0 and pos + n <= rec_end:
@@ -192,6 +226,10 @@ def _decode_section(
             if b < 0x80:
                 n = zz[b]
                 pos += 1
+            elif pos + 1 < end and mv[pos + 1] < 0x80:  # two-byte varint: records of 64 B..8 KiB
+                u = (b & 0x7F) | (mv[pos + 1] << 7)
+                n = (u >> 1) ^ -(u & 1)
+                pos += 2
             else:
                 n, pos = decode_varint(mv, pos)
             if n >= 0 and pos + n <= rec_end:
