@@ -274,3 +274,31 @@ def test_streamed_pm_answer_items_are_merged() -> None:
               for i, p in enumerate(parts)]
     merged = _merge_frames(ListRangesResponse, frames)
     assert [it.stream_id for it in merged.items] == [1, 2, 3]
+
+
+async def test_producer_finds_its_stored_batches_in_a_sealed_range(cluster: LocalCluster) -> None:
+    """The failover path that reads a sealed range back to learn where this producer's
+    unacknowledged-but-stored batches landed (several batches in flight at a seal)."""
+    from sbpstream.client.producer import _Batch
+
+    async with AsyncClient(cluster.pm_address) as c:
+        sid = await c.create_stream()
+        other = c.producer(linger_ms=0)
+        p = c.producer(linger_ms=0, max_in_flight_per_stream=4)
+        offsets = []
+        for i in range(3):  # three batches of 2 records, each interleaved with another writer
+            f1 = await p.send(sid, b"a%d" % i)
+            f2 = await p.send(sid, b"b%d" % i)
+            await p.flush()
+            offsets.append(await f1)
+            assert await f2 == offsets[-1] + 1
+            await (await other.send(sid, b"x"))
+        res = await c._seal_range(sid, 0)
+        sealed = res.ranges[0]
+        st = p._streams[sid]
+        st.acked_next = -1  # as if nothing had been acknowledged
+        batches = [_Batch(sid, b"", 2 * i, 2, [], 0) for i in range(3)]
+        found = await p._locate(st, sealed, batches)
+        assert found == {2 * i: offsets[i] for i in range(3)}
+        await p.close()
+        await other.close()

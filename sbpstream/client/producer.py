@@ -1,24 +1,26 @@
 """The batching, idempotent producer (design.md sections 4 and 5).
 
 Records are encoded on :meth:`AsyncProducer.send` into one open batch per stream. A single sender
-task dispatches batches: per stream, one batch is in flight at a time (so a retry can never
-reorder a stream), while the batches of all streams whose writable range has the same primary
-travel together as the items of one APPEND frame. The open batch of a stream keeps filling while
-its previous batch is in flight, so batches grow with load (up to ``batch_max_bytes``) and the
-pipeline spans streams.
+task dispatches batches: per stream, up to ``max_in_flight_per_stream`` batches (default 4, at
+most 5: the data node's deduplication window) are in flight at once, so the group-commit fsync of
+one overlaps the transfer of the next; the batches of all streams whose writable range has the
+same primary travel together as the items of one APPEND frame. A connection delivers requests in
+order and the data node applies them in order, and the sequence check (OUT_OF_ORDER_SEQUENCE)
+refuses a gap, so a stream is never reordered.
 
 Idempotence: every batch carries ``producer_id``, ``producer_epoch`` and ``base_sequence``
 (sequences count records, per stream). A resend keeps the batch bytes, so the data node
-acknowledges a duplicate with the original offset. When the primary fails (RANGE_SEALED,
-NOT_PRIMARY, connection loss, timeout...) the producer asks the PM to seal the range; the seal
-result says, per producer, the highest sequence the sealed range holds. The in-flight batch is
-then either known stored (its offset is the producer's ``last_base_offset``) or resent to the new
-range: failover neither loses nor duplicates.
+acknowledges a duplicate with the original offset. When a send fails, nothing more goes on that
+stream until every batch in flight has settled; then the failed ones are recovered in sequence
+order. When the primary fails (RANGE_SEALED, NOT_PRIMARY, REPLICA_UNAVAILABLE, connection loss,
+timeout...) the producer asks the PM to seal the range; the seal result says, per producer, the
+highest sequence the sealed range holds. Failed batches at or below it are stored: their offsets
+come from the seal result (the last one) or from reading the sealed range back (the others);
+the rest are resent to the new range. Failover neither loses nor duplicates.
 
-One exception: when the primary of a *single-replica* range is unreachable, a seal could not
-learn the range's end from any replica (the PM would fall back to its last report), so the
-producer first retries that primary for ``primary_retry_ms`` (a resend is deduplicated), and
-seals only if it stays away or the PM sealed the range meanwhile.
+One exception: when the primary of a *single-replica* range is unreachable, no replica can
+report the range's end (the PM refuses to seal it then), so the producer retries that primary
+for ``primary_retry_ms`` (a resend is deduplicated) before asking for a seal again.
 """
 
 from __future__ import annotations
@@ -43,8 +45,14 @@ from sbpstream.protocol.errors import (
     SbpError,
     UnknownServerError,
 )
-from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse, AppendResult
-from sbpstream.records import BatchBuilder
+from sbpstream.protocol.messages import (
+    AppendItem,
+    AppendRequest,
+    AppendResponse,
+    AppendResult,
+    ProducerState,
+)
+from sbpstream.records import BatchBuilder, iter_batches, read_header
 
 if TYPE_CHECKING:
     from sbpstream.client.aclient import AsyncClient
@@ -56,6 +64,17 @@ MAX_ITEMS_PER_APPEND = 1000  # batches per APPEND frame
 MAX_APPEND_PAYLOAD_BYTES = 8 * 1024 * 1024  # payload per APPEND frame (frames stop at 16 MiB)
 APPEND_TIMEOUT_MARGIN_MS = 2000  # client-side wait beyond the server's timeout_ms
 SEQUENCE_WRAP = 1 << 31  # sequences are int32 and wrap, as the data node expects (Kafka's rule)
+# A data node remembers a producer's last 5 batches per range (Kafka's window), so a resend of
+# any of up to 5 unacknowledged batches is recognised as a duplicate: never more in flight.
+MAX_IN_FLIGHT_PER_STREAM = 5
+# Batches of one stream in flight at once: the group-commit fsync of one overlaps the transfer
+# and write of the next (with 1, a stream's rate is one batch per round trip).
+DEFAULT_IN_FLIGHT_PER_STREAM = 4
+
+
+def _seq_le(a: int, b: int) -> bool:
+    """a <= b for wrapping int32 sequences (a is at most half the space behind b)."""
+    return (b - a) % SEQUENCE_WRAP < SEQUENCE_WRAP // 2
 
 
 @dataclass(slots=True, eq=False)
@@ -67,6 +86,13 @@ class _Batch:
     futures: list[asyncio.Future[int]]
     nbytes: int  # counted against buffer_max_bytes
     attempts: Attempts | None = None
+    rng: Range | None = None  # the range it was last sent to
+    error: SbpError | None = None  # set when its last send failed; cleared on resend
+    settled: bool = False  # acknowledged or failed for good (counted out once)
+
+    @property
+    def last_sequence(self) -> int:
+        return (self.base_sequence + self.record_count - 1) % SEQUENCE_WRAP
 
 
 @dataclass(slots=True, eq=False)
@@ -78,8 +104,12 @@ class _Stream:
     futures: list[asyncio.Future[int]] = field(default_factory=list)
     pending_bytes: int = 0
     ready: deque[_Batch] = field(default_factory=deque)
-    in_flight: _Batch | None = None
+    # sent and not yet acknowledged, in sequence order (at most max_in_flight_per_stream)
+    in_flight: deque[_Batch] = field(default_factory=deque)
     resolving: bool = False
+    recovering: bool = False  # a send failed: nothing more goes until recovery settles
+    recovery_running: bool = False
+    acked_next: int = -1  # offset after this producer's last acknowledged batch of the stream
 
 
 class AsyncProducer:
@@ -103,7 +133,12 @@ class AsyncProducer:
         producer_epoch: int = 0,
         max_in_flight_per_node: int = 16,
         primary_retry_ms: int = 15_000,
+        max_in_flight_per_stream: int = DEFAULT_IN_FLIGHT_PER_STREAM,
     ) -> None:
+        if not 1 <= max_in_flight_per_stream <= MAX_IN_FLIGHT_PER_STREAM:
+            raise InvalidRequestError(
+                f"max_in_flight_per_stream must be in [1, {MAX_IN_FLIGHT_PER_STREAM}]")
+        self._max_in_flight_per_stream = max_in_flight_per_stream
         self._client = client
         self.primary_retry_ms = primary_retry_ms
         self.linger_s = linger_ms / 1000
@@ -278,7 +313,7 @@ class AsyncProducer:
             except Exception as exc:  # a bug: fail what is queued rather than hang flush()
                 log.exception("event=producer_dispatch_failed")
                 for st in list(self._active):
-                    if st.in_flight is None:
+                    if not st.in_flight:
                         self._fail_stream(st, as_sbp_error(exc))
                 delay = 0.1
             if delay is None:
@@ -297,11 +332,14 @@ class AsyncProducer:
         next_due: float | None = None
         groups: dict[str, list[tuple[_Stream, _Batch, Range]]] = {}
         for st in list(self._active):
-            if st.in_flight is not None or st.resolving:
+            if st.resolving or st.recovering:
+                continue
+            if len(st.in_flight) >= self._max_in_flight_per_stream:
                 continue
             if not st.ready:
                 if st.builder is None:
-                    self._active.discard(st)
+                    if not st.in_flight:
+                        self._active.discard(st)
                     continue
                 due = st.started + self.linger_s
                 if self._flushing or now >= due or self._buffered >= self.buffer_max_bytes:
@@ -312,12 +350,18 @@ class AsyncProducer:
             rng = self._writable(st.stream_id)
             addr = _primary(rng) if rng is not None else None
             if rng is None or addr is None:
-                st.resolving = True
-                self._spawn(self._resolve(st))
+                if not st.in_flight:  # look the range up once what is in flight has settled
+                    st.resolving = True
+                    self._spawn(self._resolve(st))
                 continue
-            batch = st.ready.popleft()
-            st.in_flight = batch
-            groups.setdefault(addr, []).append((st, batch, rng))
+            last = st.in_flight[-1].rng if st.in_flight else None
+            if last is not None and last.range_index != rng.range_index:
+                continue  # a new range: let the old one's batches settle first
+            while st.ready and len(st.in_flight) < self._max_in_flight_per_stream:
+                batch = st.ready.popleft()
+                batch.rng, batch.error = rng, None
+                st.in_flight.append(batch)
+                groups.setdefault(addr, []).append((st, batch, rng))
         for addr, entries in groups.items():
             chunk: list[tuple[_Stream, _Batch, Range]] = []
             size = 0
@@ -400,7 +444,7 @@ class AsyncProducer:
                     results.update((r.request_index, r) for r in resp.items)
             except Exception as exc:
                 error = as_sbp_error(exc)
-        for i, (st, batch, rng) in enumerate(entries):
+        for i, (st, batch, _rng) in enumerate(entries):
             res = results.get(i)
             if error is None and res is None:
                 err: SbpError | None = ConnectionClosedError(f"{addr} did not answer item {i}")
@@ -413,16 +457,41 @@ class AsyncProducer:
                 assert res is not None
                 self._acked(st, batch, res.base_offset)
             else:
-                self._spawn(self._recover(st, batch, rng, err))
+                self._failed(st, batch, err)
 
     def _acked(self, st: _Stream, batch: _Batch, base_offset: int) -> None:
         for i, f in enumerate(batch.futures):
             if not f.done():
                 f.set_result(base_offset + i)
-        st.in_flight = None
+        with contextlib.suppress(ValueError):
+            st.in_flight.remove(batch)
+        st.acked_next = max(st.acked_next, base_offset + batch.record_count)
         self._done(batch)
+        self._maybe_recover(st)
+
+    def _failed(self, st: _Stream, batch: _Batch, err: SbpError) -> None:
+        """A send failed: stop sending on this stream; recover once all in flight settled."""
+        batch.error = err
+        st.recovering = True
+        self._maybe_recover(st)
+
+    def _maybe_recover(self, st: _Stream) -> None:
+        """Once every batch in flight on the stream has settled, recover the failed ones."""
+        if not st.recovering or st.recovery_running:
+            return
+        if not all(b.error is not None for b in st.in_flight):
+            return
+        if not st.in_flight:
+            st.recovering = False
+            self._wake.set()
+            return
+        failed = list(st.in_flight)
+        st.in_flight.clear()
+        st.recovery_running = True
+        self._spawn(self._recover(st, failed))
 
     def _done(self, batch: _Batch) -> None:
+        batch.settled = True
         self._buffered -= batch.nbytes
         self._unacked_batches -= 1
         self._space.set()
@@ -430,42 +499,112 @@ class AsyncProducer:
             self._idle.set()
         self._wake.set()
 
-    async def _recover(self, st: _Stream, batch: _Batch, rng: Range, err: SbpError) -> None:
-        """After a failed append: seal and move on, refresh, or back off; then resend or fail."""
-        if batch.attempts is None:
-            batch.attempts = Attempts(self._client.retry)
+    async def _recover(self, st: _Stream, failed: list[_Batch]) -> None:
+        """After failed sends (in sequence order; the first error is the cause, later ones may
+        be its consequence, e.g. OUT_OF_ORDER_SEQUENCE): seal and move on, refresh, or back
+        off; then resend what is not stored, in order, or fail it."""
+        first = failed[0]
+        err, rng = first.error, first.rng
+        assert err is not None and rng is not None
+        if first.attempts is None:
+            first.attempts = Attempts(self._client.retry)
+        attempts = first.attempts
         try:
-            log.debug("event=append_retry stream=%d range=%d seq=%d error=%s",
-                      st.stream_id, rng.range_index, batch.base_sequence, err)
-            if err.code in MOVE_CODES and self._wait_for_primary(batch, rng, err):
+            log.debug("event=append_retry stream=%d range=%d seq=%d batches=%d error=%s",
+                      st.stream_id, rng.range_index, first.base_sequence, len(failed), err)
+            resend = failed
+            if err.code in MOVE_CODES and self._wait_for_primary(first, rng, err):
                 # The only replica is unreachable: a seal now could not learn the range's end
                 # from any replica, so give the primary time to come back (a retry is deduped).
-                await batch.attempts.backoff(err)
+                await attempts.backoff(err)
                 if not await self._still_writable(st.stream_id, rng):
-                    offset = await self._seal_and_check(st, batch, rng)
-                    if offset is not None:
-                        self._acked(st, batch, offset)
-                        return
+                    resend = await self._seal_and_settle(st, failed, rng)
             elif err.code in MOVE_CODES:
-                offset = await self._seal_and_check(st, batch, rng)
-                if offset is not None:
-                    self._acked(st, batch, offset)
-                    return
+                resend = await self._seal_and_settle(st, failed, rng)
             elif err.code == ErrorCode.RANGE_NOT_FOUND:
-                await batch.attempts.backoff(err)
+                await attempts.backoff(err)
                 await self._client._ranges_of(st.stream_id, refresh=True)
-            elif err.retriable:
-                await batch.attempts.backoff(err)
+            elif err.retriable or err.code == ErrorCode.OUT_OF_ORDER_SEQUENCE:
+                # a resend to the same range is deduplicated (the node remembers 5 batches)
+                await attempts.backoff(err)
             else:
                 raise err
-            if batch.attempts.remaining_s <= 0:
+            if resend and attempts.remaining_s <= 0:
                 raise err
-            st.ready.appendleft(batch)
-            st.in_flight = None
-            self._wake.set()
+            for b in reversed(resend):
+                b.attempts = attempts
+                st.ready.appendleft(b)
+            if resend:
+                self._active.add(st)
         except Exception as exc:
-            st.in_flight = None
-            self._fail_batch(st, batch, as_sbp_error(exc))
+            remaining = [b for b in failed if not b.settled]
+            if remaining:
+                for b in reversed(remaining[1:]):
+                    st.ready.appendleft(b)
+                self._fail_batch(st, remaining[0], as_sbp_error(exc))
+        finally:
+            st.recovering = st.recovery_running = False
+            self._wake.set()
+
+    async def _seal_and_settle(self, st: _Stream, failed: list[_Batch], rng: Range
+                               ) -> list[_Batch]:
+        """Seal the range the batches went to; acknowledge those it holds (their offsets from
+        the seal result, or by reading the sealed range); return the rest, to resend."""
+        attempts = failed[0].attempts
+        assert attempts is not None
+        while True:
+            try:
+                res = await self._client._seal_range(st.stream_id, rng.range_index)
+                break
+            except SbpError as exc:
+                if not exc.retriable:
+                    raise
+                await attempts.backoff(exc)
+        last: ProducerState | None = next(
+            (p for p in res.producers if p.producer_id == self.producer_id), None)
+        if last is None:
+            return failed
+        stored = [b for b in failed if _seq_le(b.last_sequence, last.last_sequence)]
+        if not stored:
+            return failed
+        sealed = next((r for r in res.ranges if r.range_index == rng.range_index), None)
+        offsets = {stored[-1].base_sequence: last.last_base_offset} \
+            if stored[-1].last_sequence == last.last_sequence else {}
+        if len(offsets) < len(stored) and sealed is not None:
+            offsets.update(await self._locate(st, sealed, stored))
+        for b in stored:
+            off = offsets.get(b.base_sequence)
+            if off is None:  # cannot happen unless the range lost data: never guess
+                self._fail_futures(b, UnknownServerError(
+                    f"batch of sequence {b.base_sequence} is stored in range "
+                    f"{st.stream_id}/{rng.range_index} but could not be found there"))
+                self._done(b)
+            else:
+                self._acked(st, b, off)
+        return [b for b in failed if b not in stored]
+
+    async def _locate(self, st: _Stream, sealed: Range, batches: list[_Batch]) -> dict[int, int]:
+        """Offsets of this producer's ``batches`` in a sealed range, read back from it."""
+        wanted = {b.base_sequence for b in batches}
+        start = max(sealed.start_offset, st.acked_next)
+        found: dict[int, int] = {}
+        consumer = self._client.consumer(st.stream_id, start, end=sealed.end_offset)
+        try:
+            pos = start
+            while pos < sealed.end_offset and len(found) < len(wanted):
+                await consumer.seek(pos)
+                chunks = await consumer._fetch(0)
+                if not chunks:
+                    break
+                for buf in chunks:
+                    for batch in iter_batches(buf):
+                        h = read_header(batch)
+                        if h.producer_id == self.producer_id and h.base_sequence in wanted:
+                            found[h.base_sequence] = h.base_offset
+                        pos = max(pos, h.base_offset + h.record_count)
+        finally:
+            await consumer.close()
+        return found
 
     def _wait_for_primary(self, batch: _Batch, rng: Range, err: SbpError) -> bool:
         assert batch.attempts is not None
@@ -480,25 +619,6 @@ class AsyncProducer:
         ranges = await self._client._ranges_of(stream_id, refresh=True)
         cur = next((r for r in ranges if r.range_index == rng.range_index), None)
         return cur is not None and not cur.sealed
-
-    async def _seal_and_check(self, st: _Stream, batch: _Batch, rng: Range) -> int | None:
-        """Seal the range written to; the batch's offset if the sealed range holds it."""
-        assert batch.attempts is not None
-        while True:
-            try:
-                res = await self._client._seal_range(st.stream_id, rng.range_index)
-                break
-            except SbpError as exc:
-                if not exc.retriable:
-                    raise
-                await batch.attempts.backoff(exc)
-        for p in res.producers:
-            last = (batch.base_sequence + batch.record_count - 1) % SEQUENCE_WRAP
-            if p.producer_id == self.producer_id and p.last_sequence == last:
-                # One batch per stream is in flight, so the sealed range's last batch of this
-                # producer is this one: it was stored at last_base_offset.
-                return p.last_base_offset
-        return None
 
     def _fail_batch(self, st: _Stream, batch: _Batch, exc: SbpError) -> None:
         """A batch failed for good: fail it and everything queued after it on its stream.

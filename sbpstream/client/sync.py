@@ -157,11 +157,14 @@ class Client(ClientBase):
         producer_epoch: int = 0,
         max_in_flight_per_node: int = 16,
         primary_retry_ms: int = 15000,
+        max_in_flight_per_stream: int = 4,
     ) -> Producer:
         """A batching, idempotent producer (see :class:`AsyncProducer`). Close it when done.
 
         ``primary_retry_ms``: how long to retry an unreachable primary of a single-replica range
         before asking the PM to seal it (no replica could report the range's end meanwhile).
+        ``max_in_flight_per_stream``: batches of one stream sent before the first is
+        acknowledged (1..5; more overlap the data node's fsync with the next transfer).
         """
         return Producer._wrap(self._runner, self._runner.call(
             self._async.producer,
@@ -173,6 +176,7 @@ class Client(ClientBase):
             producer_epoch=producer_epoch,
             max_in_flight_per_node=max_in_flight_per_node,
             primary_retry_ms=primary_retry_ms,
+            max_in_flight_per_stream=max_in_flight_per_stream,
         ))
 
     def consumer(
