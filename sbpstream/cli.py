@@ -247,6 +247,9 @@ def pm_server(
     node_timeout_ms: Annotated[int, typer.Option(
         "--node-timeout-ms", help="A data node silent this long is dead; its ranges move.")
                                ] = 5000,
+    metrics_port: Annotated[int, typer.Option(
+        "--metrics-port", help="Serve Prometheus /metrics over HTTP here (-1: off, 0: any).")
+                            ] = -1,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
                          ] = "INFO",
 ) -> None:
@@ -258,7 +261,7 @@ def pm_server(
 
     config = PmConfig(metadata=metadata, port=port, host=host, advertise=advertise,
                       heartbeat_interval_ms=heartbeat_interval_ms,
-                      node_timeout_ms=node_timeout_ms)
+                      node_timeout_ms=node_timeout_ms, metrics_port=metrics_port)
     try:
         config.validate()
         if not metadata.startswith("etcd://"):
@@ -298,6 +301,9 @@ def datanode_server(
         "--fsync", help="When appends are made durable: always, interval or none.")] = "always",
     fsync_interval_ms: Annotated[int, typer.Option(
         "--fsync-interval-ms", help="Period of --fsync interval.")] = 10,
+    metrics_port: Annotated[int, typer.Option(
+        "--metrics-port", help="Serve Prometheus /metrics over HTTP here (-1: off, 0: any).")
+                            ] = -1,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
                          ] = "INFO",
 ) -> None:
@@ -313,7 +319,7 @@ def datanode_server(
             directory=directory, port=port, host=host, pm=DataNodeConfig.parse_pm_list(pm),
             advertise=advertise, heartbeat_interval_ms=heartbeat_interval_ms,
             metrics_interval_ms=metrics_interval_ms, fsync=FsyncPolicy(fsync),
-            fsync_interval_ms=fsync_interval_ms,
+            fsync_interval_ms=fsync_interval_ms, metrics_port=metrics_port,
         )
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE)

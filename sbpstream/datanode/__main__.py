@@ -33,6 +33,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
                    help="how often retention runs and stream configs are refreshed")
     p.add_argument("--compaction-interval-ms", type=int, default=DEFAULT_COMPACTION_INTERVAL_MS,
                    help="how often compaction looks for segments to reclaim")
+    p.add_argument("--metrics-port", type=int, default=-1,
+                   help="serve Prometheus /metrics over HTTP on this port (-1: off, 0: any)")
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=a.log_level.upper(), format=LOG_FORMAT)
@@ -43,7 +45,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
             metrics_interval_ms=a.metrics_interval_ms, fsync=FsyncPolicy(a.fsync),
             fsync_interval_ms=a.fsync_interval_ms,
             retention_interval_ms=a.retention_interval_ms,
-            compaction_interval_ms=a.compaction_interval_ms)
+            compaction_interval_ms=a.compaction_interval_ms, metrics_port=a.metrics_port)
     except ValueError as exc:
         p.error(str(exc))
 

@@ -36,6 +36,8 @@ class DataNodeConfig:
     retention_interval_ms: int = DEFAULT_RETENTION_INTERVAL_MS
     compaction_interval_ms: int = DEFAULT_COMPACTION_INTERVAL_MS
     fetch_frame_bytes: int = DEFAULT_FETCH_FRAME_BYTES
+    metrics_port: int = -1
+    """Prometheus ``/metrics`` over HTTP on this port (host = ``host``); -1 = off, 0 = any."""
 
     def __post_init__(self) -> None:
         if not self.pm:

@@ -32,10 +32,11 @@ from sbpstream.datanode.limits import (
     PM_RETRY_BACKOFF_MAX_S,
     PM_RETRY_BACKOFF_MIN_S,
 )
-from sbpstream.datanode.metrics import Metrics
+from sbpstream.datanode.metrics import Metrics, rss_bytes
 from sbpstream.datanode.pmclient import PmClient
 from sbpstream.datanode.ranges import RangeInfo, RangeTable
 from sbpstream.datanode.replication import Replicators
+from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.server import Handler, Server
 from sbpstream.protocol.errors import (
@@ -89,6 +90,7 @@ class DataNode:
         self.config = config
         self.directory = Path(config.directory)
         self.table = RangeTable()
+        self.exporter: MetricsExporter | None = None
         self.replicators = Replicators(self)
         self.metrics = Metrics(self.directory)
         self.pool = ConnectionPool()
@@ -146,9 +148,52 @@ class DataNode:
         self._spawn(self._every(cfg.metrics_interval_ms, self._report_metrics, "metrics"))
         self._spawn(self._every(cfg.retention_interval_ms, self._retention, "retention"))
         self._spawn(self._every(cfg.compaction_interval_ms, self._compact, "compaction"))
+        if cfg.metrics_port >= 0:
+            self.exporter = MetricsExporter(self.metric_samples, cfg.host, cfg.metrics_port)
+            await self.exporter.start()
         log.info("event=datanode_started node_id=%d address=%s dir=%s fsync=%s ranges=%d",
                  self.node_id, self.advertise, self.directory, cfg.fsync.value,
                  sum(len(s.ranges) for s in self.table.streams.values()))
+
+    def metric_samples(self) -> list[Sample]:
+        """Figures for ``/metrics`` (runs on the loop thread: see sbpstream.net.admin)."""
+        out = server_samples("sbpstream_datanode", self.server) if self.server else []
+        c = self.metrics.c
+        st = self.store.stats()
+        p = "sbpstream_datanode"
+        out += [
+            Sample(f"{p}_append_items", "counter", "batches received in APPEND requests",
+                   c.append_items),
+            Sample(f"{p}_append_failed", "counter", "APPEND items answered with an error",
+                   c.append_failed),
+            Sample(f"{p}_fetch_items", "counter", "streams asked for in FETCH requests",
+                   c.fetch_items),
+            Sample(f"{p}_fetch_failed", "counter", "FETCH items answered with an error",
+                   c.fetch_failed),
+            Sample(f"{p}_append_latency_ms", "gauge", "APPEND latency, average of the last minute",
+                   self.metrics.append_latency_ms.value()),
+            Sample(f"{p}_fetch_latency_ms", "gauge", "FETCH handling time, last-minute average",
+                   self.metrics.fetch_latency_ms.value()),
+            Sample(f"{p}_sync_latency_ms", "gauge", "wait for durability, last-minute average",
+                   self.metrics.sync_latency_ms.value()),
+            Sample(f"{p}_store_bytes_written", "counter", "bytes appended to the log",
+                   st.bytes_written),
+            Sample(f"{p}_store_bytes_read", "counter", "bytes served from the log", st.bytes_read),
+            Sample(f"{p}_store_fsyncs", "counter", "fsyncs of the log (group commits)", st.fsyncs),
+            Sample(f"{p}_store_segments", "gauge", "segment files", st.segment_count),
+            Sample(f"{p}_store_log_bytes", "gauge", "bytes in segment files", st.log_bytes),
+            Sample(f"{p}_store_live_bytes", "gauge", "bytes still referenced", st.live_bytes),
+            Sample(f"{p}_store_unindexed_bytes", "gauge",
+                   "log bytes not yet covered by an index checkpoint", st.unindexed_bytes),
+            Sample(f"{p}_streams", "gauge", "streams held", st.streams),
+            Sample(f"{p}_ranges", "gauge", "ranges held", st.ranges),
+            Sample(f"{p}_disk_free_bytes", "gauge", "free bytes on the data disk",
+                   st.disk_free_bytes),
+            Sample(f"{p}_memory_rss_bytes", "gauge", "resident memory", rss_bytes()),
+            Sample(f"{p}_replication_ranges", "gauge",
+                   "primary ranges forwarding to secondaries", len(self.replicators.by_range)),
+        ]
+        return out
 
     async def close(self) -> None:
         """Graceful: GOAWAY every connection, end long polls, drain (bounded), close the store."""
@@ -163,6 +208,8 @@ class DataNode:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self.exporter is not None:
+            await self.exporter.close()
         if self.server is not None:
             await self.server.close(drain_timeout_s=DRAIN_TIMEOUT_S)
         for _, task in self._lookups.values():

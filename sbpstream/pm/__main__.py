@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="expected heartbeat period; the liveness check runs at this period")
     p.add_argument("--node-timeout-ms", type=int, default=DEFAULT_NODE_TIMEOUT_MS,
                    help="a data node silent this long is dead; its writable ranges move")
+    p.add_argument("--metrics-port", type=int, default=-1,
+                   help="serve Prometheus /metrics over HTTP on this port (-1: off, 0: any)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
@@ -49,6 +51,7 @@ def config_from_args(args: argparse.Namespace) -> PmConfig:
         advertise=args.advertise,
         heartbeat_interval_ms=args.heartbeat_interval_ms,
         node_timeout_ms=args.node_timeout_ms,
+        metrics_port=args.metrics_port,
     )
 
 

@@ -33,6 +33,8 @@ class PmConfig:
     """How often nodes are expected to heartbeat; the PM checks liveness at this period."""
     node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS
     """A data node silent this long is dead: its writable ranges are sealed and renewed."""
+    metrics_port: int = -1
+    """Prometheus ``/metrics`` over HTTP on this port (host = ``host``); -1 = off, 0 = any."""
 
     def validate(self) -> None:
         """Raise ValueError with a message an operator can act on."""

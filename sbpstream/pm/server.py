@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.pm import metadata as md
@@ -209,6 +210,24 @@ class PmServer:
         self._sweeper: asyncio.Task[None] | None = None
         self.repairer = Repairer(self.service)
         self._started = False
+        self.exporter: MetricsExporter | None = None
+
+    def metric_samples(self) -> list[Sample]:
+        """Figures for ``/metrics`` (runs on the loop thread: see sbpstream.net.admin)."""
+        out = server_samples("sbpstream_pm", self.server)
+        reg = self.service.registry
+        now = self.service.clock()
+        nodes = reg.all()
+        live = len(reg.live_nodes(now))
+        out += [
+            Sample("sbpstream_pm_data_nodes", "gauge", "registered data nodes, by liveness",
+                   live, {"state": "live"}),
+            Sample("sbpstream_pm_data_nodes", "gauge", "registered data nodes, by liveness",
+                   len(nodes) - live, {"state": "dead"}),
+            Sample("sbpstream_pm_leader", "gauge", "1 while this PM is the leader",
+                   1 if self.election is None or self.election.is_leader else 0),
+        ]
+        return out
 
     @property
     def port(self) -> int:
@@ -231,6 +250,10 @@ class PmServer:
             self.election.address = self.address
             self.election.start()
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
+        if self.config.metrics_port >= 0:
+            self.exporter = MetricsExporter(self.metric_samples, self.config.host,
+                                            self.config.metrics_port)
+            await self.exporter.start()
         log.info("event=pm_started address=%s metadata=%s heartbeat_interval_ms=%d "
                  "node_timeout_ms=%d", self.address, self.config.metadata,
                  self.config.heartbeat_interval_ms, self.config.node_timeout_ms)
@@ -242,6 +265,9 @@ class PmServer:
                 await self._sweeper
             self._sweeper = None
         await self.repairer.close()
+        if self.exporter is not None:
+            await self.exporter.close()
+            self.exporter = None
         if self._started:
             await self.server.close(drain_timeout_s=2.0)
         if self.election is not None:
