@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_replication import node_at, read_range
+from cluster_helpers import node_at, read_range
 
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
