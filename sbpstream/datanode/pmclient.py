@@ -15,10 +15,11 @@ from sbpstream.net.client import ConnectionPool
 from sbpstream.protocol.errors import (
     ClientTimeoutError,
     ConnectionClosedError,
-    ErrorCode,
+    ErrorKind,
     NoPmReachableError,
-    PmNotLeaderError,
+    SbpError,
     ShuttingDownError,
+    kind_of,
 )
 from sbpstream.protocol.messages import Message
 
@@ -65,18 +66,20 @@ class PmClient:
                 frames = await conn.request(request.OPCODE, request.encode(),
                                             timeout_s=timeout_s)
                 resps = [response_cls.decode(f.header) for f in frames]
-            except PmNotLeaderError as exc:
-                last = exc
-                self._move(exc.detail.decode("utf-8", "replace"))
-                continue
             except (ConnectionClosedError, ClientTimeoutError, ShuttingDownError, OSError) as exc:
                 last = exc
                 self._pool.discard(addr)
                 self._move("")
                 continue
+            except SbpError as exc:
+                if not exc.redirect:  # PM_NOT_LEADER, or FENCED_LEADER from a deposed leader
+                    raise
+                last = exc
+                self._move(exc.detail.decode("utf-8", "replace"))
+                continue
             status = getattr(resps[-1], "status", None) if resps else None
-            if status is not None and status.code == ErrorCode.PM_NOT_LEADER:
-                last = PmNotLeaderError(status.message, status.detail)
+            if status is not None and status.code and kind_of(status.code) is ErrorKind.REDIRECT:
+                last = status.error()
                 self._move(status.detail.decode("utf-8", "replace"))
                 continue
             if not resps:
