@@ -41,6 +41,7 @@ from sbpstream.protocol.opcodes import Opcode
 BATCH = 1000
 NODES = 3
 HEARTBEAT_MS = 1000
+NODE_TIMEOUT_MS = 60_000
 READY_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 120.0
 
@@ -107,7 +108,9 @@ def start_pm(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "sbpstream.pm", "--port", str(port),
          "--metadata", f"sqlite:{directory / 'pm.sqlite'}",
-         "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--log-level", "WARNING"],
+         "--heartbeat-interval-ms", str(HEARTBEAT_MS),
+         # generous: a PM busy with 1,000-item creates must not declare the fake nodes dead
+         "--node-timeout-ms", str(NODE_TIMEOUT_MS), "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL, stderr=log,
     )
     log.close()

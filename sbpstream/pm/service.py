@@ -75,6 +75,10 @@ DN_CALL_TIMEOUT_S: Final = 2.0
 writer's SEAL_RANGES waits on it, and a node that slow is treated as unreachable."""
 
 UNREACHABLE_BACKOFF_S: Final = 10.0
+RENEW_RETRY_S: Final = UNREACHABLE_BACKOFF_S
+"""A dead node whose writable ranges could not all be sealed (no replica answered) is tried
+again after this long, not at every sweep: listing and retrying a node's ranges costs the PM work
+in proportion to how many it holds (a node may hold a million)."""
 """After a call to a data node fails to connect or times out, calls to it are skipped this long
 (or until it heartbeats again): renewing thousands of ranges of a blackholed node must not pay a
 connect timeout per range."""
@@ -178,6 +182,7 @@ class PmService:
         self.placer = Placer(self.registry, suspect=self._suspect)
         self._locks = _KeyedLocks()
         self._renewed_dead: set[int] = set()
+        self._renew_retry_at: dict[int, float] = {}
         self._unreachable_until: dict[int, float] = {}
         self._sweep_lock = asyncio.Lock()
 
@@ -213,6 +218,7 @@ class PmService:
             log.info("event=node_address node_id=%d advertise_addr=%s", node_id, advertise_addr)
         await self.meta.record_heartbeat(node_id, self.wall_ms())
         self._unreachable_until.pop(node_id, None)
+        self._renew_retry_at.pop(node_id, None)
         if not was_live:
             self._renewed_dead.discard(node_id)
             log.info("event=node_live node_id=%d advertise_addr=%s", node_id, st.advertise_addr)
@@ -649,6 +655,8 @@ class PmService:
                 nid = st.node_id
                 if nid in self._renewed_dead or not self.registry.is_dead(nid, now):
                     continue
+                if self._renew_retry_at.get(nid, 0.0) > now:
+                    continue
                 renewed += await self._renew_node(nid)
             return renewed
 
@@ -662,6 +670,11 @@ class PmService:
 
         async def one(r: RangeMeta) -> SbpError | None:
             async with sem:
+                if r.node_ids and all(self._suspect(n) for n in r.node_ids):
+                    # every replica just failed a call: a seal could not learn the end (and
+                    # would be refused); skip the round trips, retry after RENEW_RETRY_S
+                    return ReplicaUnavailableError(
+                        f"no replica of range {r.stream_id}/{r.range_index} is reachable")
                 try:
                     await self.seal_and_new(r.stream_id, r.range_index, reason="node_dead")
                 except (StreamDeletedError, StreamNotFoundError):
@@ -672,8 +685,9 @@ class PmService:
 
         errors = [e for e in await asyncio.gather(*(one(r) for r in ranges)) if e is not None]
         if errors:
-            log.warning("event=node_renew_incomplete node_id=%d failed=%d first_error=%r",
-                        node_id, len(errors), str(errors[0]))
+            self._renew_retry_at[node_id] = self.clock() + RENEW_RETRY_S
+            log.warning("event=node_renew_incomplete node_id=%d failed=%d first_error=%r "
+                        "retry_in_s=%.0f", node_id, len(errors), str(errors[0]), RENEW_RETRY_S)
         else:
             self._renewed_dead.add(node_id)
         return len(ranges) - len(errors)
