@@ -159,7 +159,8 @@ class LocalCluster:
         self.directory = Path(directory)
         self.host = host
         self.env = env or {}
-        port = pm_port or free_port(host)
+        self._ports: set[int] = set()  # handed out here: free_port only probes, never reserves
+        port = pm_port or self._free_port(host)
         self.pm = Node(
             "pm",
             "pm",
@@ -189,6 +190,14 @@ class LocalCluster:
         for i in range(datanodes):
             self.add_datanode(dn_port + i if dn_port else None)
 
+    def _free_port(self, host: str) -> int:
+        """A free port not yet handed to another process of this cluster."""
+        while True:
+            port = free_port(host)
+            if port not in self._ports:
+                self._ports.add(port)
+                return port
+
     @property
     def pm_address(self) -> str:
         return self.pm.address
@@ -206,7 +215,7 @@ class LocalCluster:
         reaches the PM at ``pm_address`` and tells everyone to reach it at ``advertise``.
         """
         i = len(self.datanodes)
-        port = port or free_port(self.host)
+        port = port or self._free_port(self.host)
         extra = ["--advertise", advertise] if advertise else []
         args = ["--host", self.host, "--port", str(port), "--dir", str(self.directory / f"dn{i}")]
         args += ["--pm", pm_address or self.pm.address]

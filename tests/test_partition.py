@@ -35,12 +35,18 @@ async def test_partitioned_primary_refuses_writes_after_seal(tmp_path: Path) -> 
     try:
         cluster.pm.start()
         cluster.pm.wait_ready()
+        # Bind every proxy first, then pick the data nodes' ports: a port picked before a proxy
+        # binds could be handed to that proxy (free_port only probes).
         for _ in range(4):
             to_pm = await TcpProxy(cluster.pm_address).start()
-            port = free_port()
-            to_dn = await TcpProxy(f"127.0.0.1:{port}").start()
-            node = cluster.add_datanode(port, pm_address=to_pm.address, advertise=to_dn.address)
+            to_dn = await TcpProxy("127.0.0.1:1").start()  # target set below
             proxies.append((to_pm, to_dn))
+        ports: set[int] = set()
+        while len(ports) < 4:
+            ports.add(free_port())
+        for port, (to_pm, to_dn) in zip(sorted(ports), proxies, strict=True):
+            to_dn.target = ("127.0.0.1", port)
+            node = cluster.add_datanode(port, pm_address=to_pm.address, advertise=to_dn.address)
             node.start()
         for node in cluster.datanodes:
             await asyncio.to_thread(node.wait_ready)
