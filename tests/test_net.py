@@ -293,3 +293,32 @@ async def test_in_flight_cap_pauses_reading() -> None:
     await asyncio.wait_for(asyncio.gather(*futs), 10)
     await c.aclose()
     await s.close()
+
+
+async def test_streaming_handler_yields_between_frames() -> None:
+    """A long streamed answer must not starve other requests on the server's loop."""
+    ticks: list[int] = []
+    sent = 0
+
+    async def many(req: Request, resp: Responder) -> None:
+        nonlocal sent
+        for i in range(200):
+            await resp.send(b"", b"x" * 100, end=i == 199)
+            sent += 1
+
+    async def ticker() -> None:
+        while sent < 200:
+            ticks.append(sent)
+            await asyncio.sleep(0)
+
+    s = Server({Opcode.FETCH: many})
+    await s.start("127.0.0.1", 0)
+    c = await Connection.open(s.address)
+    t = asyncio.ensure_future(ticker())
+    frames = await c.request(Opcode.FETCH)
+    await t
+    assert len(frames) == 200
+    # the ticker ran while the handler was half-way through its frames
+    assert any(0 < n < 199 for n in ticks)
+    await c.aclose()
+    await s.close()

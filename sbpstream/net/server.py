@@ -91,6 +91,11 @@ class Responder:
         self.frames_sent += 1
         if end:
             self.finished = True
+        else:
+            # Writing does not suspend while the peer keeps up, so a handler streaming many
+            # frames (a node's whole LIST_RANGES, a big FETCH) would hold the event loop for its
+            # whole answer; yield once per frame so heartbeats and other requests go on.
+            await asyncio.sleep(0)
 
     async def send_error(self, code: int, message: str, detail: bytes = b"") -> None:
         """A system error frame (flags 0x07): ends the response."""
