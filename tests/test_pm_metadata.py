@@ -189,9 +189,9 @@ async def test_seal_and_new_idempotent(store: SqliteMetadataStore) -> None:
     second = await store.seal_and_new(1, 1, 25, (ReplicaMeta(1, True),), [])
     assert second.sealed.range_index == 1 and second.new.range_index == 2
     assert second.new.start_offset == 25
-    # Index 0 is neither writable nor the last sealed one now.
-    with pytest.raises(InvalidRequestError):
-        await store.seal_and_new(1, 0, 10, R1, [])
+    # Index 0 is an older sealed range: still answered, idempotently, with its own pair.
+    old = await store.seal_and_new(1, 0, 10, R1, [])
+    assert not old.created and (old.sealed, old.new) == (first.sealed, second.sealed)
     with pytest.raises(RangeNotFoundError):
         await store.seal_and_new(1, 7, 10, R1, [])
     with pytest.raises(InvalidRequestError):

@@ -1478,12 +1478,8 @@ class EtcdMetadataStore:
             end = end_offset
             if not cur.writable:
                 nxt = v.range(stream_id, range_index + 1)
-                if nxt is not None and nxt.writable:
+                if nxt is not None:  # any sealed range: its pair and its producer states
                     return SealResult(cur, nxt, v.producers(stream_id, range_index), False)
-                if nxt is not None:
-                    raise InvalidRequestError(
-                        f"range {range_index} of stream {stream_id} is neither the writable "
-                        "range nor the last sealed one")
                 end = cur.end_offset  # a sealed last range: open its successor
             elif end < cur.start_offset:
                 raise InvalidRequestError(f"seal end {end} is below range start "

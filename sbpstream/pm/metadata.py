@@ -279,9 +279,10 @@ class MetadataStore(Protocol):
         producers: Sequence[ProducerState],
     ) -> SealResult:
         """Seal writable range ``range_index`` at ``end_offset`` and open ``range_index + 1`` there
-        on ``new_replicas``, atomically. Already sealed: the existing pair, ``created=False``.
-        RangeNotFoundError if there is no such range, InvalidRequestError if ``range_index`` is
-        neither the writable range nor the last sealed one, StreamDeletedError if deleted."""
+        on ``new_replicas``, atomically. Already sealed (any sealed range with a successor): that
+        range, its successor and the producer states stored at its seal, ``created=False`` (a
+        replaying writer learns what an older range holds of it). RangeNotFoundError if there is
+        no such range, StreamDeletedError if deleted."""
 
     async def get_seal_producers(
         self, stream_id: int, range_index: int

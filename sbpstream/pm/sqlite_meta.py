@@ -797,13 +797,8 @@ class SqliteMetadataStore:
                 raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
             if not cur.writable:
                 nxt = self._one_range(c, stream_id, range_index + 1)
-                if nxt is not None and nxt.writable:
+                if nxt is not None:  # any sealed range: its pair and its producer states
                     return SealResult(cur, nxt, self._producers(c, stream_id, range_index), False)
-                if nxt is not None:
-                    raise InvalidRequestError(
-                        f"range {range_index} of stream {stream_id} is neither the writable "
-                        "range nor the last sealed one"
-                    )
                 # A sealed last range (never left by this store): open its successor.
                 end_offset = cur.end_offset
             elif end_offset < cur.start_offset:

@@ -8,9 +8,10 @@ from the rows alone (one timestamp per task unless the rows carry one), so a rep
 same batches with the same sequences, and sends them one at a time. The data node answers a
 duplicate among a producer's last 5 batches with its original offset, and an older one with
 OUT_OF_ORDER_SEQUENCE, which this writer reads as "already stored" (its sequences have no
-gaps). Across a seal: before writing, the task asks for the seal result of the range before
-the writable one (SEAL_RANGES is idempotent there) and skips the sequences that range already
-holds. A replay after two or more seals of the target stream can duplicate (docs/spark.md).
+gaps). Across seals: before writing, the task asks the PM for the producer states stored with
+the stream's sealed ranges (SEAL_RANGES is idempotent on any sealed range), newest first, and
+skips the sequences they already hold, so a replay after any number of seals is deduplicated
+(docs/spark.md).
 """
 
 from __future__ import annotations
@@ -46,7 +47,14 @@ from sbpstream.client.types import Range, codec_of
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.loop import new_event_loop
 from sbpstream.protocol.errors import ErrorCode, SbpError
-from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse
+from sbpstream.protocol.messages import (
+    AppendItem,
+    AppendRequest,
+    AppendResponse,
+    SealItem,
+    SealRangesRequest,
+    SealRangesResponse,
+)
 from sbpstream.records import BatchBuilder
 from sbpstream.spark.meta import replica_addresses
 from sbpstream.spark.options import SinkOptions
@@ -105,6 +113,11 @@ def producer_id_of(*parts: object) -> int:
     """A stable 63-bit producer id from its parts (never -1, the non-idempotent marker)."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & PRODUCER_ID_MASK
+
+
+# Sealed ranges asked per SEAL_RANGES request when a task learns what a replayed batch already
+# stored (well under the protocol's items-per-request limit).
+SEAL_LOOKUP_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -166,17 +179,35 @@ class Appender:
         await self.client.close()
 
     async def start(self) -> None:
-        """Find the writable range and what the range sealed before it holds of this producer."""
+        """Find the writable range, and the highest sequence of this producer that any sealed
+        range already holds (a replayed batch skips those). Sealed ranges are asked newest
+        first, ``SEAL_LOOKUP_CHUNK`` per request (SEAL_RANGES is idempotent on a sealed range:
+        it answers the producer states stored at its seal); the first range that knows this
+        producer holds its highest sequence, since a task sends its batches in order."""
         ranges = await self.client.list_ranges(self.stream_id)
-        if len(ranges) >= 2 and ranges[-2].sealed:
+        sealed = [r for r in reversed(ranges) if r.sealed and r.end_offset > r.start_offset]
+        for i in range(0, len(sealed), SEAL_LOOKUP_CHUNK):
+            chunk = sealed[i : i + SEAL_LOOKUP_CHUNK]
+            req = SealRangesRequest(timeout_ms=self.opts.timeout_ms, items=tuple(
+                SealItem(stream_id=self.stream_id, range_index=r.range_index, end_offset=-1)
+                for r in chunk))
             try:
-                res = await self.client._seal_range(self.stream_id, ranges[-2].range_index)
-            except SbpError as exc:  # e.g. the writable range was sealed meanwhile
-                log.warning("event=sink_prior_seal_unknown stream=%d error=%s", self.stream_id, exc)
-            else:
-                for p in res.producers:
+                resp = await self.client._pm_call(req, SealRangesResponse)
+            except SbpError as exc:
+                log.warning("event=sink_prior_seal_unknown stream=%d error=%s", self.stream_id,
+                            exc)
+                break
+            for item in sorted(resp.items, key=lambda it: -max(
+                    (r.range_index for r in it.ranges), default=-1)):
+                if not item.status.ok:
+                    log.warning("event=sink_prior_seal_unknown stream=%d error=%s",
+                                self.stream_id, item.status.message)
+                    continue
+                for p in item.producers:
                     if p.producer_id == self.producer_id and p.producer_epoch == 0:
-                        self.stored_through = p.last_sequence
+                        self.stored_through = max(self.stored_through, p.last_sequence)
+            if self.stored_through >= 0:
+                break
         await self._refresh()
 
     async def _refresh(self) -> Range:
