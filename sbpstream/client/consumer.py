@@ -270,11 +270,7 @@ class AsyncConsumer:
             async for frame in rs:
                 resp = FetchResponse.decode(frame.header)
                 resp.status.raise_for_error()
-                payload = memoryview(frame.payload)
-                off = 0
-                for item in resp.items:
-                    chunk = payload[off : off + item.batch_length]
-                    off += item.batch_length
+                for item, chunk in resp.chunks(frame.payload):
                     if item.stream_id != self.stream_id:
                         continue
                     if not item.status.ok:

@@ -206,8 +206,7 @@ class AppendHandler:
             return _error(item, exc)
         replicated = None
         if not m.replication and not outcome.duplicate and dn.replicators.needs(rng):
-            replicated = dn.replicators.get(rng).submit(batch, outcome.base_offset,
-                                                        outcome.next_offset)
+            replicated = dn.replicators.get(rng).submit(batch, outcome.base_offset)
         return Written(item, rng, outcome, time.time_ns() // 1_000_000, replicated)
 
     async def _after_lookup(self, stream_id: int, pending: list[tuple[AppendItem, memoryview]],

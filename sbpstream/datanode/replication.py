@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -47,9 +48,7 @@ MAX_QUEUED_BYTES: Final = 64 * 1024 * 1024
 
 @dataclass(slots=True)
 class _Pending:
-    data: bytearray
-    base_offset: int
-    next_offset: int
+    data: bytearray  # the batch with its base offset written in
     done: asyncio.Future[None]
 
 
@@ -57,19 +56,18 @@ class RangeReplicator:
     def __init__(self, dn: DataNode, rng: RangeInfo) -> None:
         self.dn = dn
         self.rng = rng
-        self.queue: list[_Pending] = []
+        self.queue: deque[_Pending] = deque()
         self.queued_bytes = 0
         self.broken: SbpError | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.rounds = 0
 
     @property
     def secondaries(self) -> list[str]:
         return [rn.data_node.advertise_addr for rn in self.rng.replicas
                 if rn.data_node.node_id != self.dn.node_id]
 
-    def submit(self, batch: memoryview, base_offset: int, next_offset: int) -> asyncio.Future[None]:
+    def submit(self, batch: memoryview, base_offset: int) -> asyncio.Future[None]:
         """Queue a batch just stored at ``base_offset``; the future resolves once replicated."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
@@ -82,19 +80,20 @@ class RangeReplicator:
             return fut
         data = bytearray(batch)
         patch_base_offset(data, base_offset)
-        self.queue.append(_Pending(data, base_offset, next_offset, fut))
+        self.queue.append(_Pending(data, fut))
         self.queued_bytes += len(data)
         self._wake.set()
         if self._task is None:
             self._task = loop.create_task(self._run())
         return fut
 
-    def _break(self, exc: SbpError) -> None:
+    def _break(self, exc: SbpError, *, failure: bool = True) -> None:
         if self.broken is None:
             self.broken = exc
-            log.warning("event=replication_broken stream_id=%d range_index=%d error=%r",
-                        self.rng.stream_id, self.rng.range_index, str(exc))
-        pending, self.queue = self.queue, []
+            if failure:
+                log.warning("event=replication_broken stream_id=%d range_index=%d error=%r",
+                            self.rng.stream_id, self.rng.range_index, str(exc))
+        pending, self.queue = self.queue, deque()
         self.queued_bytes = 0
         for p in pending:
             if not p.done.done():
@@ -110,7 +109,7 @@ class RangeReplicator:
             size = 0
             while self.queue and len(take) < MAX_ROUND_ITEMS and (
                     not take or size + len(self.queue[0].data) <= MAX_ROUND_BYTES):
-                p = self.queue.pop(0)
+                p = self.queue.popleft()
                 take.append(p)
                 size += len(p.data)
             self.queued_bytes -= size
@@ -157,7 +156,6 @@ class RangeReplicator:
                 raise ReplicaUnavailableError(
                     f"secondary {addr} failed for range {rng.stream_id}/{rng.range_index}: "
                     f"{type(res).__name__}: {res}") from res
-        self.rounds += 1
 
     async def _send(self, addr: str, header: bytes, payload: list[bytearray], n: int) -> None:
         conn = await self.dn.pool.get(addr)
@@ -172,8 +170,10 @@ class RangeReplicator:
             raise ReplicaUnavailableError(f"secondary {addr} answered {answered} of {n} items")
 
     def close(self) -> None:
+        """The range was sealed or deleted here: not a failure, nothing more is forwarded."""
         self._break(ReplicaUnavailableError(
-            f"range {self.rng.stream_id}/{self.rng.range_index} is no longer replicated here"))
+            f"range {self.rng.stream_id}/{self.rng.range_index} is no longer replicated here"),
+            failure=False)
         if self._task is not None:
             self._task.cancel()
 
@@ -192,6 +192,8 @@ class Replicators:
         key = (rng.stream_id, rng.range_index)
         r = self.by_range.get(key)
         if r is None or r.rng is not rng:
+            if r is not None:
+                r.close()  # the range was adopted again: the old replicator must not linger
             r = self.by_range[key] = RangeReplicator(self.dn, rng)
         return r
 

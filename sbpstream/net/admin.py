@@ -20,6 +20,8 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from sbpstream.protocol.opcodes import Opcode
+
 log = logging.getLogger("sbpstream.net.admin")
 
 # How often the event loop refreshes the snapshot scrapes read (seconds): fresh enough for a
@@ -127,10 +129,8 @@ def server_samples(prefix: str, server: Any) -> list[Sample]:
         Sample(f"{prefix}_framing_errors", "counter",
                "connections closed for a framing error", st.framing_errors),
     ]
-    from sbpstream.protocol.opcodes import Opcode
-
+    # only opcodes with a handler are counted, so every key is a known Opcode
     for op, n in sorted(st.requests_by_opcode.items()):
-        name = Opcode(op).name if op in Opcode._value2member_map_ else str(op)
         out.append(Sample(f"{prefix}_requests", "counter", "requests received, by opcode", n,
-                          {"opcode": name}))
+                          {"opcode": Opcode(op).name}))
     return out

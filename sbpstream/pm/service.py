@@ -510,11 +510,11 @@ class PmService:
             # as unreachable and the next range is not placed on it. If no node can take the
             # next range, nothing is sealed for good (the stopped replicas stay stopped and a
             # retried SEAL_RANGES redoes this).
-            nodes, first = await self._stop_replicas(cur)
+            first = await self._stop_replicas(cur)
             new_replicas = self.placer.place(stream.replica_nums, self.clock())
             new_ids = [r.node_id for r in new_replicas]
             try:
-                end, producers, source = await self._finish_seal(cur, nodes, first)
+                end, producers = await self._finish_seal(cur, first)
                 result = await self.meta.seal_and_new(
                     stream_id, range_index, end, new_replicas, producers
                 )
@@ -525,34 +525,25 @@ class PmService:
                 self.placer.closed(cur.node_ids)
             else:
                 self.placer.closed(new_ids)
-        log.info("event=range_sealed stream_id=%d range_index=%d end_offset=%d end_source=%s "
-                 "new_nodes=%s reason=%s", stream_id, range_index, result.sealed.end_offset,
-                 source, ",".join(map(str, result.new.node_ids)), reason)
+        log.info("event=range_sealed stream_id=%d range_index=%d end_offset=%d new_nodes=%s "
+                 "reason=%s", stream_id, range_index, result.sealed.end_offset,
+                 ",".join(map(str, result.new.node_ids)), reason)
         if result.created:
             await self._sync_ranges([result.new])
         return result
 
-    async def _seal_on_replicas(
-        self, rng: RangeMeta
-    ) -> tuple[int, tuple[ProducerState, ...], str]:
-        """Stop every reachable replica (-1), seal at the minimum end they report, tell them.
-        With no replica reachable nothing is sealed: REPLICA_UNAVAILABLE (docs/pm.md)."""
-        nodes, first = await self._stop_replicas(rng)
-        return await self._finish_seal(rng, nodes, first)
-
-    async def _stop_replicas(
-        self, rng: RangeMeta
-    ) -> tuple[list[NodeState], list[tuple[NodeState, DnSealReply]]]:
+    async def _stop_replicas(self, rng: RangeMeta) -> list[tuple[NodeState, DnSealReply]]:
+        """Ask every replica that may be called to stop (-1); the ones that answered."""
         nodes = [
             st for st in (self.registry.get(n) for n in rng.node_ids)
             if st is not None and self._may_call(st)
         ]
-        return nodes, await self._seal_calls(nodes, rng, -1)
+        return await self._seal_calls(nodes, rng, -1)
 
     async def _finish_seal(
-        self, rng: RangeMeta, nodes: list[NodeState], first: list[tuple[NodeState, DnSealReply]]
-    ) -> tuple[int, tuple[ProducerState, ...], str]:
-        del nodes
+        self, rng: RangeMeta, first: list[tuple[NodeState, DnSealReply]]
+    ) -> tuple[int, tuple[ProducerState, ...]]:
+        """Seal at the minimum end the stopped replicas reported and tell them."""
         if not first:
             # No replica answered. Sealing at the last *reported* next offset could cut off
             # records that were acknowledged after that report (a single-replica range on a
@@ -565,7 +556,7 @@ class PmService:
         end = max(rng.start_offset, min(reply.end_offset for _, reply in first))
         second = await self._seal_calls([st for st, _ in first], rng, end)
         replies = [r for _, r in second] or [r for _, r in first if r.end_offset == end]
-        return end, _merge_producers(replies), "replicas"
+        return end, _merge_producers(replies)
 
     async def _seal_calls(
         self, nodes: Sequence[NodeState], rng: RangeMeta, end_offset: int

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Self
 
@@ -1113,6 +1113,17 @@ class FetchResponse(Message):
     throttle_time_ms: int = 0
     status: Status = STATUS_OK
     items: tuple[FetchResult, ...] = ()  # the spec's fetch_responses
+
+    def chunks(
+        self, payload: bytes | bytearray | memoryview
+    ) -> Iterator[tuple[FetchResult, memoryview]]:
+        """Each item with its slice of the frame's payload (the batches back to back, in item
+        order, ``batch_length`` bytes each)."""
+        mv = memoryview(payload)
+        at = 0
+        for item in self.items:
+            yield item, mv[at : at + item.batch_length]
+            at += item.batch_length
 
     def _build(self, b: Any) -> int:
         status = _put_status(b, self.status)

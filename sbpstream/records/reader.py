@@ -116,45 +116,39 @@ def iter_all_records(buf: Buffer, *, start_offset: int = 0) -> Iterator[DecodedR
                 yield record
 
 
-def iter_all_records_bytes(
-    buf: Buffer, *, start_offset: int = 0
-) -> Iterator[tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]]:
-    """Like :func:`iter_all_records`, but keys, values and header values are ``bytes``.
-
-    Each records section is copied to ``bytes`` once (as :func:`decode_columns` does), which is
-    cheaper than a memoryview slice plus ``tobytes`` per field when the caller keeps them all.
-    Yields ``(offset, timestamp_ms, key, value, headers)`` tuples.
-    """
+def _byte_sections(buf: Buffer, start_offset: int) -> Iterator[Iterator[tuple[Any, ...]]]:
+    """Per batch that reaches ``start_offset``: its records, decoded from ONE ``bytes`` copy of
+    the records section (so keys, values and header values are ``bytes`` slices straight away,
+    cheaper than a memoryview slice plus ``tobytes`` per field)."""
     for batch in iter_batches(buf):
         h = read_header(batch)
         if h.base_offset + h.record_count <= start_offset:
             continue
         h, section = open_batch(batch)
-        records = _decode_section(
+        yield _decode_section(
             section.tobytes(), h.record_count, h.base_offset, h.first_timestamp, tuple
         )
+
+
+def iter_all_records_bytes(
+    buf: Buffer, *, start_offset: int = 0
+) -> Iterator[tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]]:
+    """Like :func:`iter_all_records`, but keys, values and header values are ``bytes``.
+
+    Yields ``(offset, timestamp_ms, key, value, headers)`` tuples.
+    """
+    for records in _byte_sections(buf, start_offset):
         for record in records:
             if record[0] >= start_offset:
                 yield record
 
 
 def decode_columns(buf: Buffer, *, start_offset: int = 0) -> Columns:
-    """Decode a buffer of batches into columns, skipping offsets before ``start_offset``.
-
-    Each records section is copied to ``bytes`` once, so the per-record slices are ``bytes``
-    straight away (cheaper than a memoryview slice plus ``tobytes``).
-    """
+    """Decode a buffer of batches into columns, skipping offsets before ``start_offset``."""
     cols = Columns()
     offsets, timestamps = cols.offsets, cols.timestamps
     keys, values, headers = cols.keys, cols.values, cols.headers
-    for batch in iter_batches(buf):
-        h = read_header(batch)
-        if h.base_offset + h.record_count <= start_offset:
-            continue
-        h, section = open_batch(batch)
-        records = _decode_section(
-            section.tobytes(), h.record_count, h.base_offset, h.first_timestamp, tuple
-        )
+    for records in _byte_sections(buf, start_offset):
         for offset, ts, key, value, hdrs in records:
             if offset >= start_offset:
                 offsets.append(offset)

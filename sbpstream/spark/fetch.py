@@ -194,11 +194,7 @@ class SpanReader:
                 async for frame in rs:
                     resp = FetchResponse.decode(frame.header)
                     resp.status.raise_for_error()
-                    payload = memoryview(frame.payload)
-                    at = 0
-                    for item in resp.items:
-                        chunk = payload[at : at + item.batch_length]
-                        at += item.batch_length
+                    for item, chunk in resp.chunks(frame.payload):
                         code = item.status.code
                         if code in LOSS_CODES or (
                             code == ErrorCode.OFFSET_OUT_OF_RANGE and item.start_offset > self.pos
