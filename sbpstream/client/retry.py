@@ -8,6 +8,7 @@ import time
 
 from sbpstream.client.types import RetryPolicy
 from sbpstream.protocol.errors import (
+    ClientErrorCode,
     ClientTimeoutError,
     ConnectionClosedError,
     ErrorCode,
@@ -22,8 +23,8 @@ MOVE_CODES: frozenset[int] = frozenset(
         ErrorCode.NOT_PRIMARY,
         ErrorCode.REPLICA_UNAVAILABLE,
         ErrorCode.SHUTTING_DOWN,
-        ErrorCode.CONNECTION_CLOSED,
-        ErrorCode.CLIENT_TIMEOUT,
+        ClientErrorCode.CONNECTION_CLOSED,
+        ClientErrorCode.CLIENT_TIMEOUT,
     }
 )
 # Errors after which cached range metadata is stale and must be read again from the PM.

@@ -1,15 +1,27 @@
 """The one error table of SBP (design.md section 2, "Error codes"). No I/O.
 
-Every wire code has a name, a meaning and a kind: RETRIABLE (the same request may succeed later,
-possibly after refreshing metadata), REDIRECT (send it elsewhere: ``detail`` says where) or FATAL
-(retrying cannot help). Each code has exactly one exception class; the table below is *derived*
-from the classes, refuses duplicates, and maps unknown codes to :class:`UnknownServerError`.
-Codes are added, never renumbered.
+Every code has a name, a meaning and one exception class, and every class sits on two axes:
+
+- **Who is at fault** (h11's Local/RemoteProtocolError, asyncpg's InterfaceError/PostgresError):
+  :class:`ClientSideError` is raised by this process's client and has a client-only code
+  (:class:`ClientErrorCode`, 90-119; a server never originates one, it only passes one on when
+  its own call to another node failed that way); :class:`ServerError` is a wire code
+  (:class:`ErrorCode`) a server answered with, either :class:`RequestError` (the request, or where
+  it was sent, is at fault: change it before sending it again) or :class:`ServerFaultError` (the
+  server or the cluster behind it failed a request that was fine).
+- **Whether a retry helps**: :class:`RetriableError` (the same request may succeed later, possibly
+  after refreshing metadata), :class:`RedirectError` (send it elsewhere: ``detail`` says where) or
+  :class:`FatalError` (retrying cannot help). ``kind``, ``retriable`` and ``redirect`` say the
+  same for code that holds a code rather than a class.
+
+The table :data:`ERRORS` is *derived* from the classes, refuses duplicates, and maps unknown codes
+to :class:`UnknownServerError`. Codes are added, never renumbered.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from typing import ClassVar, Final
 
 
@@ -21,6 +33,8 @@ class ErrorKind(enum.Enum):
 
 
 class ErrorCode(enum.IntEnum):
+    """Wire codes: ``Status.code`` and ``GoAway.code`` values."""
+
     # --- the spec's codes
     NONE = 0
     UNKNOWN = 1
@@ -59,7 +73,11 @@ class ErrorCode(enum.IntEnum):
     INVALID_STREAM_CONFIG = 62
     METADATA_ERROR = 63
     FENCED_LEADER = 64
-    # --- 90-119 client side only (never on the wire)
+
+
+class ClientErrorCode(enum.IntEnum):
+    """90-119: raised by a client, never originated by a server (no wire code takes these)."""
+
     CONNECTION_CLOSED = 90
     CLIENT_TIMEOUT = 91
     NO_PM_REACHABLE = 92
@@ -68,10 +86,13 @@ class ErrorCode(enum.IntEnum):
     PRODUCER_CLOSED = 95
 
 
-class SbpError(Exception):
-    """Base of every SBP error. ``code`` is the wire code; ``kind`` says whether to retry."""
+AnyErrorCode = ErrorCode | ClientErrorCode
 
-    code: ClassVar[ErrorCode] = ErrorCode.UNKNOWN
+
+class SbpError(Exception):
+    """Base of every SBP error. ``code`` is its code; ``kind`` says whether to retry."""
+
+    code: ClassVar[AnyErrorCode] = ErrorCode.UNKNOWN
     kind: ClassVar[ErrorKind] = ErrorKind.FATAL
     meaning: ClassVar[str] = "an unexpected server error"
 
@@ -92,162 +113,284 @@ class SbpError(Exception):
         return f"{self.code.name}: {self.message}"
 
 
-def _err(
-    name: str, code: ErrorCode, kind: ErrorKind, meaning: str, base: type[SbpError] = SbpError
-) -> type[SbpError]:
-    cls = type(name, (base,), {"code": code, "kind": kind, "meaning": meaning, "__doc__": meaning})
-    return cls
+# ---- whether a retry helps (every concrete class derives from exactly one)
 
 
-_R, _D, _F = ErrorKind.RETRIABLE, ErrorKind.REDIRECT, ErrorKind.FATAL
-C = ErrorCode
+class RetriableError(SbpError):
+    """The same request may succeed later, possibly after refreshing metadata."""
 
-UnknownServerError = _err("UnknownServerError", C.UNKNOWN, _F, "an unexpected server error")
-InvalidRequestError = _err("InvalidRequestError", C.INVALID_REQUEST, _F, "the request is invalid")
-UnsupportedVersionError = _err(
-    "UnsupportedVersionError", C.UNSUPPORTED_VERSION, _F, "the request's version is not supported"
-)
-PmNotLeaderError = _err(
-    "PmNotLeaderError",
-    C.PM_NOT_LEADER,
-    _D,
-    "this PM is not the leader; detail holds the leader's host:port (empty when unknown)",
-)
-UnsupportedOperationError = _err(
-    "UnsupportedOperationError",
-    C.UNSUPPORTED_OPERATION,
-    _F,
-    "this server's role does not serve the opcode",
-)
-ChecksumMismatchError = _err(
-    "ChecksumMismatchError", C.CHECKSUM_MISMATCH, _R, "the frame payload CRC did not match"
-)
-LimitExceededError = _err(
-    "LimitExceededError", C.LIMIT_EXCEEDED, _F, "a protocol or server limit was exceeded"
-)
-TimeoutError_ = _err("RequestTimeoutError", C.TIMEOUT, _R, "the server timed out the request")
-BadHeaderError = _err(
-    "BadHeaderError",
-    C.BAD_HEADER,
-    _F,
-    "the extended header could not be decoded or has an unknown format",
-)
-ShuttingDownError = _err(
-    "ShuttingDownError",
-    C.SHUTTING_DOWN,
-    _R,
-    "the server is shutting down; retry elsewhere or later",
-)
-TooManyRequestsError = _err(
-    "TooManyRequestsError", C.TOO_MANY_REQUESTS, _R, "too many requests in flight on the connection"
-)
-InternalError = _err("InternalError", C.INTERNAL_ERROR, _R, "the server failed internally")
-ThrottledError = _err("ThrottledError", C.THROTTLED, _R, "a quota was exceeded; back off")
-StreamNotFoundError = _err("StreamNotFoundError", C.STREAM_NOT_FOUND, _F, "no such stream")
-StreamDeletedError = _err("StreamDeletedError", C.STREAM_DELETED, _F, "the stream was deleted")
-RangeNotFoundError = _err(
-    "RangeNotFoundError",
-    C.RANGE_NOT_FOUND,
-    _R,
-    "the data node does not hold that range; refresh metadata",
-)
-RangeSealedError = _err(
-    "RangeSealedError",
-    C.RANGE_SEALED,
-    _R,
-    "the range is sealed; refresh metadata and write to the next range",
-)
-NotPrimaryError = _err(
-    "NotPrimaryError", C.NOT_PRIMARY, _R, "this data node is not the range's primary"
-)
-OffsetOutOfRangeError = _err(
-    "OffsetOutOfRangeError",
-    C.OFFSET_OUT_OF_RANGE,
-    _F,
-    "the offset is outside the stream's or range's bounds",
-)
-OffsetMismatchError = _err(
-    "OffsetMismatchError",
-    C.OFFSET_MISMATCH,
-    _F,
-    "the batch does not start at the range's next offset",
-)
-CorruptBatchError = _err(
-    "CorruptBatchError",
-    C.CORRUPT_BATCH,
-    _F,
-    "the record batch failed its length, magic or CRC check",
-)
-OutOfOrderSequenceError = _err(
-    "OutOfOrderSequenceError",
-    C.OUT_OF_ORDER_SEQUENCE,
-    _F,
-    "an idempotent producer's sequence has a gap",
-)
-ReplicaUnavailableError = _err(
-    "ReplicaUnavailableError",
-    C.REPLICA_UNAVAILABLE,
-    _R,
-    "a replica could not be reached; the writer should seal and move on",
-)
-StorageFullError = _err("StorageFullError", C.STORAGE_FULL, _R, "the data node's disk is full")
-StorageError = _err("StorageError", C.STORAGE_ERROR, _R, "the data node's storage failed")
-RangeAlreadyExistsError = _err(
-    "RangeAlreadyExistsError",
-    C.RANGE_ALREADY_EXISTS,
-    _F,
-    "the range already exists with different bounds",
-)
-ProducerFencedError = _err(
-    "ProducerFencedError", C.PRODUCER_FENCED, _F, "a newer epoch of this producer id exists"
-)
-OffsetTrimmedError = _err(
-    "OffsetTrimmedError", C.OFFSET_TRIMMED, _F, "the records at that offset were trimmed away"
-)
-NotEnoughDataNodesError = _err(
-    "NotEnoughDataNodesError",
-    C.NOT_ENOUGH_DATA_NODES,
-    _R,
-    "not enough live data nodes for the requested replicas",
-)
-DataNodeNotFoundError = _err(
-    "DataNodeNotFoundError", C.DATA_NODE_NOT_FOUND, _F, "no such data node"
-)
-InvalidStreamConfigError = _err(
-    "InvalidStreamConfigError",
-    C.INVALID_STREAM_CONFIG,
-    _F,
-    "replica_nums or retention_period_ms is invalid",
-)
-MetadataError = _err("MetadataError", C.METADATA_ERROR, _R, "the PM's metadata store failed; retry")
-FencedLeaderError = _err(
-    "FencedLeaderError", C.FENCED_LEADER, _D, "the PM lost its leadership while writing"
-)
-ConnectionClosedError = _err(
-    "ConnectionClosedError", C.CONNECTION_CLOSED, _R, "the connection closed before the response"
-)
-ClientTimeoutError = _err(
-    "ClientTimeoutError", C.CLIENT_TIMEOUT, _R, "no response within the client's timeout"
-)
-NoPmReachableError = _err(
-    "NoPmReachableError", C.NO_PM_REACHABLE, _R, "no placement manager could be reached"
-)
-ProtocolViolationError = _err(
-    "ProtocolViolationError", C.PROTOCOL_VIOLATION, _F, "the peer broke the framing rules"
-)
-
-ClientClosedError = _err(
-    "ClientClosedError", C.CLIENT_CLOSED, _F, "the client was closed; create a new one"
-)
-ProducerClosedError = _err(
-    "ProducerClosedError", C.PRODUCER_CLOSED, _F,
-    "the producer was closed; nothing more can be sent",
-)
+    kind = ErrorKind.RETRIABLE
 
 
-def _build_table() -> dict[ErrorCode, type[SbpError]]:
-    table: dict[ErrorCode, type[SbpError]] = {}
-    for cls in _all_subclasses(SbpError):
+class RedirectError(SbpError):
+    """Send the request elsewhere: ``detail`` says where (empty when unknown)."""
+
+    kind = ErrorKind.REDIRECT
+
+
+class FatalError(SbpError):
+    """Retrying the same request cannot help."""
+
+    kind = ErrorKind.FATAL
+
+
+# ---- who is at fault (every concrete class derives from exactly one leaf of these)
+
+
+class ClientSideError(SbpError):
+    """Raised by this process's client, never received: a :class:`ClientErrorCode`."""
+
+    code: ClassVar[ClientErrorCode]
+
+
+class ServerError(SbpError):
+    """A server answered with this wire code (:class:`ErrorCode`)."""
+
+    code: ClassVar[ErrorCode]
+
+
+class RequestError(ServerError):
+    """The request, or where it was sent, is at fault: change it before sending it again."""
+
+
+class ServerFaultError(ServerError):
+    """The server, or the cluster behind it, failed a request that was itself fine."""
+
+
+# ---- the spec's codes
+
+
+class UnknownServerError(ServerFaultError, FatalError):
+    """An unexpected server error; also every code this table does not know."""
+
+    code = ErrorCode.UNKNOWN
+    meaning = "an unexpected server error"
+
+
+class InvalidRequestError(RequestError, FatalError):
+    code = ErrorCode.INVALID_REQUEST
+    meaning = "the request is invalid"
+
+
+class UnsupportedVersionError(RequestError, FatalError):
+    code = ErrorCode.UNSUPPORTED_VERSION
+    meaning = "the request's version is not supported"
+
+
+class PmNotLeaderError(RequestError, RedirectError):
+    code = ErrorCode.PM_NOT_LEADER
+    meaning = "this PM is not the leader; detail holds the leader's host:port (empty when unknown)"
+
+
+# ---- 6-29 protocol and generic
+
+
+class UnsupportedOperationError(RequestError, FatalError):
+    code = ErrorCode.UNSUPPORTED_OPERATION
+    meaning = "this server's role does not serve the opcode"
+
+
+class ChecksumMismatchError(RequestError, RetriableError):
+    code = ErrorCode.CHECKSUM_MISMATCH
+    meaning = "the frame payload CRC did not match"
+
+
+class LimitExceededError(RequestError, FatalError):
+    code = ErrorCode.LIMIT_EXCEEDED
+    meaning = "a protocol or server limit was exceeded"
+
+
+class RequestTimeoutError(ServerFaultError, RetriableError):
+    code = ErrorCode.TIMEOUT
+    meaning = "the server timed out the request"
+
+
+TimeoutError_ = RequestTimeoutError  # the name it was first exported under
+
+
+class BadHeaderError(RequestError, FatalError):
+    code = ErrorCode.BAD_HEADER
+    meaning = "the extended header could not be decoded or has an unknown format"
+
+
+class ShuttingDownError(ServerFaultError, RetriableError):
+    code = ErrorCode.SHUTTING_DOWN
+    meaning = "the server is shutting down; retry elsewhere or later"
+
+
+class TooManyRequestsError(RequestError, RetriableError):
+    code = ErrorCode.TOO_MANY_REQUESTS
+    meaning = "too many requests in flight on the connection"
+
+
+class InternalError(ServerFaultError, RetriableError):
+    code = ErrorCode.INTERNAL_ERROR
+    meaning = "the server failed internally"
+
+
+class ThrottledError(RequestError, RetriableError):
+    code = ErrorCode.THROTTLED
+    meaning = "a quota was exceeded; back off"
+
+
+# ---- 30-59 data node and storage
+
+
+class StreamNotFoundError(RequestError, FatalError):
+    code = ErrorCode.STREAM_NOT_FOUND
+    meaning = "no such stream"
+
+
+class StreamDeletedError(RequestError, FatalError):
+    code = ErrorCode.STREAM_DELETED
+    meaning = "the stream was deleted"
+
+
+class RangeNotFoundError(RequestError, RetriableError):
+    code = ErrorCode.RANGE_NOT_FOUND
+    meaning = "the data node does not hold that range; refresh metadata"
+
+
+class RangeSealedError(RequestError, RetriableError):
+    code = ErrorCode.RANGE_SEALED
+    meaning = "the range is sealed; refresh metadata and write to the next range"
+
+
+class NotPrimaryError(RequestError, RetriableError):
+    code = ErrorCode.NOT_PRIMARY
+    meaning = "this data node is not the range's primary"
+
+
+class OffsetOutOfRangeError(RequestError, FatalError):
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+    meaning = "the offset is outside the stream's or range's bounds"
+
+
+class OffsetMismatchError(RequestError, FatalError):
+    code = ErrorCode.OFFSET_MISMATCH
+    meaning = "the batch does not start at the range's next offset"
+
+
+class CorruptBatchError(RequestError, FatalError):
+    code = ErrorCode.CORRUPT_BATCH
+    meaning = "the record batch failed its length, magic or CRC check"
+
+
+class OutOfOrderSequenceError(RequestError, FatalError):
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+    meaning = "an idempotent producer's sequence has a gap"
+
+
+class ReplicaUnavailableError(ServerFaultError, RetriableError):
+    code = ErrorCode.REPLICA_UNAVAILABLE
+    meaning = "a replica could not be reached; the writer should seal and move on"
+
+
+class StorageFullError(ServerFaultError, RetriableError):
+    code = ErrorCode.STORAGE_FULL
+    meaning = "the data node's disk is full"
+
+
+class StorageError(ServerFaultError, RetriableError):
+    code = ErrorCode.STORAGE_ERROR
+    meaning = "the data node's storage failed"
+
+
+class RangeAlreadyExistsError(RequestError, FatalError):
+    code = ErrorCode.RANGE_ALREADY_EXISTS
+    meaning = "the range already exists with different bounds"
+
+
+class ProducerFencedError(RequestError, FatalError):
+    code = ErrorCode.PRODUCER_FENCED
+    meaning = "a newer epoch of this producer id exists"
+
+
+class OffsetTrimmedError(RequestError, FatalError):
+    code = ErrorCode.OFFSET_TRIMMED
+    meaning = "the records at that offset were trimmed away"
+
+
+# ---- 60-89 placement manager
+
+
+class NotEnoughDataNodesError(ServerFaultError, RetriableError):
+    code = ErrorCode.NOT_ENOUGH_DATA_NODES
+    meaning = "not enough live data nodes for the requested replicas"
+
+
+class DataNodeNotFoundError(RequestError, FatalError):
+    code = ErrorCode.DATA_NODE_NOT_FOUND
+    meaning = "no such data node"
+
+
+class InvalidStreamConfigError(RequestError, FatalError):
+    code = ErrorCode.INVALID_STREAM_CONFIG
+    meaning = "replica_nums or retention_period_ms is invalid"
+
+
+class MetadataError(ServerFaultError, RetriableError):
+    code = ErrorCode.METADATA_ERROR
+    meaning = "the PM's metadata store failed; retry"
+
+
+class FencedLeaderError(ServerFaultError, RedirectError):
+    code = ErrorCode.FENCED_LEADER
+    meaning = "the PM lost its leadership while writing"
+
+
+# ---- 90-119 client side only
+
+
+class ConnectionClosedError(ClientSideError, RetriableError):
+    code = ClientErrorCode.CONNECTION_CLOSED
+    meaning = "the connection closed before the response"
+
+
+class ClientTimeoutError(ClientSideError, RetriableError):
+    code = ClientErrorCode.CLIENT_TIMEOUT
+    meaning = "no response within the client's timeout"
+
+
+class NoPmReachableError(ClientSideError, RetriableError):
+    code = ClientErrorCode.NO_PM_REACHABLE
+    meaning = "no placement manager could be reached"
+
+
+class ProtocolViolationError(ClientSideError, FatalError):
+    code = ClientErrorCode.PROTOCOL_VIOLATION
+    meaning = "the peer broke the framing rules"
+
+
+class ClientClosedError(ClientSideError, FatalError):
+    code = ClientErrorCode.CLIENT_CLOSED
+    meaning = "the client was closed; create a new one"
+
+
+class ProducerClosedError(ClientSideError, FatalError):
+    code = ClientErrorCode.PRODUCER_CLOSED
+    meaning = "the producer was closed; nothing more can be sent"
+
+
+# ---- the table, derived from the classes above
+
+def concrete_errors() -> list[type[SbpError]]:
+    """Every class below SbpError that sets its own code (the groups do not), once each."""
+    seen: dict[type[SbpError], None] = {}
+    todo = list(SbpError.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        if cls in seen:
+            continue  # reached again through its other base
+        seen[cls] = None
+        todo.extend(cls.__subclasses__())
+    return [c for c in seen if "code" in vars(c)]
+
+
+def build_table(classes: Iterable[type[SbpError]]) -> dict[int, type[SbpError]]:
+    """Code to class; raises AssertionError when two classes claim one code."""
+    table: dict[int, type[SbpError]] = {}
+    for cls in classes:
         if cls.code in table:
             raise AssertionError(
                 f"duplicate error class for {cls.code!r}: {cls} and {table[cls.code]}"
@@ -256,23 +399,13 @@ def _build_table() -> dict[ErrorCode, type[SbpError]]:
     return table
 
 
-def _all_subclasses(cls: type[SbpError]) -> list[type[SbpError]]:
-    out: list[type[SbpError]] = []
-    for sub in cls.__subclasses__():
-        out.append(sub)
-        out.extend(_all_subclasses(sub))
-    return out
-
-
-ERRORS: Final[dict[ErrorCode, type[SbpError]]] = _build_table()
+ERRORS: Final[Mapping[int, type[SbpError]]] = build_table(concrete_errors())
+"""Code (an :class:`ErrorCode` or :class:`ClientErrorCode` member) to its class."""
 
 
 def error_class(code: int) -> type[SbpError]:
-    """The exception class for a wire code; unknown codes map to UnknownServerError."""
-    try:
-        return ERRORS[ErrorCode(code)]
-    except (ValueError, KeyError):
-        return UnknownServerError
+    """The exception class for a code; unknown codes map to UnknownServerError."""
+    return ERRORS.get(code, UnknownServerError)
 
 
 def error_for(code: int, message: str = "", detail: bytes = b"") -> SbpError:
@@ -286,3 +419,11 @@ def kind_of(code: int) -> ErrorKind:
     if code == ErrorCode.NONE:
         return ErrorKind.NONE
     return error_class(code).kind
+
+
+def code_name(code: int) -> str:
+    """The name of a wire or client-side code (``NONE`` for 0), or ``code N`` when unknown."""
+    if code == ErrorCode.NONE:
+        return ErrorCode.NONE.name
+    cls = ERRORS.get(code)
+    return cls.code.name if cls is not None else f"code {code}"

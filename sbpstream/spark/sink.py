@@ -46,7 +46,7 @@ from sbpstream.client.retry import MOVE_CODES
 from sbpstream.client.types import Range, codec_of
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.loop import new_event_loop
-from sbpstream.protocol.errors import ErrorCode, SbpError
+from sbpstream.protocol.errors import ErrorCode, SbpError, code_name
 from sbpstream.protocol.messages import (
     AppendItem,
     AppendRequest,
@@ -248,7 +248,7 @@ class Appender:
                 return
             if time.monotonic() >= deadline:
                 raise RuntimeError(
-                    f"stream {self.stream_id}: append failed ({ErrorCode(code).name}) for "
+                    f"stream {self.stream_id}: append failed ({code_name(code)}) for "
                     f"{self.opts.timeout_ms} ms (option 'timeoutMs')"
                 )
             if code in MOVE_CODES:
