@@ -78,10 +78,10 @@ class Raw:
             self.decoder.feed(chunk)
             out.extend(ev for ev in self.decoder.events() if isinstance(ev, Frame))
 
-    def ping_ok(self, stream_id: int = 99) -> bool:
-        self.send(encode_frame(Opcode.PING, stream_id, 0, b"", b"hi"))
+    def ping_ok(self, request_id: int = 99) -> bool:
+        self.send(encode_frame(Opcode.PING, request_id, 0, b"", b"hi"))
         f = self.frames(1)
-        return bool(f) and f[0].opcode == Opcode.PING and f[0].stream_id == stream_id
+        return bool(f) and f[0].opcode == Opcode.PING and f[0].request_id == request_id
 
     def close(self) -> None:
         self.sock.close()
@@ -99,20 +99,20 @@ def system_error(f: Frame) -> int:
     return SystemErrorResponse.decode(f.header).status.code
 
 
-def raw_frame(opcode: int, stream_id: int, header: bytes = b"", payload: bytes = b"", *,
+def raw_frame(opcode: int, request_id: int, header: bytes = b"", payload: bytes = b"", *,
               magic: int = 23, fmt: int = 1, crc: int | None = None,
               frame_length: int | None = None, header_length: int | None = None) -> bytes:
     fl = 16 + len(header) + len(payload) if frame_length is None else frame_length
     hl = len(header) if header_length is None else header_length
     c = (zlib.crc32(payload) if payload else 0) if crc is None else crc
-    return (struct.pack(">IBHBIB", fl, magic, opcode, 0, stream_id, fmt) + hl.to_bytes(3, "big")
+    return (struct.pack(">IBHBIB", fl, magic, opcode, 0, request_id, fmt) + hl.to_bytes(3, "big")
             + header + payload + struct.pack(">I", c))
 
 
 def test_ping_vector(raw: Raw) -> None:
     raw.send(bytes.fromhex("00000010170001000000000101000000" "00000000"))
     f = raw.frames(1)[0]
-    assert (f.opcode, f.flags, f.stream_id) == (Opcode.PING, 0x03, 1)
+    assert (f.opcode, f.flags, f.request_id) == (Opcode.PING, 0x03, 1)
 
 
 def test_bad_magic_is_discarded(raw: Raw) -> None:
@@ -128,24 +128,24 @@ def test_unknown_opcode_is_discarded(raw: Raw) -> None:
 def test_crc_mismatch_gets_system_error(raw: Raw) -> None:
     raw.send(raw_frame(Opcode.APPEND, 6, b"", b"payload", crc=1234))
     f = raw.frames(1)[0]
-    assert f.stream_id == 6 and system_error(f) == ErrorCode.CHECKSUM_MISMATCH
+    assert f.request_id == 6 and system_error(f) == ErrorCode.CHECKSUM_MISMATCH
     assert raw.ping_ok()
 
 
 def test_bad_header_format_gets_system_error(raw: Raw) -> None:
     raw.send(raw_frame(Opcode.FETCH, 7, b"\x01\x02", fmt=2))
     f = raw.frames(1)[0]
-    assert f.stream_id == 7 and system_error(f) == ErrorCode.BAD_HEADER
+    assert f.request_id == 7 and system_error(f) == ErrorCode.BAD_HEADER
     assert raw.ping_ok()
 
 
 def test_undecodable_header_gets_system_error(raw: Raw) -> None:
-    for sid, op in ((8, Opcode.APPEND), (9, Opcode.FETCH), (10, Opcode.SEAL_RANGES),
+    for rid, op in ((8, Opcode.APPEND), (9, Opcode.FETCH), (10, Opcode.SEAL_RANGES),
                     (11, Opcode.SYNC_RANGES), (12, Opcode.DESCRIBE_RANGES),
                     (13, Opcode.TRIM_STREAMS), (14, Opcode.DELETE_STREAMS)):
-        raw.send(raw_frame(op, sid, b"\xff\xff\xff\x7f" + b"\x00" * 5))
+        raw.send(raw_frame(op, rid, b"\xff\xff\xff\x7f" + b"\x00" * 5))
         f = raw.frames(1)[0]
-        assert f.stream_id == sid and system_error(f) == ErrorCode.BAD_HEADER, op
+        assert f.request_id == rid and system_error(f) == ErrorCode.BAD_HEADER, op
     assert raw.ping_ok()
 
 
@@ -164,11 +164,11 @@ def test_header_length_beyond_frame_goaway_and_close(raw: Raw) -> None:
 
 def test_known_opcode_not_served_is_unsupported(raw: Raw) -> None:
     hdr = CreateStreamsRequest(items=(CreateStreamItem(replica_nums=1),)).encode()
-    for sid, op in ((15, Opcode.CREATE_STREAMS), (16, Opcode.LIST_RANGES),
+    for rid, op in ((15, Opcode.CREATE_STREAMS), (16, Opcode.LIST_RANGES),
                     (17, Opcode.HEARTBEAT), (18, Opcode.REPORT_METRICS)):
-        raw.send(raw_frame(op, sid, hdr))
+        raw.send(raw_frame(op, rid, hdr))
         f = raw.frames(1)[0]
-        assert f.stream_id == sid and system_error(f) == ErrorCode.UNSUPPORTED_OPERATION
+        assert f.request_id == rid and system_error(f) == ErrorCode.UNSUPPORTED_OPERATION
     assert raw.ping_ok()
 
 
@@ -199,7 +199,7 @@ def test_corrupt_batch_fails_only_its_item(cluster: LocalCluster, raw: Raw) -> N
     results = {}
     while not raw.eof:
         f = raw.frames(1)[0]
-        assert f.stream_id == 20 and not f.flags & 0x04
+        assert f.request_id == 20 and not f.flags & 0x04
         results.update({r.request_index: r for r in AppendResponse.decode(f.header).items})
         if f.is_end:
             break
@@ -211,13 +211,13 @@ def test_corrupt_batch_fails_only_its_item(cluster: LocalCluster, raw: Raw) -> N
 def test_batch_lengths_must_add_up(cluster: LocalCluster, raw: Raw) -> None:
     sid = _create_stream(cluster.pm_address)
     good = build_batch([Record(value=b"x")])
-    for sid_, lengths in ((21, [len(good) + 1]), (22, [len(good) - 1]), (23, [0]), (24, [-5])):
+    for rid, lengths in ((21, [len(good) + 1]), (22, [len(good) - 1]), (23, [0]), (24, [-5])):
         hdr = AppendRequest(items=tuple(
             AppendItem(stream_id=sid, request_index=i, batch_length=n)
             for i, n in enumerate(lengths))).encode()
-        raw.send(encode_frame(Opcode.APPEND, sid_, 0, hdr, good))
+        raw.send(encode_frame(Opcode.APPEND, rid, 0, hdr, good))
         f = raw.frames(1)[0]
-        assert f.stream_id == sid_ and system_error(f) == ErrorCode.INVALID_REQUEST
+        assert f.request_id == rid and system_error(f) == ErrorCode.INVALID_REQUEST
     assert raw.ping_ok()
 
 

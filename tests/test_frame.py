@@ -18,7 +18,7 @@ from sbpstream.protocol.frame import (
     encode_frame,
     encode_frame_parts,
 )
-from sbpstream.protocol.limits import MAX_FRAME_LENGTH
+from sbpstream.protocol.limits import MAX_FRAME_LENGTH, MAX_REQUEST_ID
 from sbpstream.protocol.opcodes import Opcode
 
 PING_1 = bytes.fromhex("00000010 17 0001 00 00000001 01 000000 00000000".replace(" ", ""))
@@ -47,7 +47,7 @@ def test_golden_ping_vectors() -> None:
     assert encode_frame(Opcode.PING, 7, 0, payload=b"abc") == PING_7_ABC
     (f,) = decode_all(PING_7_ABC)
     assert isinstance(f, Frame)
-    assert (f.opcode, f.flags, f.stream_id, bytes(f.payload), bytes(f.header)) == (
+    assert (f.opcode, f.flags, f.request_id, bytes(f.payload), bytes(f.header)) == (
         1,
         0,
         7,
@@ -74,7 +74,7 @@ def test_payload_as_parts_equals_joined() -> None:
 def test_any_chunking(chunk: int) -> None:
     frames = [encode_frame(Opcode.APPEND, i, 0, b"h" * i, b"p" * (i * 3)) for i in range(20)]
     evs = decode_all(b"".join(frames), chunk)
-    assert [e.stream_id for e in evs if isinstance(e, Frame)] == list(range(20))
+    assert [e.request_id for e in evs if isinstance(e, Frame)] == list(range(20))
 
 
 def test_length_bound_checked_on_first_four_bytes() -> None:
@@ -109,7 +109,7 @@ def test_bad_magic_discarded_and_counted_stream_continues() -> None:
     d.feed(bytes(bad) + good)
     evs = d.events()
     assert isinstance(evs[0], FrameDiscarded) and evs[0].reason == "bad_magic"
-    assert isinstance(evs[1], Frame) and evs[1].stream_id == 2
+    assert isinstance(evs[1], Frame) and evs[1].request_id == 2
     assert d.discarded_bad_magic == 1
 
 
@@ -126,7 +126,7 @@ def test_crc_mismatch_reported_not_raised() -> None:
     raw = bytearray(encode_frame(Opcode.APPEND, 5, 0, b"", b"payload"))
     raw[-1] ^= 0xFF
     (ev,) = decode_all(bytes(raw))
-    assert isinstance(ev, FrameCorrupt) and ev.reason == "crc_mismatch" and ev.stream_id == 5
+    assert isinstance(ev, FrameCorrupt) and ev.reason == "crc_mismatch" and ev.request_id == 5
 
 
 def test_crc_zero_when_no_payload_and_checked() -> None:
@@ -149,11 +149,16 @@ def test_unknown_flag_bits_ignored() -> None:
     assert isinstance(f, Frame) and not f.is_response
 
 
-def test_encoder_refuses_oversize_and_bad_stream_id() -> None:
+def test_encoder_refuses_oversize_and_bad_request_id() -> None:
     with pytest.raises(ValueError):
         encode_frame(Opcode.APPEND, 1, 0, b"", b"x" * MAX_FRAME_LENGTH)
-    with pytest.raises(ValueError):
-        encode_frame(Opcode.APPEND, 1 << 31, 0)
+    assert MAX_REQUEST_ID == (1 << 31) - 1  # the top bit stays clear
+    d = FrameDecoder()
+    d.feed(encode_frame(Opcode.APPEND, MAX_REQUEST_ID, 0))
+    (top,) = d.events()
+    assert isinstance(top, Frame) and top.request_id == MAX_REQUEST_ID
+    with pytest.raises(ValueError, match="request id"):
+        encode_frame(Opcode.APPEND, MAX_REQUEST_ID + 1, 0)
 
 
 @settings(max_examples=300, deadline=None)
@@ -191,7 +196,7 @@ def test_roundtrip_whole_and_bytewise(
     for c in (None, chunk):
         evs = decode_all(raw, c)
         got = [
-            (e.opcode, e.stream_id, e.flags, bytes(e.header), bytes(e.payload))
+            (e.opcode, e.request_id, e.flags, bytes(e.header), bytes(e.payload))
             for e in evs
             if isinstance(e, Frame)
         ]

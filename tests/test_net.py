@@ -122,7 +122,7 @@ async def test_raw_rules_over_socket(server: Server) -> None:
     ping = encode_frame(Opcode.PING, 5, 0, b"", b"p")
     data = bytes(bad_magic) + unknown + bytes(bad_crc) + bytes(bad_fmt) + ping
     frames = await asyncio.to_thread(raw_exchange, server.address, data, 3)
-    by_id = {f.stream_id: f for f in frames}
+    by_id = {f.request_id: f for f in frames}
     assert set(by_id) == {3, 4, 5}
     assert by_id[3].is_system_error and SystemErrorResponse.decode(by_id[3].header).status.code == 7
     assert (

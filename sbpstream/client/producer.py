@@ -45,6 +45,7 @@ from sbpstream.protocol.errors import (
     SbpError,
     UnknownServerError,
 )
+from sbpstream.protocol.limits import SEQUENCE_WRAP
 from sbpstream.protocol.messages import (
     AppendItem,
     AppendRequest,
@@ -63,7 +64,6 @@ RECORD_OVERHEAD_BYTES = 16  # varints and bookkeeping counted per record against
 MAX_ITEMS_PER_APPEND = 1000  # batches per APPEND frame
 MAX_APPEND_PAYLOAD_BYTES = 8 * 1024 * 1024  # payload per APPEND frame (frames stop at 16 MiB)
 APPEND_TIMEOUT_MARGIN_MS = 2000  # client-side wait beyond the server's timeout_ms
-SEQUENCE_WRAP = 1 << 31  # sequences are int32 and wrap, as the data node expects (Kafka's rule)
 # A data node remembers a producer's last 5 batches per range (Kafka's window), so a resend of
 # any of up to 5 unacknowledged batches is recognised as a duplicate: never more in flight.
 MAX_IN_FLIGHT_PER_STREAM = 5

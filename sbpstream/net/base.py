@@ -155,7 +155,7 @@ class FrameProtocol(asyncio.Protocol):
     def write_frame_nowait(
         self,
         opcode: int,
-        stream_id: int,
+        request_id: int,
         flags: int,
         header: Buffer = b"",
         payload: Buffer | Sequence[Buffer] = b"",
@@ -164,7 +164,7 @@ class FrameProtocol(asyncio.Protocol):
         if self.closed or self.transport is None or self.transport.is_closing():
             raise ConnectionResetError(f"connection to {self.peer} closed")
         parts = encode_frame_parts(
-            opcode, stream_id, flags, header, payload, max_frame_length=self.max_frame_length
+            opcode, request_id, flags, header, payload, max_frame_length=self.max_frame_length
         )
         size = sum(len(p) for p in parts)
         self.transport.writelines(parts)
@@ -174,13 +174,13 @@ class FrameProtocol(asyncio.Protocol):
     async def write_frame(
         self,
         opcode: int,
-        stream_id: int,
+        request_id: int,
         flags: int,
         header: Buffer = b"",
         payload: Buffer | Sequence[Buffer] = b"",
     ) -> int:
         await self.drain()
-        return self.write_frame_nowait(opcode, stream_id, flags, header, payload)
+        return self.write_frame_nowait(opcode, request_id, flags, header, payload)
 
     # ---- read back-pressure
     def pause_reading(self, reason: str) -> None:

@@ -1,7 +1,7 @@
 """Client side of the one connection layer: multiplexed requests over one TCP connection.
 
-Requests are keyed by stream id; the reader delivers each response frame to its request, so
-responses may interleave and arrive out of order. A request's response may be one frame
+Requests are keyed by the frame's request id; the reader delivers each response frame to its
+request, so responses may interleave and arrive out of order. A request's response may be one frame
 (:meth:`Connection.request`) or many (:meth:`Connection.stream`). When the connection dies every
 pending request fails at once with :class:`~sbpstream.protocol.errors.ConnectionClosedError`.
 Frames not yet consumed count against ``MAX_BUFFERED_RESPONSE_BYTES``; past it the client stops
@@ -45,7 +45,7 @@ from sbpstream.protocol.limits import (
     MAX_BUFFERED_RESPONSE_BYTES,
     MAX_FRAME_LENGTH,
     MAX_IN_FLIGHT_REQUESTS,
-    MAX_STREAM_ID,
+    MAX_REQUEST_ID,
 )
 from sbpstream.protocol.messages import GoAway, Status, SystemErrorResponse
 from sbpstream.protocol.opcodes import Opcode
@@ -91,9 +91,9 @@ class ResponseStream:
     (``aclose`` or ``async with``) forgets the request; later frames for it are dropped.
     """
 
-    def __init__(self, conn: Connection, stream_id: int, timeout_s: float | None) -> None:
+    def __init__(self, conn: Connection, request_id: int, timeout_s: float | None) -> None:
         self._conn = conn
-        self.stream_id = stream_id
+        self.request_id = request_id
         self._timeout_s = timeout_s
         self._finished = False
 
@@ -103,10 +103,10 @@ class ResponseStream:
     async def __anext__(self) -> Frame:
         if self._finished:
             raise StopAsyncIteration
-        frame = await self._conn._next_frame(self.stream_id, self._timeout_s)
+        frame = await self._conn._next_frame(self.request_id, self._timeout_s)
         if frame.is_end:
             self._finished = True
-            self._conn._forget(self.stream_id)
+            self._conn._forget(self.request_id)
         if frame.is_system_error:
             self._finished = True
             raise system_error_from(frame)
@@ -115,7 +115,7 @@ class ResponseStream:
     async def aclose(self) -> None:
         if not self._finished:
             self._finished = True
-            self._conn._forget(self.stream_id)
+            self._conn._forget(self.request_id)
 
     async def __aenter__(self) -> ResponseStream:
         return self
@@ -176,18 +176,18 @@ class Connection(FrameProtocol):
             return
         if isinstance(ev, FrameCorrupt):
             # a corrupt response frame: its request cannot be completed correctly
-            p = self._pending.get(ev.stream_id)
+            p = self._pending.get(ev.request_id)
             if p is not None and ev.flags & 0x01:
-                self._fail(ev.stream_id, BadHeaderError(f"corrupt response frame: {ev.detail}"))
+                self._fail(ev.request_id, BadHeaderError(f"corrupt response frame: {ev.detail}"))
             elif not ev.flags & 0x01:
                 self._send_system_error(
-                    ev.opcode, ev.stream_id, ErrorCode.CHECKSUM_MISMATCH, ev.detail
+                    ev.opcode, ev.request_id, ErrorCode.CHECKSUM_MISMATCH, ev.detail
                 )
             return
         if not ev.is_response:
             self._on_request(ev)
             return
-        p = self._pending.get(ev.stream_id)
+        p = self._pending.get(ev.request_id)
         if p is None or p.done:
             return  # a response to a forgotten request
         size = len(ev.header) + len(ev.payload)
@@ -205,7 +205,7 @@ class Connection(FrameProtocol):
         if frame.opcode == Opcode.PING:
             with contextlib.suppress(ConnectionError):
                 self.write_frame_nowait(
-                    Opcode.PING, frame.stream_id, FLAGS_RESPONSE_END, frame.header, frame.payload
+                    Opcode.PING, frame.request_id, FLAGS_RESPONSE_END, frame.header, frame.payload
                 )
         elif frame.opcode == Opcode.GOAWAY:
             try:
@@ -219,24 +219,24 @@ class Connection(FrameProtocol):
                 self.goaway.message,
             )
             last = self.goaway.last_stream_id
-            for sid in [s for s in self._pending if s > last]:
+            for rid in [r for r in self._pending if r > last]:
                 self._fail(
-                    sid, ShuttingDownError(f"{self.address} sent GOAWAY: {self.goaway.message}")
+                    rid, ShuttingDownError(f"{self.address} sent GOAWAY: {self.goaway.message}")
                 )
             if not self._pending:
                 self.close()
         else:
             self._send_system_error(
                 frame.opcode,
-                frame.stream_id,
+                frame.request_id,
                 ErrorCode.UNSUPPORTED_OPERATION,
                 "clients serve only PING",
             )
 
-    def _send_system_error(self, opcode: int, stream_id: int, code: int, message: str) -> None:
+    def _send_system_error(self, opcode: int, request_id: int, code: int, message: str) -> None:
         hdr = SystemErrorResponse(status=Status(code=code, message=message)).encode()
         with contextlib.suppress(ConnectionError):
-            self.write_frame_nowait(opcode, stream_id, FLAGS_SYSTEM_ERROR, hdr)
+            self.write_frame_nowait(opcode, request_id, FLAGS_SYSTEM_ERROR, hdr)
 
     def on_framing_error(self, exc: FramingError) -> None:
         log.warning("event=framing_error peer=%s error=%r", self.peer, str(exc))
@@ -244,11 +244,11 @@ class Connection(FrameProtocol):
 
     def on_close(self, exc: BaseException) -> None:
         err = ConnectionClosedError(f"connection to {self.address} closed: {exc}")
-        for sid in list(self._pending):
-            self._fail(sid, err)
+        for rid in list(self._pending):
+            self._fail(rid, err)
 
-    def _fail(self, stream_id: int, exc: BaseException) -> None:
-        p = self._pending.get(stream_id)
+    def _fail(self, request_id: int, exc: BaseException) -> None:
+        p = self._pending.get(request_id)
         if p is None:
             return
         if p.error is None and not p.done:
@@ -257,8 +257,8 @@ class Connection(FrameProtocol):
         if p.waiter is not None and not p.waiter.done():
             p.waiter.set_result(None)
 
-    def _forget(self, stream_id: int) -> None:
-        p = self._pending.pop(stream_id, None)
+    def _forget(self, request_id: int) -> None:
+        p = self._pending.pop(request_id, None)
         if p is None:
             return
         self._release(p.buffered)
@@ -272,16 +272,16 @@ class Connection(FrameProtocol):
         if self._buffered <= MAX_BUFFERED_RESPONSE_BYTES // 2:
             self.resume_reading("buffered")
 
-    async def _next_frame(self, stream_id: int, timeout_s: float | None) -> Frame:
-        p = self._pending.get(stream_id)
+    async def _next_frame(self, request_id: int, timeout_s: float | None) -> Frame:
+        p = self._pending.get(request_id)
         if p is None:
             raise ConnectionClosedError("request is no longer pending")
         while not p.queue:
             if p.error is not None:
-                self._forget(stream_id)
+                self._forget(request_id)
                 raise p.error
             if p.done:
-                self._forget(stream_id)
+                self._forget(request_id)
                 raise ConnectionClosedError("response ended without an END frame")
             loop = asyncio.get_running_loop()
             p.waiter = loop.create_future()
@@ -291,12 +291,12 @@ class Connection(FrameProtocol):
                 else:
                     await asyncio.wait_for(p.waiter, timeout_s)
             except TimeoutError:
-                self._forget(stream_id)
+                self._forget(request_id)
                 raise ClientTimeoutError(
                     f"no response from {self.address} within {timeout_s:.3f}s"
                 ) from None
             except asyncio.CancelledError:
-                self._forget(stream_id)
+                self._forget(request_id)
                 raise
             finally:
                 p.waiter = None
@@ -307,15 +307,15 @@ class Connection(FrameProtocol):
         return frame
 
     # ---- writing
-    def _next_stream_id(self) -> int:
+    def _next_request_id(self) -> int:
         for _ in range(MAX_IN_FLIGHT_REQUESTS + 2):
-            sid = next(self._ids)
-            if sid > MAX_STREAM_ID:
+            rid = next(self._ids)
+            if rid > MAX_REQUEST_ID:
                 self._ids = itertools.count(1)
-                sid = next(self._ids)
-            if sid not in self._pending:
-                return sid
-        raise LimitExceededError("no free stream id")
+                rid = next(self._ids)
+            if rid not in self._pending:
+                return rid
+        raise LimitExceededError("no free request id")
 
     async def _start(self, opcode: int, header: Buffer, payload: Buffer | Sequence[Buffer]) -> int:
         if self.closed:
@@ -323,16 +323,16 @@ class Connection(FrameProtocol):
         if self.goaway is not None:
             raise ShuttingDownError(f"{self.address} sent GOAWAY")
         await self._slots.acquire()
-        sid = self._next_stream_id()
-        self._pending[sid] = _Pending(deque(), None, None, False, 0)
+        rid = self._next_request_id()
+        self._pending[rid] = _Pending(deque(), None, None, False, 0)
         try:
-            await self.write_frame(opcode, sid, 0, header, payload)
+            await self.write_frame(opcode, rid, 0, header, payload)
         except (ConnectionError, ValueError) as exc:
-            self._forget(sid)
+            self._forget(rid)
             if isinstance(exc, ValueError):
                 raise LimitExceededError(str(exc)) from exc
             raise ConnectionClosedError(f"connection to {self.address} closed: {exc}") from exc
-        return sid
+        return rid
 
     async def stream(
         self,
@@ -343,8 +343,8 @@ class Connection(FrameProtocol):
         timeout_s: float | None = None,
     ) -> ResponseStream:
         """Send a request; iterate its response frames. ``timeout_s`` bounds each frame's wait."""
-        sid = await self._start(opcode, header, payload)
-        return ResponseStream(self, sid, timeout_s)
+        rid = await self._start(opcode, header, payload)
+        return ResponseStream(self, rid, timeout_s)
 
     async def request(
         self,

@@ -61,12 +61,12 @@ class ServerStats:
 class Responder:
     """Sends the response frames of one request. The last frame carries END."""
 
-    __slots__ = ("_conn", "finished", "frames_sent", "opcode", "stream_id")
+    __slots__ = ("_conn", "finished", "frames_sent", "opcode", "request_id")
 
-    def __init__(self, conn: ServerConnection, opcode: int, stream_id: int) -> None:
+    def __init__(self, conn: ServerConnection, opcode: int, request_id: int) -> None:
         self._conn = conn
         self.opcode = opcode
-        self.stream_id = stream_id
+        self.request_id = request_id
         self.finished = False
         self.frames_sent = 0
 
@@ -87,7 +87,7 @@ class Responder:
             else sum(len(p) for p in payload)
         )
         await self._conn.window.acquire(size)
-        await self._conn.write_frame(self.opcode, self.stream_id, flags, header, payload)
+        await self._conn.write_frame(self.opcode, self.request_id, flags, header, payload)
         self.frames_sent += 1
         if end:
             self.finished = True
@@ -102,14 +102,14 @@ class Responder:
         if self.finished:
             raise RuntimeError("response already ended")
         self.finished = True
-        self._conn.send_system_error(self.opcode, self.stream_id, code, message, detail)
+        self._conn.send_system_error(self.opcode, self.request_id, code, message, detail)
         await self._conn.drain()
 
 
 @dataclass(slots=True)
 class Request:
     opcode: int
-    stream_id: int
+    request_id: int
     flags: int
     header: Buffer
     payload: Buffer
@@ -127,7 +127,7 @@ class ServerConnection(FrameProtocol):
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.draining = False
         self.last_activity = time.monotonic()
-        self.highest_stream_id = 0
+        self.highest_request_id = 0
         self.attributes: dict[str, object] = {}  # per-connection state for handlers (e.g. role)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -160,16 +160,16 @@ class ServerConnection(FrameProtocol):
         self.close()
 
     def send_goaway(self, code: int, message: str) -> None:
-        hdr = GoAway(code=code, message=message, last_stream_id=self.highest_stream_id).encode()
+        hdr = GoAway(code=code, message=message, last_stream_id=self.highest_request_id).encode()
         with contextlib.suppress(ConnectionError):
             self.write_frame_nowait(Opcode.GOAWAY, 0, 0, hdr)
 
     def send_system_error(
-        self, opcode: int, stream_id: int, code: int, message: str, detail: bytes = b""
+        self, opcode: int, request_id: int, code: int, message: str, detail: bytes = b""
     ) -> None:
         hdr = SystemErrorResponse(status=Status(code=code, message=message, detail=detail)).encode()
         with contextlib.suppress(ConnectionError):
-            self.write_frame_nowait(opcode, stream_id, FLAGS_SYSTEM_ERROR, hdr)
+            self.write_frame_nowait(opcode, request_id, FLAGS_SYSTEM_ERROR, hdr)
 
     def on_event(self, ev: Event) -> None:
         self.last_activity = time.monotonic()
@@ -194,7 +194,7 @@ class ServerConnection(FrameProtocol):
                     if ev.reason == "crc_mismatch"
                     else (ErrorCode.BAD_HEADER)
                 )
-                self.send_system_error(ev.opcode, ev.stream_id, code, ev.detail)
+                self.send_system_error(ev.opcode, ev.request_id, code, ev.detail)
             return
         self._on_frame(ev)
 
@@ -206,7 +206,7 @@ class ServerConnection(FrameProtocol):
         if op == Opcode.PING:
             with contextlib.suppress(ConnectionError):
                 self.write_frame_nowait(
-                    op, frame.stream_id, FLAGS_RESPONSE_END, frame.header, frame.payload
+                    op, frame.request_id, FLAGS_RESPONSE_END, frame.header, frame.payload
                 )
             return
         if op == Opcode.GOAWAY:
@@ -215,40 +215,40 @@ class ServerConnection(FrameProtocol):
             return
         if self.draining:
             self.send_system_error(
-                op, frame.stream_id, ErrorCode.SHUTTING_DOWN, "connection is draining after GOAWAY"
+                op, frame.request_id, ErrorCode.SHUTTING_DOWN, "connection is draining after GOAWAY"
             )
             return
         handler = self.server.handlers.get(op)
         if handler is None:
             self.send_system_error(
                 op,
-                frame.stream_id,
+                frame.request_id,
                 ErrorCode.UNSUPPORTED_OPERATION,
                 f"{self.server.name} does not serve {Opcode(op).name}",
             )
             return
-        if frame.stream_id in self.tasks:
+        if frame.request_id in self.tasks:
             self.send_system_error(
                 op,
-                frame.stream_id,
+                frame.request_id,
                 ErrorCode.INVALID_REQUEST,
-                f"stream id {frame.stream_id} already has a request in flight",
+                f"request id {frame.request_id} already has a request in flight",
             )
             return
-        self.highest_stream_id = max(self.highest_stream_id, frame.stream_id)
+        self.highest_request_id = max(self.highest_request_id, frame.request_id)
         stats = self.server.stats
         stats.requests += 1
         stats.requests_by_opcode[op] = stats.requests_by_opcode.get(op, 0) + 1
         req = Request(
-            op, frame.stream_id, frame.flags, frame.header, frame.payload, self, time.monotonic()
+            op, frame.request_id, frame.flags, frame.header, frame.payload, self, time.monotonic()
         )
         task = asyncio.get_running_loop().create_task(self._run(handler, req))
-        self.tasks[frame.stream_id] = task
+        self.tasks[frame.request_id] = task
         if len(self.tasks) >= self.server.max_in_flight:
             self.pause_reading("in_flight")
 
     async def _run(self, handler: Handler, req: Request) -> None:
-        resp = Responder(self, req.opcode, req.stream_id)
+        resp = Responder(self, req.opcode, req.request_id)
         try:
             await handler(req, resp)
             if not resp.finished and not self.closed:
@@ -256,13 +256,15 @@ class ServerConnection(FrameProtocol):
         except asyncio.CancelledError:
             if not resp.finished and not self.closed:
                 self.send_system_error(
-                    req.opcode, req.stream_id, ErrorCode.SHUTTING_DOWN, "request cancelled"
+                    req.opcode, req.request_id, ErrorCode.SHUTTING_DOWN, "request cancelled"
                 )
             raise
         except SbpError as exc:
             self.server.stats.requests_failed += 1
             if not resp.finished and not self.closed:
-                self.send_system_error(req.opcode, req.stream_id, exc.code, exc.message, exc.detail)
+                self.send_system_error(
+                    req.opcode, req.request_id, exc.code, exc.message, exc.detail
+                )
         except ConnectionError:
             pass
         except Exception as exc:
@@ -273,12 +275,12 @@ class ServerConnection(FrameProtocol):
             if not resp.finished and not self.closed:
                 self.send_system_error(
                     req.opcode,
-                    req.stream_id,
+                    req.request_id,
                     ErrorCode.INTERNAL_ERROR,
                     f"{type(exc).__name__}: {exc}",
                 )
         finally:
-            self.tasks.pop(req.stream_id, None)
+            self.tasks.pop(req.request_id, None)
             self.last_activity = time.monotonic()
             if len(self.tasks) < self.server.max_in_flight and self.reading_paused:
                 self.process_events()  # frames held back while at the cap

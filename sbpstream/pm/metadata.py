@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sbpstream.protocol.errors import InvalidRequestError, RangeNotFoundError, SbpError
+from sbpstream.protocol.limits import MAX_STREAM_ID as MAX_STREAM_ID  # stream ids are int64
 
 WRITABLE_END_OFFSET = -1
 """``end_offset`` of a writable (open) range, as the wire says (design.md, "unclear spec")."""
@@ -43,8 +44,6 @@ FIRST_NODE_ID = 1
 MAX_NODE_ID = 2**31 - 1
 """Node ids are int32 on the wire (design.md: ALLOCATE_ID ``id`` is int32)."""
 
-MAX_STREAM_ID = 2**63 - 1
-"""Stream ids are int64 on the wire."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ Wire layout, all integers big-endian::
     4      1    magic          u8  = 23
     5      2    opcode         u16
     7      1    flags          u8  (0x01 response, 0x02 response end, 0x04 system error)
-    8      4    stream_id      u32 (top bit clear)
+    8      4    request_id     u32 (top bit clear)
     12     1    header_format  u8  = 1 (FlatBuffers)
     13     3    header_length  u24 = H
     16     H    extended header
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sbpstream.protocol.limits import MAX_FRAME_LENGTH, MAX_STREAM_ID, MIN_FRAME_LENGTH
+from sbpstream.protocol.limits import MAX_FRAME_LENGTH, MAX_REQUEST_ID, MIN_FRAME_LENGTH
 from sbpstream.protocol.opcodes import KNOWN_OPCODES
 
 MAGIC: Final = 23
@@ -60,7 +60,7 @@ class FramingError(Exception):
 class Frame:
     opcode: int
     flags: int
-    stream_id: int
+    request_id: int
     header: Buffer = b""
     payload: Buffer = b""
     header_format: int = HEADER_FORMAT_FLATBUFFERS
@@ -89,13 +89,13 @@ class FrameDiscarded:
     reason: str
     opcode: int
     flags: int
-    stream_id: int
+    request_id: int
     magic: int
 
 
 @dataclass(frozen=True, slots=True)
 class FrameCorrupt:
-    """A well-framed frame the receiver cannot use: answer with a system error on its stream id.
+    """A well-framed frame the receiver cannot use: answer with a system error on its request id.
 
     ``reason`` is ``"crc_mismatch"`` or ``"header_format"``.
     """
@@ -103,7 +103,7 @@ class FrameCorrupt:
     reason: str
     opcode: int
     flags: int
-    stream_id: int
+    request_id: int
     detail: str
 
 
@@ -119,7 +119,7 @@ def _crc(parts: Iterable[Buffer]) -> int:
 
 def encode_frame_parts(
     opcode: int,
-    stream_id: int,
+    request_id: int,
     flags: int,
     header: Buffer = b"",
     payload: Buffer | Sequence[Buffer] = b"",
@@ -138,10 +138,10 @@ def encode_frame_parts(
     frame_length = FIXED_SIZE + header_len + payload_len
     if frame_length > max_frame_length:
         raise ValueError(f"frame of {frame_length} bytes exceeds the limit of {max_frame_length}")
-    if not 0 <= stream_id <= MAX_STREAM_ID:
-        raise ValueError(f"stream id {stream_id} outside [0, {MAX_STREAM_ID}]")
+    if not 0 <= request_id <= MAX_REQUEST_ID:
+        raise ValueError(f"request id {request_id} outside [0, {MAX_REQUEST_ID}]")
     fixed = FIXED_STRUCT.pack(
-        frame_length, MAGIC, opcode, flags, stream_id, header_format, header_len.to_bytes(3, "big")
+        frame_length, MAGIC, opcode, flags, request_id, header_format, header_len.to_bytes(3, "big")
     )
     crc = _crc(parts) if payload_len else 0
     out: list[Buffer] = [fixed + bytes(header)] if header_len else [fixed]
@@ -152,14 +152,14 @@ def encode_frame_parts(
 
 def encode_frame(
     opcode: int,
-    stream_id: int,
+    request_id: int,
     flags: int,
     header: Buffer = b"",
     payload: Buffer | Sequence[Buffer] = b"",
     header_format: int = HEADER_FORMAT_FLATBUFFERS,
 ) -> bytes:
     """Encode one frame into a single bytes object (copies the payload; see encode_frame_parts)."""
-    return b"".join(encode_frame_parts(opcode, stream_id, flags, header, payload, header_format))
+    return b"".join(encode_frame_parts(opcode, request_id, flags, header, payload, header_format))
 
 
 class FrameDecoder:
@@ -236,7 +236,7 @@ class FrameDecoder:
         frame_length = self._need
         end = start + 4 + frame_length
         self._need = 0
-        _, magic, opcode, flags, stream_id, fmt, hlen_b = FIXED_STRUCT.unpack_from(buf, start)
+        _, magic, opcode, flags, request_id, fmt, hlen_b = FIXED_STRUCT.unpack_from(buf, start)
         header_len = int.from_bytes(hlen_b, "big")
         if header_len > frame_length - FIXED_SIZE:
             self._broken = FramingError(
@@ -246,10 +246,10 @@ class FrameDecoder:
         self._pos = end
         if magic != MAGIC:
             self.discarded_bad_magic += 1
-            return FrameDiscarded("bad_magic", opcode, flags, stream_id, magic)
+            return FrameDiscarded("bad_magic", opcode, flags, request_id, magic)
         if opcode not in self._known_opcodes:
             self.discarded_unknown_opcode += 1
-            return FrameDiscarded("unknown_opcode", opcode, flags, stream_id, magic)
+            return FrameDiscarded("unknown_opcode", opcode, flags, request_id, magic)
         # One copy (a bytearray slice would copy twice); the view is released before the
         # buffer is resized again, and the frame outlives the buffer.
         with memoryview(buf) as view:
@@ -266,16 +266,16 @@ class FrameDecoder:
                 "crc_mismatch",
                 opcode,
                 flags,
-                stream_id,
+                request_id,
                 f"payload CRC 0x{crc:08x} does not match computed 0x{expected:08x}",
             )
         if fmt != HEADER_FORMAT_FLATBUFFERS:
             self.corrupt += 1
             return FrameCorrupt(
-                "header_format", opcode, flags, stream_id, f"unsupported header format {fmt}"
+                "header_format", opcode, flags, request_id, f"unsupported header format {fmt}"
             )
         self.frames += 1
-        return Frame(opcode, flags, stream_id, header, payload, fmt)
+        return Frame(opcode, flags, request_id, header, payload, fmt)
 
     def events(self) -> list[Event]:
         """Drain every complete event now buffered."""

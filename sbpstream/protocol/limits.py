@@ -18,8 +18,14 @@ MIN_FRAME_LENGTH: Final = 16
 MAX_FRAME_LENGTH: Final = 16 * MiB
 # The header length field is 24 bits wide.
 MAX_HEADER_LENGTH: Final = (1 << 24) - 1
-# Stream ids are client-chosen with the top bit clear (the spec says non-negative).
-MAX_STREAM_ID: Final = (1 << 31) - 1
+# A frame's request id (the spec's frame "stream_id") is client-chosen with the top bit clear
+# (the spec says non-negative). Not to be confused with a data stream's id: MAX_STREAM_ID.
+MAX_REQUEST_ID: Final = (1 << 31) - 1
+# A data stream's id is int64 on the wire (Stream.stream_id, AppendItem.stream_id, ...).
+MAX_STREAM_ID: Final = (1 << 63) - 1
+# Idempotent producers number records with int32 sequences that wrap to 0 past 2**31 - 1
+# (Kafka's rule): producer, data node and Spark sink all compute modulo this.
+SEQUENCE_WRAP: Final = 1 << 31
 
 # A connection may have this many requests being served at once; past it the server stops reading
 # from the socket (TCP back-pressure) until one completes. Bounds handler tasks per connection.

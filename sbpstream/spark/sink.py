@@ -47,6 +47,7 @@ from sbpstream.client.types import Range, codec_of
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.loop import new_event_loop
 from sbpstream.protocol.errors import ErrorCode, SbpError, code_name
+from sbpstream.protocol.limits import SEQUENCE_WRAP
 from sbpstream.protocol.messages import (
     AppendItem,
     AppendRequest,
@@ -64,7 +65,6 @@ log = logging.getLogger("sbpstream.spark")
 SINK_BATCH_BYTES = 1024 * 1024  # one APPEND batch; cut by the rows' sizes, so replays match
 APPEND_MARGIN_MS = 2000
 PRODUCER_ID_MASK = (1 << 63) - 1
-SEQUENCE_WRAP = 1 << 31
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's MicroBatchExecution on every task
 QUERY_ID_PROPERTY = "sql.streaming.queryId"  # the query's id, kept in its checkpoint
 

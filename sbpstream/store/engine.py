@@ -33,6 +33,7 @@ from sbpstream.protocol.errors import (
     StorageFullError,
     StreamDeletedError,
 )
+from sbpstream.protocol.limits import SEQUENCE_WRAP
 from sbpstream.records.header import (
     HEADER_STRUCT,
     BatchError,
@@ -78,7 +79,6 @@ log = logging.getLogger(__name__)
 LOG_DIR: Final = "log"
 CHECKPOINT_FILE: Final = "index.ckpt"
 LOCK_FILE: Final = "LOCK"
-SEQUENCE_WRAP: Final = 1 << 31  # producer sequences are int32 and wrap (as Kafka's)
 
 Buffer = bytes | bytearray | memoryview
 # (base_offset, record_count, location, entry_length, append_time_ms, producer_id, epoch, seq)
