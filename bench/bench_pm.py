@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from bench.common import fmt_ms, free_port, median_spread
+from bench.common import fmt_ms, median_spread
 from sbpstream.net.client import Connection
 from sbpstream.net.loop import run
+from sbpstream.net.ports import free_port
 from sbpstream.net.server import Request, Responder, Server
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.messages import ClientRole

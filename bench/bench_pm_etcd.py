@@ -36,10 +36,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import fmt_ms, free_port, median_spread, percentile
+from bench.common import fmt_ms, median_spread, percentile
 from sbpstream.cluster import Node
 from sbpstream.net.client import Connection
 from sbpstream.net.loop import run
+from sbpstream.net.ports import free_port
 from sbpstream.pm.etcd_meta import EtcdMetadataStore
 from sbpstream.pm.leader import LeaderElection
 from sbpstream.pm.metadata import CreatedStream, MetadataStore, NewStream, ReplicaMeta

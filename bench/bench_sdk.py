@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import free_port
 from sbpstream.client import AsyncClient
 from sbpstream.client.loadgen import consume_load, produce_load
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.loop import run
+from sbpstream.net.ports import free_port
 
 REDIS_PIPELINE = 1000  # XADDs per round trip
 REDIS_PAGE = 10_000  # entries per XRANGE

@@ -1,18 +1,10 @@
-"""Shared helpers for benchmarks: medians with spread, timing, free ports."""
+"""Shared helpers for benchmarks: medians with spread, timing."""
 
 from __future__ import annotations
 
-import socket
 import statistics
 import time
 from collections.abc import Callable, Sequence
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def median_spread(values: Sequence[float]) -> tuple[float, float, float]:

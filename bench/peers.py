@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from bench.common import free_port, percentile
+from bench.common import percentile
+from sbpstream.net.ports import free_port
 
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0

@@ -19,18 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from sbpstream.net.ports import free_port
 from sbpstream.protocol.frame import FrameDecoder, encode_frame
 from sbpstream.protocol.opcodes import Opcode
 
 READY_TIMEOUT_S = 30.0  # a cold Python start plus registration; generous for a loaded 2-core box
 STOP_TIMEOUT_S = 10.0  # graceful drain bound before SIGKILL
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def ping(address: str, timeout_s: float = 1.0) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Final
+
+from sbpstream.net.ports import free_port
 
 ETCD_READY_TIMEOUT_S: Final = 20.0
 """etcd starts in well under a second; 20 s covers a loaded 2-core CI box and a cold disk."""
@@ -43,13 +44,6 @@ def require_etcd() -> str:
     if path is None:
         pytest.skip("etcd binary not on PATH (install Debian etcd-server; `make test` does)")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class EtcdServer:
@@ -87,9 +81,9 @@ class EtcdServer:
         if binary is None:
             raise FileNotFoundError("etcd binary not on PATH (Debian package etcd-server)")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.client_port, self.peer_port = _free_port(), _free_port()
+        self.client_port, self.peer_port = free_port(), free_port()
         while self.peer_port == self.client_port:
-            self.peer_port = _free_port()
+            self.peer_port = free_port()
         client = f"http://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         args = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from sbpstream.cluster import free_port
+from sbpstream.net.ports import free_port
 
 
 class TcpProxy:

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sbpstream.cli import app
-from sbpstream.cluster import free_port, ping
+from sbpstream.cluster import ping
+from sbpstream.net.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

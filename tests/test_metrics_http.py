@@ -8,7 +8,8 @@ import urllib.request
 from pathlib import Path
 
 from sbpstream.client import AsyncClient
-from sbpstream.cluster import LocalCluster, free_port
+from sbpstream.cluster import LocalCluster
+from sbpstream.net.ports import free_port
 
 SCRAPE_TIMEOUT_S = 20.0  # the exporter refreshes every second; generous for a loaded machine
 

@@ -10,6 +10,7 @@ import struct
 import pytest
 
 from sbpstream.net.client import Connection, ConnectionPool
+from sbpstream.net.ports import free_port
 from sbpstream.net.server import Request, Responder, Server
 from sbpstream.protocol.errors import (
     ConnectionClosedError,
@@ -260,11 +261,8 @@ async def test_pool_reconnects_on_demand(server: Server) -> None:
 
 
 async def test_connect_refused_is_clear() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with pytest.raises(ConnectionClosedError, match="cannot connect"):
-        await Connection.open(f"127.0.0.1:{port}")
+        await Connection.open(f"127.0.0.1:{free_port()}")
 
 
 async def test_idle_timeout_closes() -> None:

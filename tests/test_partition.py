@@ -17,8 +17,9 @@ from pathlib import Path
 from tcp_proxy import TcpProxy
 
 from sbpstream.client import AsyncClient
-from sbpstream.cluster import LocalCluster, free_port
+from sbpstream.cluster import LocalCluster
 from sbpstream.net.client import Connection
+from sbpstream.net.ports import free_port
 from sbpstream.protocol.errors import ErrorCode
 from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse
 from sbpstream.protocol.opcodes import Opcode

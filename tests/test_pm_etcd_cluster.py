@@ -18,8 +18,9 @@ import pytest
 from etcd_fixture import EtcdServer, require_etcd
 
 from sbpstream.client.aclient import AsyncClient
-from sbpstream.cluster import Node, free_port
+from sbpstream.cluster import Node
 from sbpstream.net.client import Connection
+from sbpstream.net.ports import free_port
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import PmNotLeaderError, SbpError
 

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import TypeVar
 import pytest
 
 from sbpstream.net.client import Connection
+from sbpstream.net.ports import free_port
 from sbpstream.net.server import Request, Responder, Server
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
@@ -39,12 +39,6 @@ CALL_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 20.0
 
 RespT = TypeVar("RespT", bound=m.Message)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PmProcess:

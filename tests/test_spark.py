@@ -17,7 +17,8 @@ pytest.importorskip("pyarrow")
 from spark_fixtures import cluster_fixture, spark_session_fixture  # noqa: F401
 
 from sbpstream.client import Client
-from sbpstream.cluster import LocalCluster, free_port
+from sbpstream.cluster import LocalCluster
+from sbpstream.net.ports import free_port
 
 Row = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]
 

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from sbpstream.datanode.ranges import RangeInfo, RangeTable
 from sbpstream.datanode.replication import Replicators
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
+from sbpstream.net.ports import free_port
 from sbpstream.net.server import Handler, Server
 from sbpstream.protocol.errors import (
     ErrorCode,
@@ -76,13 +76,6 @@ log = logging.getLogger("sbpstream.datanode")
 
 NODE_ID_FILE = "node_id"
 STORE_DIR = "store"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class DataNode:
@@ -127,7 +120,7 @@ class DataNode:
             committed = st.end_offset if st.sealed and st.end_offset >= 0 else st.next_offset
             self.table.ensure(st.stream_id, st.range_index, committed)
         if self.port == 0:  # the advertised address must be known before registering
-            self.port = _free_port(cfg.host)
+            self.port = free_port(cfg.host)
         if not self.advertise:
             self.advertise = f"{cfg.host}:{self.port}"
         await self._register()
