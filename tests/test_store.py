@@ -45,7 +45,7 @@ def cfg(**kw: object) -> StoreConfig:
 def store(tmp_path: Path) -> Iterator[Store]:
     s = Store.open(tmp_path / "s", cfg())
     yield s
-    if not s._closed:
+    if not s._log.closed:
         assert s.check() == []
         s.close()
 
@@ -273,7 +273,7 @@ def test_compaction_reclaims_space(tmp_path: Path) -> None:
     with pytest.raises(StreamDeletedError):
         s.read(1, 0, 10)
     assert s.describe_range(3, 0).sealed
-    assert s._streams[3].retention_ms == 10**9
+    assert s._state.streams[3].retention_ms == 10**9
     s.close()
 
 
@@ -290,11 +290,11 @@ def test_compaction_with_live_reader_views(store: Store) -> None:
     report = store.compact()
     assert report.segments_deleted or report.segments_compacted
     assert bytes(res.batches[0]) == held  # the old map stays valid while viewed
-    assert store._zombies
+    assert store._log.zombies
     for b in res.batches:
         b.release()
     store.compact()
-    assert not store._zombies
+    assert not store._log.zombies
 
 
 def test_corrupt_tail_is_cut_aside(tmp_path: Path) -> None:
@@ -303,12 +303,12 @@ def test_corrupt_tail_is_cut_aside(tmp_path: Path) -> None:
     for i in range(5):
         s.append(1, 0, make_batch(1, 100, fill=i))
     good = read_all(s, 1)
-    seg = s._active
+    seg = s._log.active
     assert seg is not None
     end, path = seg.end, seg.path
     s.sync_now()
     os.close(s._lock_fd)  # simulate a crash: no close(), no checkpoint
-    s._syncer.close()
+    s._log.syncer.close()
     with open(path, "r+b") as f:
         f.seek(end)
         f.write(b"\x53\x42\x53\x31garbage-after-a-torn-write")
@@ -328,13 +328,13 @@ def test_truncated_entry_is_cut_aside(tmp_path: Path) -> None:
     s.checkpoint()
     for i in range(4):
         s.append(1, 0, make_batch(1, 1000, fill=i))
-    seg = s._active
+    seg = s._log.active
     assert seg is not None
     last = seg.end - (36 + 53 + 1000)
     path, end = seg.path, seg.end
     s.sync_now()
     os.close(s._lock_fd)
-    s._syncer.close()
+    s._log.syncer.close()
     with open(path, "r+b") as f:  # a torn write: only the first 500 bytes of the last entry
         f.seek(last)
         torn = f.read(500)
@@ -415,7 +415,7 @@ def test_group_commit_shares_fsyncs(tmp_path: Path) -> None:
         async def one(i: int) -> None:
             out = s.append(1, 0, make_batch(1, 100, fill=i))
             await s.sync(out.log_position)
-            assert s._syncer.durable >= out.log_position
+            assert s._log.syncer.durable >= out.log_position
 
         await asyncio.gather(*(one(i) for i in range(50)))
 
@@ -432,10 +432,10 @@ def test_interval_policy_syncs_in_background(tmp_path: Path) -> None:
     out = s.append(1, 0, make_batch(1))
     asyncio.run(s.sync(out.log_position))  # returns at once
     for _ in range(200):
-        if s._syncer.durable >= out.log_position:
+        if s._log.syncer.durable >= out.log_position:
             break
         asyncio.run(asyncio.sleep(0.01))
-    assert s._syncer.durable >= out.log_position
+    assert s._log.syncer.durable >= out.log_position
     s.close()
 
 

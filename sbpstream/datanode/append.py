@@ -47,7 +47,7 @@ from sbpstream.protocol.messages import (
 from sbpstream.store import AppendOutcome
 
 if TYPE_CHECKING:
-    from sbpstream.datanode.node import DataNode
+    from sbpstream.datanode.context import NodeContext
 
 
 @dataclass(slots=True)
@@ -86,7 +86,7 @@ def split_payload(m: AppendRequest, payload: memoryview) -> list[memoryview]:
     return out
 
 
-async def replicate(dn: DataNode, rng: RangeInfo, written: list[Written]) -> None:
+async def replicate(ctx: NodeContext, rng: RangeInfo, written: list[Written]) -> None:
     """Return once every secondary of the range holds the written batches.
 
     The batches were queued for replication right after ``store.append`` (in offset order, see
@@ -99,16 +99,16 @@ async def replicate(dn: DataNode, rng: RangeInfo, written: list[Written]) -> Non
 
 
 class AppendHandler:
-    def __init__(self, dn: DataNode) -> None:
-        self.dn = dn
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     async def __call__(self, req: Request, resp: Responder) -> None:
-        dn = self.dn
+        ctx = self.ctx
         t0 = time.monotonic()
         m = AppendRequest.decode(req.header)
         batches = split_payload(m, memoryview(req.payload))
-        dn.metrics.c.append_requests += 1
-        dn.metrics.c.append_items += len(batches)
+        ctx.metrics.c.append_requests += 1
+        ctx.metrics.c.append_items += len(batches)
         timeout_s = (m.timeout_ms if m.timeout_ms > 0 else DEFAULT_APPEND_TIMEOUT_MS) / 1000.0
 
         now_results: list[AppendResult] = []
@@ -149,8 +149,8 @@ class AppendHandler:
         self._account(sent, t0)
 
     def _account(self, sent: list[AppendResult], t0: float) -> None:
-        self.dn.metrics.c.append_failed += sum(1 for r in sent if r.status.code)
-        self.dn.metrics.append_latency_ms.add((time.monotonic() - t0) * 1000.0)
+        self.ctx.metrics.c.append_failed += sum(1 for r in sent if r.status.code)
+        self.ctx.metrics.append_latency_ms.add((time.monotonic() - t0) * 1000.0)
 
     @staticmethod
     async def _respond(resp: Responder, first: list[AppendResult],
@@ -189,9 +189,9 @@ class AppendHandler:
     def _write(self, item: AppendItem, batch: memoryview, m: AppendRequest, *,
                allow_lookup: bool) -> Written | AppendResult | None:
         """Store one batch. None: the range is unknown here and the PM should be asked."""
-        dn = self.dn
+        ctx = self.ctx
         try:
-            rng = dn.resolve_range(item.stream_id, item.range_index)
+            rng = ctx.resolve_range(item.stream_id, item.range_index)
             if rng is None:
                 if allow_lookup:
                     return None
@@ -199,19 +199,19 @@ class AppendHandler:
                     f"stream {item.stream_id} range {item.range_index} is not on this node")
             if not m.replication and not rng.is_primary:
                 raise NotPrimaryError(
-                    f"node {dn.node_id} is not the primary of {rng.stream_id}/{rng.range_index}")
-            outcome = dn.store.append(item.stream_id, rng.range_index, batch,
+                    f"node {ctx.node_id} is not the primary of {rng.stream_id}/{rng.range_index}")
+            outcome = ctx.store.append(item.stream_id, rng.range_index, batch,
                                       assign_offset=not m.replication)
         except SbpError as exc:
             return _error(item, exc)
         replicated = None
-        if not m.replication and not outcome.duplicate and dn.replicators.needs(rng):
-            replicated = dn.replicators.get(rng).submit(batch, outcome.base_offset)
+        if not m.replication and not outcome.duplicate and ctx.replicators.needs(rng):
+            replicated = ctx.replicators.get(rng).submit(batch, outcome.base_offset)
         return Written(item, rng, outcome, time.time_ns() // 1_000_000, replicated)
 
     async def _after_lookup(self, stream_id: int, pending: list[tuple[AppendItem, memoryview]],
                             m: AppendRequest, timeout_s: float) -> list[AppendResult]:
-        await self.dn.lookup_stream(stream_id)
+        await self.ctx.lookup_stream(stream_id)
         out: list[AppendResult] = []
         written: list[Written] = []
         for item, batch in pending:
@@ -227,11 +227,11 @@ class AppendHandler:
     async def _complete(self, written: list[Written], m: AppendRequest,
                         timeout_s: float) -> list[AppendResult]:
         """Group commit, replicate, then publish the committed offsets and answer."""
-        dn = self.dn
+        ctx = self.ctx
         position = max(w.outcome.log_position for w in written)
         try:
             async with asyncio.timeout(timeout_s):  # no extra task, unlike wait_for
-                await dn.durable(position)
+                await ctx.durable(position)
         except TimeoutError:
             err = TimeoutError_(f"not durable within {timeout_s:.3f}s; retry (duplicates of "
                                 "idempotent producers are detected)")
@@ -243,14 +243,14 @@ class AppendHandler:
         for (sid, idx), ws in by_range.items():
             try:
                 if not m.replication:
-                    await replicate(dn, ws[0].rng, ws)
+                    await replicate(ctx, ws[0].rng, ws)
             except SbpError as exc:
                 out.extend(_error(w.item, exc) for w in ws)
                 continue
             top = max(w.outcome.next_offset for w in ws)
             if m.replication and m.committed_offset >= 0:
                 top = min(top, m.committed_offset)
-            dn.table.commit(sid, idx, top)
+            ctx.table.commit(sid, idx, top)
             out.extend(
                 AppendResult(stream_id=w.item.stream_id, request_index=w.item.request_index,
                              base_offset=w.outcome.base_offset,

@@ -33,7 +33,7 @@ from sbpstream.protocol.messages import (
 )
 
 if TYPE_CHECKING:
-    from sbpstream.datanode.node import DataNode
+    from sbpstream.datanode.context import NodeContext
 
 log = logging.getLogger("sbpstream.datanode")
 
@@ -51,31 +51,31 @@ def _check(n: int) -> None:
 
 
 class ControlHandlers:
-    def __init__(self, dn: DataNode) -> None:
-        self.dn = dn
-        self.rereplicator = Rereplicator(dn)
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self.rereplicator = Rereplicator(ctx)
 
     async def seal(self, req: Request, resp: Responder) -> None:
         """end_offset -1: stop writing, report the local end and producer states. end_offset
         >= 0: sealed there for good; anything stored past it is dropped."""
-        dn = self.dn
+        ctx = self.ctx
         m = SealRangesRequest.decode(req.header)
         _check(len(m.items))
         out: list[SealResult] = []
         for it in m.items:
             try:
                 final = it.end_offset >= 0
-                dn.replicators.drop(it.stream_id, it.range_index)
-                end = dn.store.seal_range(it.stream_id, it.range_index,
+                ctx.replicators.drop(it.stream_id, it.range_index)
+                end = ctx.store.seal_range(it.stream_id, it.range_index,
                                           it.end_offset if final else None)
                 if final:
-                    dn.set_committed(it.stream_id, it.range_index, end)
+                    ctx.set_committed(it.stream_id, it.range_index, end)
                 producers = tuple(
                     ProducerState(producer_id=p.producer_id, producer_epoch=p.epoch,
                                   last_sequence=p.last_sequence,
                                   last_base_offset=p.last_base_offset)
-                    for p in dn.store.producer_states(it.stream_id, it.range_index))
-                rng = dn.range_message(it.stream_id, it.range_index)
+                    for p in ctx.store.producer_states(it.stream_id, it.range_index))
+                rng = ctx.range_message(it.stream_id, it.range_index)
                 if not final:  # the end is not final yet: report the local end as next_offset
                     rng = Range(rng.stream_id, rng.range_index, rng.start_offset, end, -1,
                                 rng.replica_nodes)
@@ -91,24 +91,24 @@ class ControlHandlers:
         """Create the listed ranges here (idempotent) and remember their placement. A sealed
         range with data this node lacks is copied from another replica first (may take a
         while); its item is OK only once the copy is durable and sealed."""
-        dn = self.dn
+        ctx = self.ctx
         m = SyncRangesRequest.decode(req.header)
         _check(sum(len(sr.ranges) for sr in m.items))
         out: list[SyncResult] = []
         for sr in m.items:
             try:
                 for r in sr.ranges:  # a sealed range this node lacks: copy it first
-                    if needs_copy(dn, r):
+                    if needs_copy(ctx, r):
                         await self.rereplicator.copy(r)
-                got = tuple(dn.adopt_range(r) for r in sr.ranges)
+                got = tuple(ctx.adopt_range(r) for r in sr.ranges)
                 out.append(SyncResult(stream_id=sr.stream_id, ranges=got))
             except Exception as exc:  # per-item status
                 out.append(SyncResult(stream_id=sr.stream_id, status=_status(exc)))
-        dn.note_new_streams([sr.stream_id for sr in m.items])
+        ctx.note_new_streams([sr.stream_id for sr in m.items])
         await resp.send(SyncRangesResponse(items=tuple(out)).encode())
 
     async def describe(self, req: Request, resp: Responder) -> None:
-        dn = self.dn
+        ctx = self.ctx
         m = DescribeRangesRequest.decode(req.header)
         _check(len(m.items))
         out: list[DescribeRangeResult] = []
@@ -116,24 +116,24 @@ class ControlHandlers:
             try:
                 out.append(DescribeRangeResult(
                     stream_id=it.stream_id,
-                    range=dn.range_message(it.stream_id, it.range_index)))
+                    range=ctx.range_message(it.stream_id, it.range_index)))
             except Exception as exc:  # per-item status
                 out.append(DescribeRangeResult(stream_id=it.stream_id, status=_status(exc)))
         await resp.send(DescribeRangesResponse(items=tuple(out)).encode())
 
     async def trim(self, req: Request, resp: Responder) -> None:
-        dn = self.dn
+        ctx = self.ctx
         m = TrimStreamsRequest.decode(req.header)
         _check(len(m.items))
         out: list[TrimResult] = []
         for it in m.items:
             try:
-                dn.store.trim(it.stream_id, it.trim_offset)
-                start = dn.stream_start(it.stream_id)
+                ctx.store.trim(it.stream_id, it.trim_offset)
+                start = ctx.stream_start(it.stream_id)
                 log.info("event=trim stream_id=%d trim_offset=%d start_offset=%d",
                          it.stream_id, it.trim_offset, start)
                 out.append(TrimResult(stream=Stream(stream_id=it.stream_id, start_offset=start),
-                                      range=dn.first_range_message(it.stream_id)))
+                                      range=ctx.first_range_message(it.stream_id)))
             except Exception as exc:  # per-item status
                 out.append(TrimResult(stream=Stream(stream_id=it.stream_id),
                                       status=_status(exc)))
@@ -142,13 +142,13 @@ class ControlHandlers:
     async def delete(self, req: Request, resp: Responder) -> None:
         """The stream rejects writes (and reads) from now on; its bytes become garbage that
         compaction reclaims."""
-        dn = self.dn
+        ctx = self.ctx
         m = DeleteStreamsRequest.decode(req.header)
         _check(len(m.items))
         out: list[StreamResult] = []
         for it in m.items:
             try:
-                dn.delete_stream(it.stream_id)
+                ctx.delete_stream(it.stream_id)
                 out.append(StreamResult(stream=Stream(stream_id=it.stream_id)))
             except Exception as exc:  # per-item status
                 out.append(StreamResult(stream=Stream(stream_id=it.stream_id),

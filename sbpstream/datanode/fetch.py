@@ -39,7 +39,7 @@ from sbpstream.protocol.errors import (
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse, FetchResult, Status
 
 if TYPE_CHECKING:
-    from sbpstream.datanode.node import DataNode
+    from sbpstream.datanode.context import NodeContext
 
 
 @dataclass(slots=True)
@@ -84,24 +84,24 @@ class _Packer:
 
 
 class FetchHandler:
-    def __init__(self, dn: DataNode) -> None:
-        self.dn = dn
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     async def __call__(self, req: Request, resp: Responder) -> None:
-        dn = self.dn
+        ctx = self.ctx
         t0 = time.monotonic()
         m = FetchRequest.decode(req.header)
         if len(m.items) > MAX_FETCH_ITEMS:
             raise LimitExceededError(
                 f"{len(m.items)} items in one FETCH; at most {MAX_FETCH_ITEMS} are accepted")
-        dn.metrics.c.fetch_requests += 1
-        dn.metrics.c.fetch_items += len(m.items)
+        ctx.metrics.c.fetch_requests += 1
+        ctx.metrics.c.fetch_items += len(m.items)
         states = [_ItemState(it, it.fetch_offset, self._budget(it.batch_max_bytes))
                   for it in m.items]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
         min_bytes = max(m.min_bytes, 0)
-        out = _Packer(resp, dn.config.fetch_frame_bytes)
+        out = _Packer(resp, ctx.config.fetch_frame_bytes)
         wake = asyncio.Event()
         registered: list[StreamInfo] = []
         waited = 0.0
@@ -112,7 +112,7 @@ class FetchHandler:
                 # still wakes us (no lost wake-up).
                 wake.clear()
                 for st in states:
-                    s = dn.table.streams.get(st.item.stream_id)
+                    s = ctx.table.streams.get(st.item.stream_id)
                     if not st.done and s is not None and wake not in s.waiters:
                         s.waiters.add(wake)
                         registered.append(s)
@@ -120,7 +120,7 @@ class FetchHandler:
                     if not st.done:
                         failed += await self._poll(st, out)
                 remaining = deadline - loop.time()
-                if (out.total_bytes >= min_bytes or remaining <= 0 or dn.closing
+                if (out.total_bytes >= min_bytes or remaining <= 0 or ctx.closing
                         or all(st.done for st in states)):
                     break
                 await out.flush(end=False)  # what we have goes now; the rest as it arrives
@@ -136,8 +136,8 @@ class FetchHandler:
         finally:
             for s in registered:
                 s.waiters.discard(wake)
-        dn.metrics.c.fetch_failed += failed
-        dn.metrics.fetch_latency_ms.add((time.monotonic() - t0 - waited) * 1000.0)
+        ctx.metrics.c.fetch_failed += failed
+        ctx.metrics.fetch_latency_ms.add((time.monotonic() - t0 - waited) * 1000.0)
 
     @staticmethod
     def _budget(batch_max_bytes: int) -> int:
@@ -152,22 +152,22 @@ class FetchHandler:
         return FetchResult(
             stream_id=sid, request_index=st.item.request_index, batch_length=batch_length,
             status=status if status is not None else Status(),
-            start_offset=start, high_watermark=self.dn.table.high_watermark(sid),
+            start_offset=start, high_watermark=self.ctx.table.high_watermark(sid),
             range_end_offset=range_end)
 
     async def _poll(self, st: _ItemState, out: _Packer) -> int:
         """Read what is committed for one item into ``out``; returns 1 when the item failed."""
-        dn = self.dn
+        ctx = self.ctx
         it = st.item
         try:
             if st.offset < 0:
                 raise OffsetOutOfRangeError(f"fetch offset {st.offset} is negative")
-            if it.range_index >= 0 and dn.table.get(it.stream_id, it.range_index) is None:
+            if it.range_index >= 0 and ctx.table.get(it.stream_id, it.range_index) is None:
                 raise RangeNotFoundError(
                     f"range {it.stream_id}/{it.range_index} is not on this node")
-            hwm = dn.table.high_watermark(it.stream_id)
+            hwm = ctx.table.high_watermark(it.stream_id)
             while st.budget > 0:
-                res = dn.store.read(it.stream_id, st.offset, min(st.budget, out.frame_bytes),
+                res = ctx.store.read(it.stream_id, st.offset, min(st.budget, out.frame_bytes),
                                     max_offset=max(hwm, 0))
                 range_end = res.next_offset if res.range_end else -1
                 for i, view in enumerate(res.batches):
@@ -187,7 +187,7 @@ class FetchHandler:
             st.done = True
             return 0
         except SbpError as exc:
-            start = self._start_offset(it.stream_id) if isinstance(
+            start = ctx.stream_start(it.stream_id) if isinstance(
                 exc, OffsetTrimmedError | OffsetOutOfRangeError) else -1
             await out.add(self._result(st, 0, status=Status.of(exc), start=start))
         except Exception as exc:  # one item's failure never fails the request
@@ -195,11 +195,3 @@ class FetchHandler:
                 InternalError(f"{type(exc).__name__}: {exc}"))))
         st.done = True
         return 1
-
-    def _start_offset(self, stream_id: int) -> int:
-        """The stream's first readable offset here (after a trim), or -1."""
-        hwm = self.dn.table.high_watermark(stream_id)
-        try:
-            return self.dn.store.read(stream_id, max(hwm, 0), 1, max_offset=0).start_offset
-        except SbpError:
-            return -1

@@ -30,7 +30,7 @@ from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records.header import patch_base_offset
 
 if TYPE_CHECKING:
-    from sbpstream.datanode.node import DataNode
+    from sbpstream.datanode.context import NodeContext
     from sbpstream.datanode.ranges import RangeInfo
 
 log = logging.getLogger("sbpstream.datanode.replication")
@@ -53,8 +53,8 @@ class _Pending:
 
 
 class RangeReplicator:
-    def __init__(self, dn: DataNode, rng: RangeInfo) -> None:
-        self.dn = dn
+    def __init__(self, ctx: NodeContext, rng: RangeInfo) -> None:
+        self.ctx = ctx
         self.rng = rng
         self.queue: deque[_Pending] = deque()
         self.queued_bytes = 0
@@ -65,7 +65,7 @@ class RangeReplicator:
     @property
     def secondaries(self) -> list[str]:
         return [rn.data_node.advertise_addr for rn in self.rng.replicas
-                if rn.data_node.node_id != self.dn.node_id]
+                if rn.data_node.node_id != self.ctx.node_id]
 
     def submit(self, batch: memoryview, base_offset: int) -> asyncio.Future[None]:
         """Queue a batch just stored at ``base_offset``; the future resolves once replicated."""
@@ -158,7 +158,7 @@ class RangeReplicator:
                     f"{type(res).__name__}: {res}") from res
 
     async def _send(self, addr: str, header: bytes, payload: list[bytearray], n: int) -> None:
-        conn = await self.dn.pool.get(addr)
+        conn = await self.ctx.pool.get(addr)
         frames = await conn.request(Opcode.APPEND, header, payload, timeout_s=ROUND_TIMEOUT_S)
         answered = 0
         for f in frames:
@@ -181,12 +181,12 @@ class RangeReplicator:
 class Replicators:
     """The replicators of this node's primary ranges that have secondaries."""
 
-    def __init__(self, dn: DataNode) -> None:
-        self.dn = dn
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
         self.by_range: dict[tuple[int, int], RangeReplicator] = {}
 
     def needs(self, rng: RangeInfo) -> bool:
-        return any(rn.data_node.node_id != self.dn.node_id for rn in rng.replicas)
+        return any(rn.data_node.node_id != self.ctx.node_id for rn in rng.replicas)
 
     def get(self, rng: RangeInfo) -> RangeReplicator:
         key = (rng.stream_id, rng.range_index)
@@ -194,7 +194,7 @@ class Replicators:
         if r is None or r.rng is not rng:
             if r is not None:
                 r.close()  # the range was adopted again: the old replicator must not linger
-            r = self.by_range[key] = RangeReplicator(self.dn, rng)
+            r = self.by_range[key] = RangeReplicator(self.ctx, rng)
         return r
 
     def drop(self, stream_id: int, range_index: int | None = None) -> None:

@@ -27,7 +27,7 @@ from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records.header import BatchError, split_batches
 
 if TYPE_CHECKING:
-    from sbpstream.datanode.node import DataNode
+    from sbpstream.datanode.context import NodeContext
 
 log = logging.getLogger("sbpstream.datanode")
 
@@ -38,12 +38,12 @@ COPY_FETCH_TIMEOUT_S: Final = 30.0
 COPY_CONNECT_TIMEOUT_S: Final = 5.0
 
 
-def needs_copy(dn: DataNode, r: Range) -> bool:
+def needs_copy(ctx: NodeContext, r: Range) -> bool:
     """A sealed range with data that this node lacks (absent, or an unfinished earlier copy)."""
-    if r.end_offset <= r.start_offset or (r.replica_nodes and not dn.is_me(r.replica_nodes)):
+    if r.end_offset <= r.start_offset or (r.replica_nodes and not ctx.is_me(r.replica_nodes)):
         return False
     try:
-        st = dn.store.describe_range(r.stream_id, r.range_index)
+        st = ctx.store.describe_range(r.stream_id, r.range_index)
     except RangeNotFoundError:
         return True
     return not st.sealed and st.next_offset < r.end_offset
@@ -52,8 +52,8 @@ def needs_copy(dn: DataNode, r: Range) -> bool:
 class Rereplicator:
     """Copies sealed ranges into this node, one task per range."""
 
-    def __init__(self, dn: DataNode) -> None:
-        self.dn = dn
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
         self._inflight: dict[tuple[int, int], asyncio.Task[None]] = {}
 
     async def copy(self, r: Range) -> None:
@@ -67,16 +67,16 @@ class Rereplicator:
 
     def _sources(self, r: Range) -> list[str]:
         return [rn.data_node.advertise_addr for rn in r.replica_nodes
-                if rn.data_node.node_id != self.dn.node_id and rn.data_node.advertise_addr]
+                if rn.data_node.node_id != self.ctx.node_id and rn.data_node.advertise_addr]
 
     async def _copy(self, r: Range) -> None:
-        dn = self.dn
-        store = dn.store
+        ctx = self.ctx
+        store = ctx.store
         try:
             st = store.describe_range(r.stream_id, r.range_index)
         except RangeNotFoundError:
             st = store.create_range(r.stream_id, r.range_index, r.start_offset)
-        dn.table.ensure(r.stream_id, r.range_index, st.start_offset)
+        ctx.table.ensure(r.stream_id, r.range_index, st.start_offset)
         errors: list[str] = []
         t0 = time.monotonic()
         for addr in self._sources(r):
@@ -89,7 +89,7 @@ class Rereplicator:
                 continue
             await store.sync(store.log_position)
             end = store.seal_range(r.stream_id, r.range_index, r.end_offset)
-            dn.set_committed(r.stream_id, r.range_index, end)
+            ctx.set_committed(r.stream_id, r.range_index, end)
             log.info("event=range_copied stream_id=%d range_index=%d start_offset=%d "
                      "end_offset=%d source=%s bytes=%d elapsed_ms=%d", r.stream_id,
                      r.range_index, r.start_offset, end, addr, copied,
@@ -101,7 +101,7 @@ class Rereplicator:
 
     async def _copy_from(self, addr: str, r: Range) -> int:
         """Append [local next, end) fetched from ``addr``; returns the bytes copied."""
-        store = self.dn.store
+        store = self.ctx.store
         conn = await Connection.open(addr, connect_timeout_s=COPY_CONNECT_TIMEOUT_S)
         copied = 0
         try:

@@ -1,20 +1,18 @@
 """``Store.check()``: cross-check the index against the segments, every entry and batch CRC.
 
 Reads the whole log (O(log size)); meant for tests, tools and after recovery, not the hot path.
+Works on the engine's internal interface, ``StoreState`` (state.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sbpstream.records.header import BatchError, validate_batch
 from sbpstream.store.format import EntryError, EntryKind, decode_entry
 from sbpstream.store.index import Range, Stream, pack_loc, unpack_loc
 from sbpstream.store.segment import Segment
-
-if TYPE_CHECKING:
-    from sbpstream.store.engine import Store
+from sbpstream.store.state import StoreState
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,18 +24,19 @@ class _Stored:
     length: int
 
 
-def check(store: Store) -> list[str]:
+def check(state: StoreState) -> list[str]:
     findings: list[str] = []
     stored: dict[int, _Stored] = {}
-    for seg in sorted(store._segments.values(), key=lambda s: s.segment_id):
-        _check_segment(store, seg, stored, findings)
+    segments = state.log.segments
+    for seg in sorted(segments.values(), key=lambda s: s.segment_id):
+        _check_segment(seg, seg is state.log.active, stored, findings)
     live: dict[int, int] = {}
-    for s in store._streams.values():
+    for s in state.streams.values():
         if s.deleted and s.ranges:
             findings.append(f"stream {s.stream_id}: deleted but still has ranges")
         for r in s.ranges:
             _check_range(s, r, stored, live, findings)
-    for seg in store._segments.values():
+    for seg in segments.values():
         if seg.live_bytes != live.get(seg.segment_id, 0):
             findings.append(
                 f"segment {seg.segment_id}: live_bytes {seg.live_bytes}, index says "
@@ -47,7 +46,7 @@ def check(store: Store) -> list[str]:
 
 
 def _check_segment(
-    store: Store, seg: Segment, stored: dict[int, _Stored], findings: list[str]
+    seg: Segment, active: bool, stored: dict[int, _Stored], findings: list[str]
 ) -> None:
     if seg.end == 0:
         return
@@ -72,7 +71,7 @@ def _check_segment(
                 )
             body.release()
         position = entry.end
-    if seg is store._active:
+    if active:
         if seg.find_nonzero_end(seg.end) != seg.end:
             findings.append(f"segment {seg.segment_id}: non-zero bytes after its end {seg.end}")
     elif seg.end != seg.file_size:

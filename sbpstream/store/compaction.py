@@ -8,37 +8,36 @@ metadata (so a rebuild from the log alone still knows its ranges, seals, trim an
 Then: fsync the log, write the index checkpoint (which covers the copies), and only then unlink
 the old segments. A crash before the unlink leaves the old segment holding nothing live: the next
 compaction deletes it. A segment that fails its walk (corruption) is left alone and reported.
+Works on the engine's internal interface, ``StoreState`` (state.py).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from sbpstream.records.header import HEADER_STRUCT
 from sbpstream.store.format import EntryError, EntryKind, decode_entry
 from sbpstream.store.index import Stream, pack_loc
-from sbpstream.store.segment import Segment, fsync_dir
+from sbpstream.store.segment import Segment
+from sbpstream.store.state import StoreState
 from sbpstream.store.types import CompactionReport
-
-if TYPE_CHECKING:
-    from sbpstream.store.engine import Store
 
 log = logging.getLogger(__name__)
 
 
-def compact(store: Store) -> CompactionReport:
-    store._retry_zombies()
-    ratio = store.config.compaction_live_ratio
+def compact(state: StoreState) -> CompactionReport:
+    shared = state.log
+    shared.retry_zombies()
+    ratio = shared.config.compaction_live_ratio
     candidates = [
-        seg for seg in store._segments.values()
-        if seg is not store._active and seg.live_bytes < ratio * max(seg.end, 1)
+        seg for seg in shared.segments.values()
+        if seg is not shared.active and seg.live_bytes < ratio * max(seg.end, 1)
     ]
     copied, done, emptied = 0, [], []
     for seg in sorted(candidates, key=lambda s: s.segment_id):
         live_before = seg.live_bytes
         try:
-            copied += _copy_live(store, seg)
+            copied += _copy_live(state, seg)
         except EntryError as e:
             log.error("compaction skips %s: %s (run check())", seg.path, e)
             continue
@@ -47,21 +46,14 @@ def compact(store: Store) -> CompactionReport:
             emptied.append(seg.segment_id)
     if not done:
         return CompactionReport([], [], 0, 0)
-    store.checkpoint()  # fsyncs the copies, then the index that points at them
-    reclaimed = 0
-    for seg in done:
-        reclaimed += seg.end
-        del store._segments[seg.segment_id]
-        store._syncer.forget(seg)
-        seg.path.unlink()
-        if not seg.release():
-            store._zombies.append(seg)
-    fsync_dir(store._log_dir)
+    state.checkpoint()  # fsyncs the copies, then the index that points at them
+    reclaimed = sum(seg.end for seg in done)
+    shared.remove(done)
     moved = [s.segment_id for s in done if s.segment_id not in emptied]
     return CompactionReport(emptied, moved, copied, reclaimed)
 
 
-def _copy_live(store: Store, seg: Segment) -> int:
+def _copy_live(state: StoreState, seg: Segment) -> int:
     """Copy the live entries of ``seg`` forward; returns bytes copied."""
     buf = seg.buffer()
     touched: set[int] = set()
@@ -72,7 +64,7 @@ def _copy_live(store: Store, seg: Segment) -> int:
         if entry.kind is not EntryKind.BATCH:
             touched.add(entry.stream_id)
             continue
-        s = store._streams.get(entry.stream_id)
+        s = state.streams.get(entry.stream_id)
         r = s.get(entry.range_index) if s is not None and not s.deleted else None
         if r is None:
             continue
@@ -82,7 +74,7 @@ def _copy_live(store: Store, seg: Segment) -> int:
             continue
         raw = memoryview(buf)[entry.position : entry.end]
         try:
-            dest, at = store._write([raw], entry.length)
+            dest, at = state.log.write([raw], entry.length)
         finally:
             raw.release()
         r.set_loc(i, pack_loc(dest.segment_id, at))
@@ -90,23 +82,24 @@ def _copy_live(store: Store, seg: Segment) -> int:
         seg.live_bytes -= entry.length
         copied += entry.length
     for sid in sorted(touched):
-        s = store._streams.get(sid)
+        s = state.streams.get(sid)
         if s is not None:
-            _write_snapshot(store, s)
+            _write_snapshot(state, s)
     return copied
 
 
-def _write_snapshot(store: Store, s: Stream) -> None:
+def _write_snapshot(state: StoreState, s: Stream) -> None:
     """The stream's current metadata as fresh entries (each idempotent on replay)."""
+    write_meta = state.log.write_meta
     if s.deleted:
-        store._write_meta(EntryKind.DELETE, s.stream_id, -1, 0)
+        write_meta(EntryKind.DELETE, s.stream_id, -1, 0)
         return
     for r in s.ranges:
-        store._write_meta(EntryKind.CREATE_RANGE, s.stream_id, r.range_index, r.start_offset)
+        write_meta(EntryKind.CREATE_RANGE, s.stream_id, r.range_index, r.start_offset)
         if r.sealed:
-            store._write_meta(EntryKind.SEAL, s.stream_id, r.range_index, r.end_offset)
+            write_meta(EntryKind.SEAL, s.stream_id, r.range_index, r.end_offset)
     if s.start_offset:
-        store._write_meta(EntryKind.TRIM, s.stream_id, -1, s.start_offset)
+        write_meta(EntryKind.TRIM, s.stream_id, -1, s.start_offset)
     if s.retention_ms:
-        store._write_meta(EntryKind.RETENTION, s.stream_id, -1, s.retention_ms)
+        write_meta(EntryKind.RETENTION, s.stream_id, -1, s.retention_ms)
 
