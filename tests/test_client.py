@@ -232,7 +232,7 @@ async def test_sealed_range_failover_neither_loses_nor_duplicates(cluster: Local
                 futs.append(await p.send(sid, sent[-1]))
                 if i == 1000 and round_ < 3:
                     ranges = await admin.list_ranges(sid)
-                    await admin._seal_range(sid, ranges[-1].range_index)
+                    await admin.routing.seal(sid, ranges[-1].range_index)
             await asyncio.sleep(0.01)
         await p.flush()
     assert [f.result() for f in futs] == list(range(len(sent)))
@@ -247,20 +247,20 @@ async def test_range_lookups_are_coalesced(cluster: LocalCluster) -> None:
         ids = await c.create_streams(300)
         missing = 987_654_321
         calls: list[int] = []
-        real = c._pm_call
+        real = c.routing._pm_call
 
         async def counting(req: Any, resp_cls: Any) -> Any:
             calls.append(len(getattr(req, "items", ())))
             return await real(req, resp_cls)
 
-        c._pm_call = counting  # type: ignore[method-assign]
+        c.routing._pm_call = counting
         results = await asyncio.gather(*(c.list_ranges(s) for s in ids),
                                        c.list_ranges(missing), return_exceptions=True)
         assert calls == [301]
         assert all(isinstance(r, list) and r[0].range_index == 0 for r in results[:-1])
         assert isinstance(results[-1], SbpError) and "does not exist" in str(results[-1])
         # cached now: no more PM calls
-        await asyncio.gather(*(c._ranges_of(s) for s in ids))
+        await asyncio.gather(*(c.routing.ranges(s) for s in ids))
         assert calls == [301]
 
 
@@ -293,7 +293,7 @@ async def test_producer_finds_its_stored_batches_in_a_sealed_range(cluster: Loca
             offsets.append(await f1)
             assert await f2 == offsets[-1] + 1
             await (await other.send(sid, b"x"))
-        res = await c._seal_range(sid, 0)
+        res = await c.routing.seal(sid, 0)
         sealed = res.ranges[0]
         st = p._streams[sid]
         st.acked_next = -1  # as if nothing had been acknowledged
