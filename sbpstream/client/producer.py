@@ -72,6 +72,9 @@ MAX_IN_FLIGHT_PER_STREAM = 5
 # Batches of one stream in flight at once: the group-commit fsync of one overlaps the transfer
 # and write of the next (with 1, a stream's rate is one batch per round trip).
 DEFAULT_IN_FLIGHT_PER_STREAM = 4
+# The flow states the dispatcher tests per stream per round, looked up once (reading an enum
+# member off its class costs ~4x a module global on Python 3.11).
+SENDING, DRAINING, BROKEN = Flow.SENDING, Flow.DRAINING, Flow.BROKEN
 
 
 def _seq_le(a: int, b: int) -> bool:
@@ -333,8 +336,8 @@ class AsyncProducer:
         next_due: float | None = None
         groups: dict[str, list[tuple[_Stream, _Batch, Range]]] = {}
         for st in list(self._active):
-            if st.flow.state is not Flow.SENDING:
-                if st.flow.state is Flow.BROKEN:
+            if st.flow.state is not SENDING:
+                if st.flow.state is BROKEN:
                     self._fail_broken(st)
                 continue
             if len(st.in_flight) >= self._max_in_flight_per_stream:
@@ -496,7 +499,7 @@ class AsyncProducer:
 
     def _maybe_recover(self, st: _Stream) -> None:
         """Once every batch in flight on the stream has settled, recover the failed ones."""
-        if st.flow.state is not Flow.DRAINING:
+        if st.flow.state is not DRAINING:
             return
         if not all(b.error is not None for b in st.in_flight):
             return
