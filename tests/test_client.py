@@ -1,4 +1,5 @@
-"""The SDK against a real local cluster (PM + data nodes as processes on free ports)."""
+"""The SDK against a real local cluster (PM + data nodes as processes on free ports), and the
+producer's flow table on its own (pure)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from sbpstream.client import AsyncClient, Client, ConsumedRecord, Record, iter_columns
+from sbpstream.client.flow import TRANSITIONS, Flow, FlowEvent, FlowMachine, ProducerFlowError
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.server import Request, Responder, Server
 from sbpstream.protocol.errors import (
@@ -232,7 +236,7 @@ async def test_sealed_range_failover_neither_loses_nor_duplicates(cluster: Local
                 futs.append(await p.send(sid, sent[-1]))
                 if i == 1000 and round_ < 3:
                     ranges = await admin.list_ranges(sid)
-                    await admin._seal_range(sid, ranges[-1].range_index)
+                    await admin.routing.seal(sid, ranges[-1].range_index)
             await asyncio.sleep(0.01)
         await p.flush()
     assert [f.result() for f in futs] == list(range(len(sent)))
@@ -247,20 +251,20 @@ async def test_range_lookups_are_coalesced(cluster: LocalCluster) -> None:
         ids = await c.create_streams(300)
         missing = 987_654_321
         calls: list[int] = []
-        real = c._pm_call
+        real = c.routing._pm_call
 
         async def counting(req: Any, resp_cls: Any) -> Any:
             calls.append(len(getattr(req, "items", ())))
             return await real(req, resp_cls)
 
-        c._pm_call = counting  # type: ignore[method-assign]
+        c.routing._pm_call = counting
         results = await asyncio.gather(*(c.list_ranges(s) for s in ids),
                                        c.list_ranges(missing), return_exceptions=True)
         assert calls == [301]
         assert all(isinstance(r, list) and r[0].range_index == 0 for r in results[:-1])
         assert isinstance(results[-1], SbpError) and "does not exist" in str(results[-1])
         # cached now: no more PM calls
-        await asyncio.gather(*(c._ranges_of(s) for s in ids))
+        await asyncio.gather(*(c.routing.ranges(s) for s in ids))
         assert calls == [301]
 
 
@@ -293,7 +297,7 @@ async def test_producer_finds_its_stored_batches_in_a_sealed_range(cluster: Loca
             offsets.append(await f1)
             assert await f2 == offsets[-1] + 1
             await (await other.send(sid, b"x"))
-        res = await c._seal_range(sid, 0)
+        res = await c.routing.seal(sid, 0)
         sealed = res.ranges[0]
         st = p._streams[sid]
         st.acked_next = -1  # as if nothing had been acknowledged
@@ -302,3 +306,99 @@ async def test_producer_finds_its_stored_batches_in_a_sealed_range(cluster: Loca
         assert found == {2 * i: offsets[i] for i in range(3)}
         await p.close()
         await other.close()
+
+
+# ----------------------------------------------------------------- the producer's flow table
+# Pure: no cluster. Every (state, event) pair either moves as TRANSITIONS says or breaks the
+# stream's flow for good with a ProducerFlowError.
+
+ALL_PAIRS = [(s, e) for s in Flow for e in FlowEvent]
+
+
+@given(hst.sampled_from(ALL_PAIRS))
+@settings(max_examples=4 * len(ALL_PAIRS), deadline=None)
+def test_flow_every_state_event_pair(pair: tuple[Flow, FlowEvent]) -> None:
+    state, event = pair
+    m = FlowMachine()
+    m.state = state
+    expected = TRANSITIONS.get(pair)
+    if expected is not None:
+        assert m.process(event) is expected
+        assert m.error is None
+    else:
+        with pytest.raises(ProducerFlowError, match=f"{event.name} is not allowed in state "
+                                                    f"{state.name}"):
+            m.process(event)
+        assert m.state is Flow.BROKEN and m.error is not None
+        for again in FlowEvent:  # terminal: nothing leaves BROKEN, the first error is kept
+            first = m.error
+            with pytest.raises(ProducerFlowError):
+                m.process(again)
+            assert m.state is Flow.BROKEN and m.error is first
+
+
+def test_flow_walk_covers_every_pair() -> None:
+    """The property above is exhaustive over the pairs, not a sample of them."""
+    assert len(ALL_PAIRS) == len(Flow) * len(FlowEvent)
+    for state, event in ALL_PAIRS:
+        m = FlowMachine()
+        m.state = state
+        try:
+            got = m.process(event)
+        except ProducerFlowError:
+            got = Flow.BROKEN
+        assert got is TRANSITIONS.get((state, event), Flow.BROKEN)
+
+
+@given(hst.lists(hst.sampled_from(list(FlowEvent)), max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_flow_event_sequences_follow_the_table(events: list[FlowEvent]) -> None:
+    m = FlowMachine()
+    state = Flow.SENDING
+    for ev in events:
+        state = TRANSITIONS.get((state, ev), Flow.BROKEN)
+        try:
+            m.process(ev)
+        except ProducerFlowError:
+            assert state is Flow.BROKEN
+        assert m.state is state
+        assert (m.error is None) == (state is not Flow.BROKEN)
+
+
+def test_flow_table_shape() -> None:
+    """Only BROKEN is terminal; every other state is reachable from SENDING and gets back."""
+    assert not any(s is Flow.BROKEN for s, _ in TRANSITIONS)
+    assert Flow.BROKEN not in TRANSITIONS.values()
+    reach = {Flow.SENDING}
+    while True:
+        more = {new for (s, _), new in TRANSITIONS.items() if s in reach} - reach
+        if not more:
+            break
+        reach |= more
+    assert reach == set(Flow) - {Flow.BROKEN}
+    for s in reach - {Flow.SENDING}:
+        back, seen = {s}, set()
+        while back - seen:
+            seen |= back
+            back |= {new for (x, _), new in TRANSITIONS.items() if x in seen}
+        assert Flow.SENDING in back, s
+
+
+async def test_a_broken_flow_fails_the_streams_records_instead_of_hanging() -> None:
+    """A flow bug (an unexpected event) fails the stream's records with a clear error; the
+    producer's flush returns. No cluster: nothing is sent."""
+    async with AsyncClient("127.0.0.1:1") as c:
+        p = c.producer(linger_ms=60_000)
+        fut = await p.send(7, b"x")
+        with pytest.raises(ProducerFlowError):
+            p._streams[7].flow.process(FlowEvent.RECOVERY_DONE)  # not allowed in SENDING
+        async with asyncio.timeout(30):
+            await p.flush()
+        with pytest.raises(SbpError, match="RECOVERY_DONE is not allowed in state SENDING"):
+            await fut
+        fut2 = await p.send(7, b"y")  # BROKEN is terminal for the stream
+        async with asyncio.timeout(30):
+            await p.flush()
+        with pytest.raises(SbpError, match="RECOVERY_DONE"):
+            await fut2
+        await p.close()

@@ -109,7 +109,7 @@ async def test_kill_secondary_then_primary_loses_nothing(cluster: LocalCluster) 
         # seal the last range too, so every range has a final end on every replica
         ranges = await client.list_ranges(sid)
         assert len(ranges) >= 3, "the range with a dead primary was not sealed"
-        await client._seal_range(sid, ranges[-1].range_index)
+        await client.routing.seal(sid, ranges[-1].range_index)
         ranges = [r for r in await client.list_ranges(sid) if r.sealed]
         dead = {dn.address for dn in cluster.datanodes if not dn.running}
         stream: list[bytes] = []
@@ -146,7 +146,7 @@ async def test_old_primary_refuses_writes_after_seal(cluster: LocalCluster) -> N
 
         first = await append()
         assert first.items[0].status.ok and first.items[0].base_offset == 0
-        await client._seal_range(sid, 0)  # another writer failed over: the PM sealed range 0
+        await client.routing.seal(sid, 0)  # another writer failed over: the PM sealed range 0
         again = await append()
         assert again.items[0].status.code == RangeSealedError.code
         await conn.aclose()

@@ -46,7 +46,7 @@ async def test_sealed_range_is_rereplicated_after_replica_dies(cluster: LocalClu
         offsets = [await f for f in futs]
         assert sorted(offsets) == list(range(RECORDS))
 
-        await client._seal_range(sid, 0)
+        await client.routing.seal(sid, 0)
         r0 = (await client.list_ranges(sid))[0]
         assert r0.sealed and r0.end_offset == RECORDS
         before = {rn.data_node.node_id for rn in r0.replica_nodes}

@@ -103,7 +103,7 @@ def test_batch_read_equals_produced_across_ranges(
     s1, s2 = client.create_streams(2)
     produced = produce(client, s1, 300, tag="a") + produce(client, s2, 120, tag="b")
     sealed = client._async  # the PM's SEAL_RANGES through the client: range 0 -> range 1
-    client._runner.run(sealed._seal_range(s1, 0))
+    client._runner.run(sealed.routing.seal(s1, 0))
     produced += produce(client, s1, 200, tag="c")
     assert len(client.list_ranges(s1)) == 2
 
@@ -317,13 +317,13 @@ def test_stream_sink_replay_appends_nothing_twice(
     run()
     assert client.end_offset(dst) == 300, f"batch {replayed} was appended twice"
 
-    client._runner.run(client._async._seal_range(dst, client.list_ranges(dst)[-1].range_index))
+    client._runner.run(client._async.routing.seal(dst, client.list_ranges(dst)[-1].range_index))
     _drop_last_commit(ck)  # a replay across a seal of the target's range
     run()
     assert client.end_offset(dst) == 300
 
     for _ in range(3):  # a replay across several seals: older sealed ranges answer too
-        client._runner.run(client._async._seal_range(dst, client.list_ranges(dst)[-1].range_index))
+        client._runner.run(client._async.routing.seal(dst, client.list_ranges(dst)[-1].range_index))
     _drop_last_commit(ck)
     run()
     assert client.end_offset(dst) == 300, "a replay after several seals appended again"

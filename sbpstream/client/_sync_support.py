@@ -164,22 +164,16 @@ class ConsumerBase(SyncBase):
     def _after_close(self) -> None:
         pass
 
-    @property
-    def buffered(self) -> int:
-        """Records fetched but not yet returned by the iterator."""
-        return len(self._async._buffer)
-
     def __iter__(self) -> Self:
         return self
 
     def __next__(self) -> ConsumedRecord:
         a = self._async
-        buf = a._buffer
-        while not buf:
-            if a.at_end or a._closed:
+        while (rec := a.next_buffered()) is None:
+            if a.at_end or a.closed:
                 raise StopIteration
-            self._runner.run(a._fill(a.max_wait_ms))
-        return buf.popleft()
+            self._runner.run(a.fill())
+        return rec
 
     def __enter__(self) -> Self:
         return self

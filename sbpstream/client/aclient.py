@@ -1,14 +1,15 @@
 """The asyncio SDK client, written by hand. :mod:`sbpstream.client.sync` is generated from it.
 
 One :class:`AsyncClient` holds a connection pool (one multiplexed connection per server), the
-placement manager addresses (following PM_NOT_LEADER to the leader), and a cache of range
-metadata that is refreshed when a data node says it is stale. Admin calls go to the PM;
-:meth:`AsyncClient.producer` and :meth:`AsyncClient.consumer` move records.
+placement manager addresses (following PM_NOT_LEADER to the leader), and its
+:class:`~sbpstream.client.routing.RangeRouter` (``client.routing``): the cache of range metadata,
+refreshed when a data node says it is stale, seals, and data-node requests. Admin calls go to the
+PM; :meth:`AsyncClient.producer` and :meth:`AsyncClient.consumer` move records, through the
+router's public methods.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from typing import TypeVar
 from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts, is_connection_error
+from sbpstream.client.routing import RangeRouter, primary_address
 from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
     Compression,
@@ -35,7 +37,7 @@ from sbpstream.protocol.errors import (
     SbpError,
     StreamNotFoundError,
 )
-from sbpstream.protocol.frame import Buffer, Frame
+from sbpstream.protocol.frame import Frame
 from sbpstream.protocol.limits import DEFAULT_CONNECT_TIMEOUT_S
 from sbpstream.protocol.messages import (
     STATUS_OK,
@@ -49,14 +51,7 @@ from sbpstream.protocol.messages import (
     DescribeRangesResponse,
     DescribeStreamsRequest,
     DescribeStreamsResponse,
-    ListRangesRequest,
-    ListRangesResponse,
     Message,
-    SealItem,
-    SealRangesRequest,
-    SealRangesResponse,
-    SealResult,
-    StreamOwner,
     TrimItem,
     TrimStreamsRequest,
     TrimStreamsResponse,
@@ -71,10 +66,6 @@ M = TypeVar("M", bound=Message)
 MAX_REDIRECTS = 8  # PM_NOT_LEADER hops followed in a row before backing off
 LIST_PAGE_SIZE = 1000  # streams per DESCRIBE_STREAMS page when listing
 
-
-# Streams per coalesced LIST_RANGES request (well under the protocol's items-per-request limit,
-# and a response of this many streams' ranges stays far below the frame limit).
-MAX_RANGE_LOOKUPS_PER_REQUEST = 1000
 
 class AsyncClient:
     """Asyncio client of an sbpstream cluster.
@@ -99,9 +90,10 @@ class AsyncClient:
         self.retry = RetryPolicy(deadline_ms=retry_deadline_ms)
         self._pool = ConnectionPool(connect_timeout_s=connect_timeout_ms / 1000)
         self._leader: str | None = None
-        self._ranges: dict[int, list[Range]] = {}
-        self._range_waiters: dict[int, asyncio.Future[list[Range]]] = {}
-        self._range_flusher: asyncio.Task[None] | None = None
+        #: The range cache and data-node requests, shared by this client's producers and
+        #: consumers (see :class:`~sbpstream.client.routing.RangeRouter`).
+        self.routing = RangeRouter(self._pool, self._pm_call,
+                                   request_timeout_ms=request_timeout_ms, retry=self.retry)
         self._closed = False
 
     async def __aenter__(self) -> AsyncClient:
@@ -210,7 +202,7 @@ class AsyncClient:
         resp = await self._pm_call(req, TrimStreamsResponse)
         r = resp.items[0]
         r.status.raise_for_error()
-        self._ranges.pop(stream_id, None)
+        self.routing.invalidate(stream_id)
         if r.stream is None:
             return await self.describe_stream(stream_id)
         return r.stream
@@ -225,7 +217,7 @@ class AsyncClient:
         )
         resp = await self._pm_call(req, DeleteStreamsResponse)
         for sid in stream_ids:
-            self._ranges.pop(sid, None)
+            self.routing.invalidate(sid)
         for r in resp.items:
             r.status.raise_for_error()
 
@@ -237,11 +229,11 @@ class AsyncClient:
 
     async def list_ranges(self, stream_id: int) -> list[Range]:
         """The stream's ranges from the PM, by range index (the last one is writable)."""
-        return list(await self._ranges_of(stream_id, refresh=True))
+        return list(await self.routing.ranges(stream_id, refresh=True))
 
     async def describe_range(self, stream_id: int, range_index: int) -> Range:
         """One range; for the writable range the primary data node answers authoritatively."""
-        ranges = await self._ranges_of(stream_id)
+        ranges = await self.routing.ranges(stream_id)
         rng = next((r for r in ranges if r.range_index == range_index), None)
         req = DescribeRangesRequest(
             timeout_ms=self.request_timeout_ms,
@@ -251,7 +243,7 @@ class AsyncClient:
             primary = primary_address(rng)
             if primary:
                 try:
-                    frame = await self._dn_request(primary, req)
+                    frame = await self.routing.request(primary, req)
                     got = DescribeRangesResponse.decode(frame.header).items[0]
                     if got.status.ok and got.range is not None:
                         return got.range
@@ -267,13 +259,13 @@ class AsyncClient:
     async def start_offset(self, stream_id: int) -> int:
         """The stream's first readable offset."""
         stream = await self.describe_stream(stream_id)
-        ranges = await self._ranges_of(stream_id, refresh=True)
+        ranges = await self.routing.ranges(stream_id, refresh=True)
         first = ranges[0].start_offset if ranges else 0
         return max(stream.start_offset, first)
 
     async def end_offset(self, stream_id: int) -> int:
         """The offset the next record appended to the stream will get (its current end)."""
-        ranges = await self._ranges_of(stream_id, refresh=True)
+        ranges = await self.routing.ranges(stream_id, refresh=True)
         if not ranges:
             return 0
         last = ranges[-1]
@@ -397,109 +389,6 @@ class AsyncClient:
             )
         return last
 
-    async def _ranges_of(self, stream_id: int, *, refresh: bool = False) -> list[Range]:
-        """Cached ranges of a stream (from LIST_RANGES), by range index.
-
-        Lookups are coalesced: every stream asked for in the same event-loop turn (a producer or
-        consumers of 1,000 streams) goes to the PM in ONE LIST_RANGES request (up to
-        ``MAX_RANGE_LOOKUPS_PER_REQUEST`` streams each), not one round trip per stream.
-        """
-        cached = self._ranges.get(stream_id)
-        if cached is not None and not refresh:
-            return cached
-        fut = self._range_waiters.get(stream_id)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._range_waiters[stream_id] = fut
-            if self._range_flusher is None or self._range_flusher.done():
-                self._range_flusher = asyncio.get_running_loop().create_task(
-                    self._flush_range_lookups())
-        return await asyncio.shield(fut)
-
-    async def _flush_range_lookups(self) -> None:
-        await asyncio.sleep(0)  # let every task of this turn ask first
-        while self._range_waiters:
-            ids = list(self._range_waiters)[:MAX_RANGE_LOOKUPS_PER_REQUEST]
-            futs = {sid: self._range_waiters.pop(sid) for sid in ids}
-            try:
-                req = ListRangesRequest(
-                    timeout_ms=self.request_timeout_ms,
-                    items=tuple(StreamOwner(stream_id=sid) for sid in ids),
-                )
-                resp = await self._pm_call(req, ListRangesResponse)
-            except BaseException as exc:
-                for f in futs.values():
-                    if not f.done():
-                        f.set_exception(exc)
-                        f.exception()  # retrieved here: a cancelled caller must not warn
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            by_id = {item.stream_id: item for item in resp.items}
-            for sid, f in futs.items():
-                if f.done():
-                    continue
-                item = by_id.get(sid)
-                if item is None or item.status.code == ErrorCode.STREAM_NOT_FOUND:
-                    f.set_exception(StreamNotFoundError(f"stream {sid} does not exist"))
-                    f.exception()
-                elif not item.status.ok:
-                    f.set_exception(item.status.error())
-                    f.exception()
-                else:
-                    ranges = sorted(item.ranges, key=lambda r: r.range_index)
-                    self._ranges[sid] = ranges
-                    f.set_result(ranges)
-
-    def _invalidate(self, stream_id: int) -> None:
-        """Forget the cached ranges of a stream; the next use reads them again."""
-        self._ranges.pop(stream_id, None)
-
-    def _merge_ranges(self, stream_id: int, ranges: Sequence[Range]) -> None:
-        """Put fresher ranges (e.g. a seal result) into the cache."""
-        cur = {r.range_index: r for r in self._ranges.get(stream_id, [])}
-        for r in ranges:
-            cur[r.range_index] = r
-        self._ranges[stream_id] = [cur[i] for i in sorted(cur)]
-
-    async def _seal_range(self, stream_id: int, range_index: int) -> SealResult:
-        """Ask the PM to seal a range and open the next (SEAL_AND_NEW; idempotent)."""
-        req = SealRangesRequest(
-            timeout_ms=self.request_timeout_ms,
-            items=(SealItem(stream_id=stream_id, range_index=range_index, end_offset=-1),),
-        )
-        attempts = Attempts(self.retry)
-        while True:
-            resp = await self._pm_call(req, SealRangesResponse)
-            r = resp.items[0]
-            if r.status.ok:
-                self._merge_ranges(stream_id, r.ranges)
-                return r
-            err = r.status.error()
-            if not err.retriable:
-                raise err
-            await attempts.backoff(err)
-
-    async def _dn_request(
-        self, addr: str, req: Message, payload: Buffer | Sequence[Buffer] = b"",
-        timeout_ms: int | None = None,
-    ) -> Frame:
-        """One request to a data node (SDK plumbing; raises the system error of its frame)."""
-        conn = await self._pool.get(addr)
-        t = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        return await conn.request_one(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
-
-
-    async def _dn_request_all(
-        self, addr: str, req: Message, payload: Buffer | Sequence[Buffer] = b"",
-        timeout_ms: int | None = None,
-    ) -> list[Frame]:
-        """Like :meth:`_dn_request` for a response that may span several frames (APPEND
-        answers items as they complete); returns every frame, the END frame last."""
-        conn = await self._pool.get(addr)
-        t = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        return await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
-
 
 def _merge_frames(resp_cls: type[M], frames: Sequence[Frame]) -> M:
     """One response from the frames of a streamed answer: a PM may split a long list (e.g.
@@ -510,17 +399,3 @@ def _merge_frames(resp_cls: type[M], frames: Sequence[Frame]) -> M:
         return last
     items = tuple(it for d in decoded for it in d.items)  # type: ignore[attr-defined]
     return dataclasses.replace(last, items=items)  # type: ignore[type-var]
-
-
-def primary_address(rng: Range) -> str | None:
-    """The advertise address of a range's primary replica (None when it has none)."""
-    for rep in rng.replica_nodes:
-        if rep.is_primary:
-            return rep.data_node.advertise_addr
-    return None
-
-
-def replica_addresses(rng: Range) -> list[str]:
-    """Every replica's address, the primary first."""
-    reps = sorted(rng.replica_nodes, key=lambda r: not r.is_primary)
-    return [r.data_node.advertise_addr for r in reps if r.data_node.advertise_addr]

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from sbpstream.client.retry import REFRESH_CODES, Attempts
+from sbpstream.client.routing import replica_addresses
 from sbpstream.client.types import ColumnBatch, ConsumedRecord, Range, StartPosition
 from sbpstream.protocol.errors import (
     ErrorCode,
@@ -64,6 +65,7 @@ class AsyncConsumer:
         if auto_reset not in (None, "earliest", "none"):
             raise InvalidRequestError(f"bad auto_reset {auto_reset!r}: expected earliest or none")
         self._client = client
+        self._routing = client.routing
         self.stream_id = stream_id
         self._start = start
         self.end = end
@@ -97,6 +99,16 @@ class AsyncConsumer:
         """True when the last fetch found nothing past the position (the stream's end)."""
         pos = self.position
         return pos is not None and 0 <= self.high_watermark <= pos and not self._buffer
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (iteration has ended)."""
+        return self._closed
+
+    @property
+    def buffered(self) -> int:
+        """Records fetched but not yet returned."""
+        return len(self._buffer)
 
     def __aiter__(self) -> AsyncConsumer:
         return self
@@ -148,6 +160,27 @@ class AsyncConsumer:
                     self._position = got.offsets[-1] + 1
         return ColumnBatch(self.stream_id, start, self._position_or(start), self.high_watermark,
                            cols)
+
+    async def fill(self, timeout_ms: int | None = None) -> int:
+        """Fetch one round into the buffer unless records are buffered (or ``end`` was reached,
+        or the consumer is closed), waiting up to ``timeout_ms``; return the records buffered.
+
+        With :meth:`next_buffered` this is iteration in two steps: the sync consumer fetches on
+        its loop thread and hands records out on the caller's thread without crossing over.
+        """
+        if not self._buffer and not self.at_end and not self._closed:
+            await self._fill(self.max_wait_ms if timeout_ms is None else timeout_ms)
+        return len(self._buffer)
+
+    def next_buffered(self) -> ConsumedRecord | None:
+        """The next buffered record, without fetching (None when the buffer is empty)."""
+        return self._buffer.popleft() if self._buffer else None
+
+    async def fetch_batches(self, timeout_ms: int = 0) -> list[memoryview]:
+        """One FETCH round at the position, as the raw record batches that hold it (their
+        headers carry producer ids and sequences); the position does not move: :meth:`seek`
+        past them to go on. Errors are retried as for the records."""
+        return await self._fetch(timeout_ms)
 
     async def seek(self, offset: int) -> None:
         """Continue from ``offset``."""
@@ -223,16 +256,16 @@ class AsyncConsumer:
         if not exc.retriable:
             raise exc
         if self._attempts is None:
-            self._attempts = Attempts(self._client.retry)
+            self._attempts = Attempts(self._routing.retry)
         log.debug("event=fetch_retry stream=%d offset=%d error=%s", self.stream_id, pos, exc)
         if exc.code in REFRESH_CODES:
-            self._client._invalidate(self.stream_id)
+            self._routing.invalidate(self.stream_id)
         self._replica += 1
         await self._attempts.backoff(exc)
 
     async def _range_for(self, pos: int) -> Range | None:
         for refresh in (False, True):
-            ranges = await self._client._ranges_of(self.stream_id, refresh=refresh)
+            ranges = await self._routing.ranges(self.stream_id, refresh=refresh)
             if not ranges:
                 continue
             if pos < ranges[0].start_offset:
@@ -249,7 +282,7 @@ class AsyncConsumer:
         return None
 
     async def _fetch_from(self, rng: Range, pos: int, wait_ms: int) -> list[memoryview]:
-        addrs = _replicas(rng)
+        addrs = replica_addresses(rng)
         if not addrs:
             raise OffsetOutOfRangeError(f"range {rng.range_index} of stream {self.stream_id} "
                                         "has no replicas")
@@ -261,9 +294,8 @@ class AsyncConsumer:
                              batch_max_bytes=self.batch_max_bytes,
                              range_index=rng.range_index),),
         )
-        conn = await self._client._pool.get(addr)
-        timeout_s = (wait_ms + self._client.request_timeout_ms + FETCH_TIMEOUT_MARGIN_MS) / 1000
-        rs = await conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
+        timeout_s = (wait_ms + self._routing.request_timeout_ms + FETCH_TIMEOUT_MARGIN_MS) / 1000
+        rs = await self._routing.stream(addr, req, timeout_s=timeout_s)
         chunks: list[memoryview] = []
         range_end = -1
         async with rs:
@@ -288,10 +320,10 @@ class AsyncConsumer:
             end = range_end if range_end >= 0 else rng.end_offset
             if pos >= end:
                 if not rng.sealed:
-                    self._client._invalidate(self.stream_id)  # the PM sealed it meanwhile
-                ranges = await self._client._ranges_of(self.stream_id, refresh=not rng.sealed)
+                    self._routing.invalidate(self.stream_id)  # the PM sealed it meanwhile
+                ranges = await self._routing.ranges(self.stream_id, refresh=not rng.sealed)
                 if ranges and ranges[-1].range_index == rng.range_index and ranges[-1].sealed:
-                    self._client._invalidate(self.stream_id)  # the next range is not known yet
+                    self._routing.invalidate(self.stream_id)  # the next range is not known yet
         return chunks
 
     async def _check_out_of_range(self, pos: int, err: SbpError) -> None:
@@ -304,13 +336,8 @@ class AsyncConsumer:
             raise OffsetOutOfRangeError(
                 f"offset {pos} is beyond the end {end} of stream {self.stream_id}")
         # the position is inside the stream: our range metadata was stale; refresh and retry
-        self._client._invalidate(self.stream_id)
+        self._routing.invalidate(self.stream_id)
         raise err if err.retriable else RangeNotFoundError(err.message)
-
-
-def _replicas(rng: Range) -> list[str]:
-    reps = sorted(rng.replica_nodes, key=lambda r: not r.is_primary)
-    return [r.data_node.advertise_addr for r in reps if r.data_node.advertise_addr]
 
 
 def _truncate(cols: Columns, end: int) -> None:

@@ -287,6 +287,16 @@ class Consumer(ConsumerBase):
         """True when the last fetch found nothing past the position (the stream's end)."""
         return self._async.caught_up
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (iteration has ended)."""
+        return self._async.closed
+
+    @property
+    def buffered(self) -> int:
+        """Records fetched but not yet returned."""
+        return self._async.buffered
+
     def poll(self, max_records: int = 10000, timeout_ms: int | None = None) -> list[ConsumedRecord]:
         """Up to ``max_records`` records: buffered ones, else one fetch waiting ``timeout_ms``.
 
@@ -297,6 +307,26 @@ class Consumer(ConsumerBase):
     def poll_columns(self, timeout_ms: int | None = None) -> ColumnBatch:
         """One fetch round decoded as columns (the bulk path); may hold no records."""
         return self._runner.run(self._async.poll_columns(timeout_ms))
+
+    def fill(self, timeout_ms: int | None = None) -> int:
+        """Fetch one round into the buffer unless records are buffered (or ``end`` was reached,
+        or the consumer is closed), waiting up to ``timeout_ms``; return the records buffered.
+
+        With :meth:`next_buffered` this is iteration in two steps: the sync consumer fetches on
+        its loop thread and hands records out on the caller's thread without crossing over.
+        """
+        return self._runner.run(self._async.fill(timeout_ms))
+
+    def next_buffered(self) -> ConsumedRecord | None:
+        """The next buffered record, without fetching (None when the buffer is empty)."""
+        return self._runner.call(self._async.next_buffered)
+
+    def fetch_batches(self, timeout_ms: int = 0) -> list[memoryview]:
+        """One FETCH round at the position, as the raw record batches that hold it (their
+        headers carry producer ids and sequences); the position does not move: :meth:`seek`
+        past them to go on. Errors are retried as for the records.
+        """
+        return self._runner.run(self._async.fetch_batches(timeout_ms))
 
     def seek(self, offset: int) -> None:
         """Continue from ``offset``."""

@@ -52,9 +52,6 @@ from sbpstream.protocol.messages import (
     AppendItem,
     AppendRequest,
     AppendResponse,
-    SealItem,
-    SealRangesRequest,
-    SealRangesResponse,
 )
 from sbpstream.records import BatchBuilder
 from sbpstream.spark.meta import replica_addresses
@@ -188,16 +185,14 @@ class Appender:
         sealed = [r for r in reversed(ranges) if r.sealed and r.end_offset > r.start_offset]
         for i in range(0, len(sealed), SEAL_LOOKUP_CHUNK):
             chunk = sealed[i : i + SEAL_LOOKUP_CHUNK]
-            req = SealRangesRequest(timeout_ms=self.opts.timeout_ms, items=tuple(
-                SealItem(stream_id=self.stream_id, range_index=r.range_index, end_offset=-1)
-                for r in chunk))
             try:
-                resp = await self.client._pm_call(req, SealRangesResponse)
+                items = await self.client.routing.sealed_states(
+                    self.stream_id, [r.range_index for r in chunk])
             except SbpError as exc:
                 log.warning("event=sink_prior_seal_unknown stream=%d error=%s", self.stream_id,
                             exc)
                 break
-            for item in sorted(resp.items, key=lambda it: -max(
+            for item in sorted(items, key=lambda it: -max(
                     (r.range_index for r in it.ranges), default=-1)):
                 if not item.status.ok:
                     log.warning("event=sink_prior_seal_unknown stream=%d error=%s",
@@ -215,7 +210,7 @@ class Appender:
         if not ranges:
             raise RuntimeError(f"option 'stream': stream {self.stream_id} has no ranges")
         if ranges[-1].sealed:
-            res = await self.client._seal_range(self.stream_id, ranges[-1].range_index)
+            res = await self.client.routing.seal(self.stream_id, ranges[-1].range_index)
             self.range = res.ranges[-1] if res.ranges else None
         else:
             self.range = ranges[-1]
@@ -252,7 +247,7 @@ class Appender:
                     f"{self.opts.timeout_ms} ms (option 'timeoutMs')"
                 )
             if code in MOVE_CODES:
-                res = await self.client._seal_range(self.stream_id, rng.range_index)
+                res = await self.client.routing.seal(self.stream_id, rng.range_index)
                 last = (base_sequence + count - 1) % SEQUENCE_WRAP
                 for p in res.producers:
                     if p.producer_id == self.producer_id and p.last_sequence >= last:

@@ -1,0 +1,217 @@
+"""Where a stream's records live and how to reach them: the client's range routing.
+
+One :class:`RangeRouter` per :class:`~sbpstream.client.aclient.AsyncClient` holds the cache of
+range metadata (from LIST_RANGES, coalesced across streams), asks the PM to seal a range
+(SEAL_AND_NEW), and sends requests to data nodes over the client's connection pool. Producers,
+consumers and the Spark sink use it through its public methods only; the client's admin calls
+keep the cache fresh (trim and delete forget a stream's ranges).
+
+The router never retries a data-node request itself: what to do after an error (another replica,
+a seal, a refresh) is the caller's policy; :meth:`RangeRouter.invalidate` and
+``ranges(..., refresh=True)`` are how it asks for fresh metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from sbpstream.client.retry import Attempts
+from sbpstream.client.types import Range, RetryPolicy
+from sbpstream.net.client import ConnectionPool, ResponseStream
+from sbpstream.protocol.errors import ErrorCode, StreamNotFoundError
+from sbpstream.protocol.frame import Buffer, Frame
+from sbpstream.protocol.messages import (
+    ListRangesRequest,
+    ListRangesResponse,
+    Message,
+    SealItem,
+    SealRangesRequest,
+    SealRangesResponse,
+    SealResult,
+    StreamOwner,
+)
+
+M = TypeVar("M", bound=Message)
+
+# Streams per coalesced LIST_RANGES request (well under the protocol's items-per-request limit,
+# and a response of this many streams' ranges stays far below the frame limit).
+MAX_RANGE_LOOKUPS_PER_REQUEST = 1000
+
+
+class PmCall(Protocol):
+    """Send a request to the PM leader and decode its answer (following redirects, retrying)."""
+
+    async def __call__(self, req: Message, resp_cls: type[M]) -> M: ...
+
+
+def primary_address(rng: Range) -> str | None:
+    """The advertise address of a range's primary replica (None when it has none)."""
+    for rep in rng.replica_nodes:
+        if rep.is_primary and rep.data_node.advertise_addr:
+            return rep.data_node.advertise_addr
+    return None
+
+
+def replica_addresses(rng: Range) -> list[str]:
+    """Every replica's address, the primary first."""
+    reps = sorted(rng.replica_nodes, key=lambda r: not r.is_primary)
+    return [r.data_node.advertise_addr for r in reps if r.data_node.advertise_addr]
+
+
+class RangeRouter:
+    """Range cache, seal requests and data-node requests of one client.
+
+    ``request_timeout_ms`` bounds one data-node or PM request; ``retry`` bounds the retries of a
+    seal whose answer is RETRIABLE.
+    """
+
+    def __init__(
+        self, pool: ConnectionPool, pm_call: PmCall, *, request_timeout_ms: int,
+        retry: RetryPolicy,
+    ) -> None:
+        self._pool = pool
+        self._pm_call = pm_call
+        self.request_timeout_ms = request_timeout_ms
+        self.retry = retry
+        self._ranges: dict[int, list[Range]] = {}
+        self._waiters: dict[int, asyncio.Future[list[Range]]] = {}
+        self._flusher: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------------------- the cache
+
+    def cached(self, stream_id: int) -> list[Range] | None:
+        """The cached ranges of a stream, by range index (None when not looked up)."""
+        return self._ranges.get(stream_id)
+
+    def writable(self, stream_id: int) -> Range | None:
+        """The stream's writable range as cached (None: not cached, or its last one is sealed)."""
+        ranges = self._ranges.get(stream_id)
+        if ranges and not ranges[-1].sealed:
+            return ranges[-1]
+        return None
+
+    def invalidate(self, stream_id: int) -> None:
+        """Forget the cached ranges of a stream; the next use reads them again."""
+        self._ranges.pop(stream_id, None)
+
+    def merge(self, stream_id: int, ranges: Sequence[Range]) -> None:
+        """Put fresher ranges (e.g. a seal result) into the cache."""
+        cur = {r.range_index: r for r in self._ranges.get(stream_id, [])}
+        for r in ranges:
+            cur[r.range_index] = r
+        self._ranges[stream_id] = [cur[i] for i in sorted(cur)]
+
+    async def ranges(self, stream_id: int, *, refresh: bool = False) -> list[Range]:
+        """Cached ranges of a stream (from LIST_RANGES), by range index.
+
+        Lookups are coalesced: every stream asked for in the same event-loop turn (a producer or
+        consumers of 1,000 streams) goes to the PM in ONE LIST_RANGES request (up to
+        ``MAX_RANGE_LOOKUPS_PER_REQUEST`` streams each), not one round trip per stream.
+        """
+        cached = self._ranges.get(stream_id)
+        if cached is not None and not refresh:
+            return cached
+        fut = self._waiters.get(stream_id)
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            self._waiters[stream_id] = fut
+            if self._flusher is None or self._flusher.done():
+                self._flusher = loop.create_task(self._flush_lookups())
+        return await asyncio.shield(fut)
+
+    async def _flush_lookups(self) -> None:
+        await asyncio.sleep(0)  # let every task of this turn ask first
+        while self._waiters:
+            ids = list(self._waiters)[:MAX_RANGE_LOOKUPS_PER_REQUEST]
+            futs = {sid: self._waiters.pop(sid) for sid in ids}
+            try:
+                req = ListRangesRequest(
+                    timeout_ms=self.request_timeout_ms,
+                    items=tuple(StreamOwner(stream_id=sid) for sid in ids),
+                )
+                resp = await self._pm_call(req, ListRangesResponse)
+            except BaseException as exc:
+                for f in futs.values():
+                    if not f.done():
+                        f.set_exception(exc)
+                        f.exception()  # retrieved here: a cancelled caller must not warn
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            by_id = {item.stream_id: item for item in resp.items}
+            for sid, f in futs.items():
+                if f.done():
+                    continue
+                item = by_id.get(sid)
+                if item is None or item.status.code == ErrorCode.STREAM_NOT_FOUND:
+                    f.set_exception(StreamNotFoundError(f"stream {sid} does not exist"))
+                    f.exception()
+                elif not item.status.ok:
+                    f.set_exception(item.status.error())
+                    f.exception()
+                else:
+                    ranges = sorted(item.ranges, key=lambda r: r.range_index)
+                    self._ranges[sid] = ranges
+                    f.set_result(ranges)
+
+    # ---------------------------------------------------------------------------------- seals
+
+    async def seal(self, stream_id: int, range_index: int) -> SealResult:
+        """Ask the PM to seal a range and open the next (SEAL_AND_NEW; idempotent).
+
+        RETRIABLE answers are retried under ``retry``; the result's ranges go into the cache.
+        """
+        req = SealRangesRequest(
+            timeout_ms=self.request_timeout_ms,
+            items=(SealItem(stream_id=stream_id, range_index=range_index, end_offset=-1),),
+        )
+        attempts = Attempts(self.retry)
+        while True:
+            resp = await self._pm_call(req, SealRangesResponse)
+            r = resp.items[0]
+            if r.status.ok:
+                self.merge(stream_id, r.ranges)
+                return r
+            err = r.status.error()
+            if not err.retriable:
+                raise err
+            await attempts.backoff(err)
+
+    async def sealed_states(
+        self, stream_id: int, range_indexes: Sequence[int]
+    ) -> tuple[SealResult, ...]:
+        """One SEAL_RANGES request for already sealed ranges: each answers the producer states
+        stored at its seal (idempotent). Per-range errors are in the results, not raised."""
+        req = SealRangesRequest(timeout_ms=self.request_timeout_ms, items=tuple(
+            SealItem(stream_id=stream_id, range_index=i, end_offset=-1) for i in range_indexes))
+        resp = await self._pm_call(req, SealRangesResponse)
+        return resp.items
+
+    # ----------------------------------------------------------------------- data-node requests
+
+    async def request(
+        self, addr: str, req: Message, payload: Buffer | Sequence[Buffer] = b"",
+        timeout_ms: int | None = None,
+    ) -> Frame:
+        """One request to a data node whose answer is one frame (raises its system error)."""
+        conn = await self._pool.get(addr)
+        t = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        return await conn.request_one(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+
+    async def request_all(
+        self, addr: str, req: Message, payload: Buffer | Sequence[Buffer] = b"",
+        timeout_ms: int | None = None,
+    ) -> list[Frame]:
+        """Like :meth:`request` for an answer that may span several frames (APPEND answers
+        items as they complete); returns every frame, the END frame last."""
+        conn = await self._pool.get(addr)
+        t = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        return await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+
+    async def stream(self, addr: str, req: Message, *, timeout_s: float) -> ResponseStream:
+        """Send a request to a data node; iterate its answer's frames (FETCH long-polls)."""
+        conn = await self._pool.get(addr)
+        return await conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
