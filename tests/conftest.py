@@ -4,12 +4,14 @@ put in exactly one tier from what it uses.
 Tiers (markers, registered in pyproject.toml):
 
 * ``spark``: needs the JVM (the ``spark`` fixture, a SparkSession);
-* ``adversity``: injects a fault: the fault proxy (:class:`tcp_proxy.TcpProxy`), kill -9,
-  SIGSTOP (``kill``, ``pause``, ``SIGKILL``, ``SIGSTOP``);
-* ``integration``: real processes or sockets (LocalCluster, a PM or data node process, etcd, a
-  ``Server``/``Connection`` on loopback, subprocess);
-* ``unit``: everything else, in-process and pure (temporary files allowed), the seconds tier:
-  ``pytest -m unit``.
+* ``adversity``: injects a fault: the fault proxy (:class:`tcp_proxy.TcpProxy` in the test or
+  one of its fixtures, ``set_faults``, ``cut``), kill -9, SIGSTOP (``kill``, ``pause``,
+  ``SIGKILL``, ``SIGSTOP``);
+* ``integration``: real processes, sockets or files (LocalCluster, a PM or data node process,
+  etcd: any ``Etcd*`` class or ``*etcd*`` fixture, a ``Server``/``Connection`` on loopback,
+  subprocess, a ``tmp_path`` or ``tempfile`` directory: the store engine and the SQLite
+  metadata tests live here);
+* ``unit``: everything else, in-process and pure, the seconds tier: ``pytest -m unit``.
 
 "What a test uses" is read from code, not declared: the names the test function refers to, and
 those of the module-level helpers it calls, for the fault signals; for the process/socket
@@ -38,7 +40,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 SPARK_FIXTURES = frozenset({"spark"})
 SPARK_NAMES = frozenset({"SparkSession", "pyspark"})
-FAULT_NAMES = frozenset({"TcpProxy", "kill", "pause", "SIGKILL", "SIGSTOP"})
+FAULT_NAMES = frozenset({"TcpProxy", "set_faults", "cut", "kill", "pause", "SIGKILL", "SIGSTOP"})
+FAULT_FIXTURE_NAMES = frozenset({"TcpProxy"})
+DISK_FIXTURES = frozenset({"tmp_path", "tmp_path_factory", "tmpdir", "tmpdir_factory"})
+DISK_NAMES = frozenset({"tempfile", "mkdtemp", "TemporaryDirectory", "NamedTemporaryFile"})
 PROCESS_NAMES = frozenset({
     "LocalCluster", "Node", "Server", "Connection", "ConnectionPool", "AsyncClient",
     "EtcdServer", "TcpProxy", "Popen", "subprocess", "socket", "open_connection",
@@ -56,12 +61,16 @@ def pytest_asyncio_loop_factories(
 
 
 def _is_ours(obj: object) -> bool:
-    """A function or class defined in a file of tests/ (helpers we look inside)."""
+    """A function or class defined in a file of tests/ other than this one (helpers and
+    fixtures we look inside; this file's own guard fixture names what it refuses)."""
     try:
         source = inspect.getsourcefile(obj)  # type: ignore[arg-type]
     except TypeError:
         return False
-    return source is not None and Path(source).resolve().parent == TESTS_DIR
+    if source is None:
+        return False
+    path = Path(source).resolve()
+    return path.parent == TESTS_DIR and path != Path(__file__).resolve()
 
 
 def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
@@ -94,8 +103,11 @@ def _names_used(obj: object, *, into_classes: bool, seen: set[int] | None = None
         return set()
     names = {n for c in _codes(code) for n in c.co_names}
     module_globals: dict[str, Any] = getattr(fn, "__globals__", {})
-    for name in list(names):
-        target = module_globals.get(name)
+    targets = [module_globals.get(name) for name in names]
+    # closures too: hypothesis' state machine TestCase reaches its machine class through one
+    targets += [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
+                if cell.cell_contents is not None]
+    for target in targets:
         if (isinstance(target, types.FunctionType | type) and target is not obj
                 and _is_ours(target)):
             names |= _names_used(target, into_classes=into_classes, seen=seen)
@@ -130,9 +142,10 @@ def tier_of(item: pytest.Item) -> str:
     everything = own | fixture_used | _names_used(func, into_classes=True)
     if fixtures & SPARK_FIXTURES or everything & SPARK_NAMES:
         return "spark"
-    if own & FAULT_NAMES:
+    if own & FAULT_NAMES or fixture_used & FAULT_FIXTURE_NAMES:
         return "adversity"
-    if everything & PROCESS_NAMES:
+    if (everything & (PROCESS_NAMES | DISK_NAMES) or fixtures & DISK_FIXTURES
+            or any("Etcd" in n for n in everything) or any("etcd" in f for f in fixtures)):
         return "integration"
     return "unit"
 

@@ -25,7 +25,9 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_INTERVAL_S = 0.05
 
 
-def _failure(what: str, timeout: float, last: object, error: BaseException | None) -> AssertionError:
+def _failure(
+    what: str, timeout: float, last: object, error: BaseException | None
+) -> AssertionError:
     detail = f"; last error: {error!r}" if error is not None else f"; last value: {last!r}"
     return AssertionError(f"{what} not true within {timeout}s{detail}")
 
