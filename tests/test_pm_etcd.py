@@ -6,7 +6,6 @@ test_pm_etcd_cluster.py.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 from collections.abc import AsyncIterator, Iterator
