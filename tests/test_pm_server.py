@@ -14,14 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from waiting import eventually_async
+from waiting import eventually, eventually_async
 
 from sbpstream.net.client import Connection
 from sbpstream.net.server import Request, Responder, Server
@@ -69,11 +68,13 @@ class PmProcess:
                  "--node-timeout-ms", str(NODE_TIMEOUT_MS)],
                 stdout=subprocess.DEVNULL, stderr=logf,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while self._log_text().count("event=pm_started") <= started_before:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"PM did not start:\n{self._log_text()}")
-            time.sleep(0.02)
+        proc = self.proc
+
+        def started() -> bool:
+            assert proc.poll() is None, f"PM exited:\n{self._log_text()}"
+            return self._log_text().count("event=pm_started") > started_before
+
+        eventually(started, timeout=START_TIMEOUT_S, interval=0.02, what="the PM started")
 
     def _log_text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
