@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DATA   ?= data
 PYTEST_ARGS ?=
 
-.PHONY: run test install sysdeps lint typecheck unit bench clean
+.PHONY: run test install sysdeps lint typecheck unit tier bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sbpstream needs Python >= 3.11"'
@@ -32,6 +32,11 @@ lint: install
 
 unit: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# one tier of the suite: make tier TIER=unit (seconds), integration, adversity or spark
+TIER ?= unit
+tier: install
+	$(BIN)/python -m pytest -q -m $(TIER) $(PYTEST_ARGS)
 
 test: install sysdeps lint unit
 

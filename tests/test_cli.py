@@ -6,12 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from waiting import eventually
 
 from sbpstream.cli import app
 from sbpstream.cluster import ping
@@ -40,11 +40,11 @@ def pm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     addr = f"127.0.0.1:{pm_port}"
     try:
-        deadline = time.monotonic() + 60
-        while not (ping(addr) and ping(f"127.0.0.1:{dn_port}")):
+        def up() -> bool:
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "sbpstream up did not come up"
-            time.sleep(0.2)
+            return ping(addr) and ping(f"127.0.0.1:{dn_port}")
+
+        eventually(up, timeout=60, interval=0.2, what="sbpstream up serving")
         yield addr
     finally:
         proc.send_signal(signal.SIGTERM)

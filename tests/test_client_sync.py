@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from pathlib import Path
 
 import pytest
+from waiting import eventually
 
 from sbpstream.client import (
     AsyncClient,
@@ -69,6 +71,11 @@ def test_codec_names() -> None:
 
 
 def test_sync_client_closes_its_thread() -> None:
+    before = set(threading.enumerate())
     c = Client("127.0.0.1:1")
+    started = [t for t in threading.enumerate() if t not in before]
+    assert len(started) == 1 and started[0].is_alive()  # the client's private loop thread
     c.close()
+    eventually(lambda: not started[0].is_alive(), timeout=10, what="the loop thread gone")
     c.close()  # idempotent
+    assert set(threading.enumerate()) <= before

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
 from pathlib import Path
+
+from waiting import eventually_async
 
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
@@ -39,17 +40,14 @@ async def test_pm_and_datanode_export_metrics(tmp_path: Path) -> None:
                 futs = [await p.send(sid, b"x" * 100) for _ in range(50)]
                 await p.flush()
                 assert [await f for f in futs] == list(range(50))
-        deadline = time.monotonic() + SCRAPE_TIMEOUT_S
-        while True:
+        async def appends_counted() -> str | None:
             dn = await asyncio.to_thread(scrape, dn_port)
-            try:
-                appended = value(dn, 'sbpstream_datanode_requests_total{opcode="APPEND"}')
-                if appended >= 1 and value(dn, "sbpstream_datanode_store_bytes_written_total"):
-                    break
-            except KeyError:
-                pass
-            assert time.monotonic() < deadline, f"no APPEND figures in:\n{dn[:2000]}"
-            await asyncio.sleep(0.3)
+            appended = value(dn, 'sbpstream_datanode_requests_total{opcode="APPEND"}')
+            written = value(dn, "sbpstream_datanode_store_bytes_written_total")
+            return dn if appended >= 1 and written else None
+
+        dn = await eventually_async(appends_counted, timeout=SCRAPE_TIMEOUT_S, interval=0.3,
+                                    retry_on=(KeyError,), what="APPEND figures scraped")
         assert value(dn, "sbpstream_datanode_streams") == 1
         assert value(dn, "sbpstream_datanode_store_fsyncs_total") >= 1
         assert "# TYPE sbpstream_datanode_connections_open gauge" in dn

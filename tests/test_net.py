@@ -8,6 +8,7 @@ import socket
 import struct
 
 import pytest
+from waiting import eventually_async
 
 from sbpstream.net.client import Connection, ConnectionPool
 from sbpstream.net.ports import free_port
@@ -161,15 +162,13 @@ async def test_peer_dies_mid_response_fails_pending_at_once() -> None:
     first = await rs[0].__anext__()
     assert bytes(first.header) == b"first"
     await started.wait()
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
     for conn in list(s.connections):
         conn.abort()
+    # the handler never ends on its own: only the dead connection can end these responses
     for r in rs:
         with pytest.raises(ConnectionClosedError):
             async for _ in r:
                 pass
-    assert loop.time() - t0 < 5
     await s.close(drain_timeout_s=0.5)
 
 
@@ -206,8 +205,10 @@ async def test_slow_reader_server_stops_buffering_at_cap() -> None:
 
 async def test_goaway_from_server_drains_in_flight() -> None:
     release = asyncio.Event()
+    arrived = asyncio.Event()
 
     async def slow(req: Request, resp: Responder) -> None:
+        arrived.set()
         await release.wait()
         await resp.send(b"done")
 
@@ -215,10 +216,9 @@ async def test_goaway_from_server_drains_in_flight() -> None:
     await s.start("127.0.0.1", 0)
     c = await Connection.open(s.address)
     pending = asyncio.ensure_future(c.request_one(Opcode.APPEND))
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(arrived.wait(), 5)
     closing = asyncio.ensure_future(s.close(drain_timeout_s=10))
-    await asyncio.sleep(0.1)
-    assert c.goaway is not None
+    await eventually_async(lambda: c.goaway is not None, timeout=5, what="GOAWAY at the client")
     with pytest.raises(ShuttingDownError):
         await c.request_one(Opcode.APPEND)
     release.set()
@@ -230,8 +230,10 @@ async def test_goaway_from_server_drains_in_flight() -> None:
 
 async def test_goaway_from_client_drains_then_server_closes() -> None:
     release = asyncio.Event()
+    arrived = asyncio.Event()
 
     async def slow(req: Request, resp: Responder) -> None:
+        arrived.set()
         await release.wait()
         await resp.send(b"ok")
 
@@ -239,9 +241,10 @@ async def test_goaway_from_client_drains_then_server_closes() -> None:
     await s.start("127.0.0.1", 0)
     c = await Connection.open(s.address)
     pending = asyncio.ensure_future(c.request_one(Opcode.APPEND))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(arrived.wait(), 5)
     await c.send_goaway(0, "bye")
-    await asyncio.sleep(0.05)
+    await eventually_async(lambda: all(conn.draining for conn in s.connections), timeout=5,
+                           what="the server draining after the client's GOAWAY")
     release.set()
     assert bytes((await asyncio.wait_for(pending, 5)).header) == b"ok"
     await asyncio.wait_for(c.closed_event.wait(), 5)
@@ -284,9 +287,9 @@ async def test_in_flight_cap_pauses_reading() -> None:
     await s.start("127.0.0.1", 0)
     c = await Connection.open(s.address)
     futs = [asyncio.ensure_future(c.request_one(Opcode.APPEND)) for _ in range(10)]
-    await asyncio.sleep(0.2)
-    conn = next(iter(s.connections))
-    assert len(conn.tasks) == 4 and conn.reading_paused
+    conn = await eventually_async(lambda: next(iter(s.connections), None), timeout=5)
+    await eventually_async(lambda: conn.reading_paused, timeout=5, what="reading paused")
+    assert len(conn.tasks) == 4
     release.set()
     await asyncio.wait_for(asyncio.gather(*futs), 10)
     await c.aclose()

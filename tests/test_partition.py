@@ -11,17 +11,17 @@ refused; nothing it acknowledged before is lost.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 from tcp_proxy import TcpProxy
+from waiting import eventually_async
 
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.client import Connection
 from sbpstream.net.ports import free_port
 from sbpstream.protocol.errors import ErrorCode
-from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse
+from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse, Range
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import build_batch
 from sbpstream.records.builder import Record
@@ -75,13 +75,12 @@ async def test_partitioned_primary_refuses_writes_after_seal(tmp_path: Path) -> 
             to_pm.cut()  # the primary no longer reaches the PM ...
             to_dn.cut()  # ... and neither the PM nor anyone else reaches it
 
-            deadline = time.monotonic() + SEAL_TIMEOUT_S
-            while True:
+            async def sealed() -> list[Range] | None:
                 ranges = await client.list_ranges(sid)
-                if len(ranges) >= 2 and ranges[0].sealed:
-                    break
-                assert time.monotonic() < deadline, "the PM did not seal the cut-off range"
-                await asyncio.sleep(0.2)
+                return ranges if len(ranges) >= 2 and ranges[0].sealed else None
+
+            ranges = await eventually_async(sealed, timeout=SEAL_TIMEOUT_S, interval=0.2,
+                                            what="the PM sealing the cut-off range")
             assert ranges[0].end_offset == 5, "acknowledged records were cut off by the seal"
 
             refused = await append(99)

@@ -6,7 +6,6 @@ test_pm_etcd_cluster.py.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 from collections.abc import AsyncIterator, Iterator
@@ -14,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from aetcd import rpc
 from etcd_fixture import EtcdServer, require_etcd
+from waiting import eventually_async
 
 from sbpstream.net.client import Connection
 from sbpstream.pm.config import PmConfig
@@ -139,8 +139,9 @@ async def test_follower_redirects_and_keeps_a_warm_cache(url: str, pms: list[Pm]
     a = await leader(url, pms, "127.0.0.1:1")
     b = await Pm(url, "127.0.0.1:2").start()
     pms.append(b)
-    await asyncio.sleep(0.2)
-    assert not b.election.is_leader and b.election.leader_address == "127.0.0.1:1"
+    await eventually_async(lambda: b.election.leader_address == "127.0.0.1:1", timeout=WAIT_S,
+                           what="the follower learning the leader")
+    assert not b.election.is_leader
     with pytest.raises(PmNotLeaderError) as ei:
         await b.store.create_streams([NewStream(1, 0, R1)], 1)
     assert ei.value.detail == b"127.0.0.1:1"
@@ -285,10 +286,8 @@ async def test_leader_key_deleted_behind_the_leaders_back(
                                          timeout=5)
     finally:
         await ch.close()
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while a.election.is_leader == b.election.is_leader:
-        assert asyncio.get_running_loop().time() < deadline, "no clean handover"
-        await asyncio.sleep(0.02)
+    await eventually_async(lambda: a.election.is_leader != b.election.is_leader,
+                           timeout=WAIT_S, interval=0.02, what="a clean handover")
     assert await b.election.wait_leader(WAIT_S) or await a.election.wait_leader(WAIT_S)
     leaders = [p for p in (a, b) if p.election.is_leader]
     assert len(leaders) == 1

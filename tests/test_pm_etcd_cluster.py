@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from etcd_fixture import EtcdServer, require_etcd
+from waiting import eventually_async
 
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.cluster import Node
@@ -106,9 +106,9 @@ async def probe(address: str) -> str | None:
 
 async def wait_for_leader(addresses: list[str], timeout_s: float = FAILOVER_BOUND_S) -> str:
     """The one PM serving as leader, once every other named one points at it."""
-    deadline = time.monotonic() + timeout_s
-    last: dict[str, str | Exception | None] = {}
-    while time.monotonic() < deadline:
+
+    async def single_leader() -> str | None:
+        last: dict[str, str | Exception | None] = {}
         for a in addresses:
             try:
                 last[a] = await probe(a)
@@ -117,20 +117,16 @@ async def wait_for_leader(addresses: list[str], timeout_s: float = FAILOVER_BOUN
         leaders = [a for a, v in last.items() if v is None]
         if len(leaders) == 1 and all(last[a] == leaders[0] for a in addresses if a != leaders[0]):
             return leaders[0]
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"no single leader within {timeout_s}s: {last}")
+        return None
+
+    return await eventually_async(single_leader, timeout=timeout_s, interval=0.1,
+                                  what=f"a single leader among {addresses}")
 
 
 async def create_until_ok(client: AsyncClient, count: int, timeout_s: float) -> list[int]:
     """Create streams, retrying while the data node is not yet live at a new leader."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await client.create_streams(count)
-        except SbpError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+    return await eventually_async(lambda: client.create_streams(count), timeout=timeout_s,
+                                  interval=0.1, retry_on=(SbpError,), what="CREATE_STREAMS")
 
 
 async def test_one_leader_followers_redirect(cluster: PmCluster) -> None:
@@ -159,15 +155,15 @@ async def test_kill_leader_under_load_loses_nothing(cluster: PmCluster) -> None:
     leader = await wait_for_leader(cluster.addresses)
     acked: list[int] = []
     failures = 0
-    killed_at: float | None = None
-    first_ok_after_kill: float | None = None
+    killed = False
+    ok_after_kill = False
     async with AsyncClient(cluster.addresses, request_timeout_ms=3000,
                            retry_deadline_ms=int(FAILOVER_BOUND_S * 1000)) as client:
         await create_until_ok(client, 1, FAILOVER_BOUND_S)
         for _ in range(LOAD_CREATES_MAX):
-            if killed_at is None and len(acked) >= 100:
+            if not killed and len(acked) >= 100:
                 cluster.by_address(leader).kill()  # SIGKILL: no resignation, the lease expires
-                killed_at = time.monotonic()
+                killed = True
             try:
                 ids = await client.create_streams(5)
             except SbpError:
@@ -175,13 +171,11 @@ async def test_kill_leader_under_load_loses_nothing(cluster: PmCluster) -> None:
                 await asyncio.sleep(0.05)
                 continue
             acked.extend(ids)
-            if killed_at is not None and first_ok_after_kill is None:
-                first_ok_after_kill = time.monotonic()
-            if first_ok_after_kill is not None and len(acked) >= 200:
+            ok_after_kill = ok_after_kill or killed
+            if ok_after_kill and len(acked) >= 200:
                 break
-        assert killed_at is not None and first_ok_after_kill is not None
-        failover_s = first_ok_after_kill - killed_at
-        assert failover_s < FAILOVER_BOUND_S
+        # served again after the kill (the failover time is bench.bench_pm_etcd's figure)
+        assert killed and ok_after_kill
         survivors = [a for a in cluster.addresses if a != leader]
         new_leader = await wait_for_leader(survivors)
         assert new_leader != leader
@@ -189,7 +183,7 @@ async def test_kill_leader_under_load_loses_nothing(cluster: PmCluster) -> None:
         assert len(set(acked)) == len(acked)
         described = await client.describe_streams(acked)
         assert [s.stream_id for s in described] == acked
-    print(f"failover {failover_s:.2f}s acked={len(acked)} failed_calls={failures}")
+    print(f"acked={len(acked)} failed_calls={failures}")
 
 
 async def test_paused_leader_is_fenced(cluster: PmCluster) -> None:

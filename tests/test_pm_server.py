@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from waiting import eventually, eventually_async
 
 from sbpstream.net.client import Connection
 from sbpstream.net.ports import free_port
@@ -62,11 +62,13 @@ class PmProcess:
                  "--node-timeout-ms", str(NODE_TIMEOUT_MS)],
                 stdout=subprocess.DEVNULL, stderr=logf,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while self._log_text().count("event=pm_started") <= started_before:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"PM did not start:\n{self._log_text()}")
-            time.sleep(0.02)
+        proc = self.proc
+
+        def started() -> bool:
+            assert proc.poll() is None, f"PM exited:\n{self._log_text()}"
+            return self._log_text().count("event=pm_started") > started_before
+
+        eventually(started, timeout=START_TIMEOUT_S, interval=0.02, what="the PM started")
 
     def _log_text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
@@ -259,16 +261,6 @@ async def list_ranges(conn: Connection, *owners: m.RangeOwner) -> list[m.ListRan
     return [it for f in frames for it in m.ListRangesResponse.decode(f.header).items]
 
 
-async def wait_for(cond: object, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if callable(cond) and cond():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
-
-
 # ------------------------------------------------------------------------------------------ tests
 async def test_create_places_on_live_node_and_syncs(
     client: Connection, nodes: list[FakeDataNode]
@@ -366,10 +358,8 @@ async def test_dead_nodes_avoided_and_ranges_renewed(pm: PmProcess, client: Conn
                 if owner[x.stream_id] != gone.node_id
             )
 
-        deadline = time.monotonic() + 10
-        while not await renewed():
-            assert time.monotonic() < deadline, "ranges of dead nodes were not renewed"
-            await asyncio.sleep(0.1)
+        await eventually_async(renewed, timeout=10, interval=0.1,
+                               what="ranges of dead nodes renewed")
         listed = await list_ranges(client, *(m.StreamOwner(i) for i in ids))
         by_stream = {x.stream_id: x for x in listed}
         for s, n in owner.items():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import node_at, read_range
+from waiting import eventually_async
 
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
@@ -44,12 +45,8 @@ def cluster(tmp_path: Path) -> LocalCluster:  # type: ignore[misc]
 
 
 async def wait_progress(acked: list[int], target: int, what: str) -> None:
-    deadline = time.monotonic() + PROGRESS_TIMEOUT_S
-    while len(acked) < target:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"writes did not resume after {what} within "
-                                 f"{PROGRESS_TIMEOUT_S}s ({len(acked)} < {target})")
-        await asyncio.sleep(0.05)
+    await eventually_async(lambda: len(acked) >= target, timeout=PROGRESS_TIMEOUT_S,
+                           what=f"{target} acknowledged writes after {what}")
 
 
 async def test_kill_secondary_then_primary_loses_nothing(cluster: LocalCluster) -> None:

@@ -8,12 +8,11 @@ records of the sealed range.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
 from cluster_helpers import node_at, read_range
+from waiting import eventually_async
 
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
@@ -54,16 +53,13 @@ async def test_sealed_range_is_rereplicated_after_replica_dies(cluster: LocalClu
         victim = next(rn for rn in r0.replica_nodes if not rn.is_primary).data_node
         node_at(cluster, victim.advertise_addr).kill()
 
-        deadline = time.monotonic() + REPAIR_TIMEOUT_S
-        repaired: Range | None = None
-        while time.monotonic() < deadline:
+        async def repaired_range() -> Range | None:
             rng = (await client.list_ranges(sid))[0]
             ids = {rn.data_node.node_id for rn in rng.replica_nodes}
-            if len(ids) == 3 and victim.node_id not in ids:
-                repaired = rng
-                break
-            await asyncio.sleep(0.2)
-        assert repaired is not None, f"range 0 not re-replicated within {REPAIR_TIMEOUT_S}s"
+            return rng if len(ids) == 3 and victim.node_id not in ids else None
+
+        repaired = await eventually_async(repaired_range, timeout=REPAIR_TIMEOUT_S,
+                                          interval=0.2, what="range 0 re-replicated")
         assert repaired.end_offset == RECORDS
 
         dead = {dn.address for dn in cluster.datanodes if not dn.running}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 from spark_fixtures import cluster_fixture, spark_session_fixture  # noqa: F401
+from waiting import eventually
 
 from sbpstream.client import Client
 from sbpstream.cluster import LocalCluster
@@ -86,14 +86,6 @@ def to_parquet(df: Any, out: Path, checkpoint: Path, **trigger: Any) -> Any:
     )
 
 
-def wait_for(cond: Any, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
-
-
 # -------------------------------------------------------------------------------- batch read
 
 
@@ -156,7 +148,7 @@ def test_available_now_read_limit_stop_and_restart(
     df = stream_reader(spark, cluster, [s1, s2], startingOffsets="earliest",
                        maxOffsetsPerTrigger=30)
     q = to_parquet(df, out, ck)
-    wait_for(lambda: len(q.recentProgress) >= 2)
+    eventually(lambda: len(q.recentProgress) >= 2, timeout=60)
     q.stop()
     first = q.recentProgress[0]
     assert first["numInputRows"] == 30
@@ -217,13 +209,14 @@ def test_trim_under_running_query(
     # of [100, 150) lands in between, while the query runs
     q = to_parquet(stream_reader(spark, cluster, [s], **opts), out, ck, processingTime="10 seconds")
     try:
-        wait_for(lambda: any(p["numInputRows"] == 100 for p in q.recentProgress))
+        eventually(lambda: any(p["numInputRows"] == 100 for p in q.recentProgress), timeout=60)
         client.trim_stream(s, 150)
         if fail:
             with pytest.raises(Exception, match="failOnDataLoss"):
                 q.awaitTermination(60)
         else:
-            wait_for(lambda: sum(p["numInputRows"] for p in q.recentProgress) >= 150)
+            eventually(lambda: sum(p["numInputRows"] for p in q.recentProgress) >= 150,
+                       timeout=60)
             assert q.exception() is None
     finally:
         q.stop()
@@ -343,12 +336,10 @@ def test_misuse_errors(spark: Any, cluster: LocalCluster, client: Client) -> Non
     with pytest.raises(Exception, match="option 'pm' is required"):
         spark.read.format("sbpstream").option("streams", str(s)).load().collect()
     dead = f"127.0.0.1:{free_port()}"
-    t0 = time.monotonic()
     with pytest.raises(Exception, match="option 'pm': no sbpstream placement manager"):
         spark.read.format("sbpstream").option("pm", dead).option("streams", "1").option(
             "timeoutMs", "1500"
         ).load().collect()
-    assert time.monotonic() - t0 < 30
     q = stream_reader(spark, cluster, [s], endingOffsets="latest").writeStream.format(
         "noop"
     ).start()

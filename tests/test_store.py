@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from store_crash_child import make_batch
+from waiting import eventually
 
 from sbpstream.protocol.errors import (
     CorruptBatchError,
@@ -431,11 +432,8 @@ def test_interval_policy_syncs_in_background(tmp_path: Path) -> None:
     s.create_range(1, 0, 0)
     out = s.append(1, 0, make_batch(1))
     asyncio.run(s.sync(out.log_position))  # returns at once
-    for _ in range(200):
-        if s._log.syncer.durable >= out.log_position:
-            break
-        asyncio.run(asyncio.sleep(0.01))
-    assert s._log.syncer.durable >= out.log_position
+    eventually(lambda: s._log.syncer.durable >= out.log_position, timeout=5, interval=0.01,
+               what="the background fsync")
     s.close()
 
 

@@ -18,7 +18,6 @@ from sbpstream.store import FsyncPolicy, Store, StoreConfig
 
 CYCLES = 30
 CHILD = Path(__file__).with_name("store_crash_child.py")
-READY_TIMEOUT_S = 20.0
 
 
 def _run_child(directory: Path, seed: int, run_s: float) -> list[tuple[int, int, int]]:
@@ -30,11 +29,9 @@ def _run_child(directory: Path, seed: int, run_s: float) -> list[tuple[int, int,
     )
     assert proc.stdout is not None
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
         line = proc.stdout.readline()
         assert line == b"ready\n", (line, proc.stderr.read() if proc.stderr else b"")
-        assert time.monotonic() < deadline
-        time.sleep(run_s)
+        time.sleep(run_s)  # the child appends under load for run_s, then it is killed
     finally:
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate()
