@@ -8,6 +8,9 @@ arguments) are reported as one line on stderr with a non-zero exit status, never
 from __future__ import annotations
 
 import asyncio
+import base64
+import concurrent.futures
+import json
 import os
 import signal
 import sys
@@ -30,12 +33,19 @@ from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
     PM_ENV,
     Compression,
+    ConsumedRecord,
     StartPosition,
     codec_of,
     pm_addresses,
 )
 from sbpstream.net.loop import run
-from sbpstream.protocol.errors import OffsetOutOfRangeError, SbpError
+from sbpstream.protocol.errors import (
+    ErrorCode,
+    OffsetOutOfRangeError,
+    SbpError,
+    StreamDeletedError,
+    StreamNotFoundError,
+)
 from sbpstream.records import RecordTooLargeError
 
 T = TypeVar("T")
@@ -84,9 +94,56 @@ class CliError(Exception):
     """An expected failure: reported as one line, exit status 1."""
 
 
+# SDK wording -> the CLI's own words, for hints raised by the SDK but shown by the CLI
+_CLI_WORDS = (
+    ("use auto_reset='earliest' to jump to the start", "use --from earliest to start there"),
+)
+
+
+def cli_words(message: str) -> str:
+    for sdk, cli in _CLI_WORDS:
+        message = message.replace(sdk, cli)
+    return message
+
+
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
-    err_console.print(f"sbpstream: error: {message}", markup=False, soft_wrap=True)
+    err_console.print(f"sbpstream: error: {cli_words(message)}", markup=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def explain(exc: SbpError, pm: str) -> str:
+    """The error's message, with its likely cause when the SDK's words do not say it."""
+    text = str(exc)
+    if exc.code == ErrorCode.UNSUPPORTED_OPERATION and "datanode" in text:
+        return (f"--pm {pm} points at a data node, not a placement manager ({text}); "
+                f"`sbpstream up` prints the PM address (default {DEFAULT_PM})")
+    return text
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sbpstream")
+    except PackageNotFoundError:
+        from sbpstream import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"sbpstream {_version()}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+                       ] = False,
+) -> None:
+    pass
 
 
 def _client(pm: str, timeout_ms: int) -> AsyncClient:
@@ -108,7 +165,7 @@ def _run(pm: str, timeout_ms: int, body: Callable[[AsyncClient], Coroutine[Any, 
     try:
         return run(main())
     except SbpError as exc:
-        fail(str(exc))
+        fail(explain(exc, pm))
     except CliError as exc:
         fail(str(exc))
 
@@ -350,11 +407,12 @@ def stream_create(
     sys.stdout.write("".join(f"{i}\n" for i in ids))
 
 
-def _streams_table(streams: list[Stream]) -> Table:
-    t = Table("stream", "replicas", "retention_ms", "start_offset")
-    for s in streams:
+def _streams_table(streams: list[tuple[Stream, int | None]]) -> Table:
+    t = Table("stream", "replicas", "retention_ms", "start_offset", "end_offset", "records")
+    for s, end in streams:
         t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
-                  str(s.start_offset))
+                  str(s.start_offset), "-" if end is None else str(end),
+                  "-" if end is None else str(max(0, end - s.start_offset)))
     return t
 
 
@@ -364,24 +422,79 @@ def stream_describe(
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Describe streams: replicas, retention, start and end offsets."""
+    """Describe streams: replicas, retention, start and end offsets.
 
-    async def body(c: AsyncClient) -> list[tuple[Stream, int]]:
-        streams = await c.describe_streams(stream_ids)
-        return [(s, await c.end_offset(s.stream_id)) for s in streams]
+    Each id is reported on its own: a deleted or unknown one gets a row saying so (and the exit
+    status is 1), the others are still shown.
+    """
 
-    t = Table("stream", "replicas", "retention_ms", "start_offset", "end_offset")
-    for s, end in _run(pm, timeout_ms, body):
-        t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
-                  str(s.start_offset), str(end))
+    async def one(c: AsyncClient, sid: int) -> tuple[Stream, int] | str:
+        try:
+            s = await c.describe_stream(sid)
+            return s, await c.end_offset(sid)
+        except StreamDeletedError:
+            return "deleted"
+        except StreamNotFoundError:
+            return "not found"
+
+    async def body(c: AsyncClient) -> list[tuple[Stream, int] | str]:
+        return list(await asyncio.gather(*(one(c, sid) for sid in stream_ids)))
+
+    results = _run(pm, timeout_ms, body)
+    missing = [(sid, r) for sid, r in zip(stream_ids, results, strict=True) if isinstance(r, str)]
+    if len(missing) == len(stream_ids):
+        fail("; ".join(f"stream {sid} {state}" for sid, state in missing))
+    t = Table("stream", "state", "replicas", "retention_ms", "start_offset", "end_offset")
+    for sid, r in zip(stream_ids, results, strict=True):
+        if isinstance(r, str):
+            t.add_row(str(sid), r, "-", "-", "-", "-")
+        else:
+            s, end = r
+            t.add_row(str(s.stream_id), "active", str(s.replica_nums),
+                      str(s.retention_period_ms), str(s.start_offset), str(end))
     out_console.print(t)
+    if missing:
+        fail("; ".join(f"stream {sid} {state}" for sid, state in missing))
 
 
 @stream_app.command("list")
 def stream_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS) -> None:
-    """List every stream."""
-    streams = _run(pm, timeout_ms, lambda c: c.list_streams())
-    out_console.print(_streams_table(streams))
+    """List every stream with its start and end offsets (end: the next offset to be written)."""
+
+    async def end_of(c: AsyncClient, s: Stream) -> tuple[Stream, int | None]:
+        try:
+            return s, await c.end_offset(s.stream_id)
+        except (StreamNotFoundError, StreamDeletedError):  # deleted since it was listed
+            return s, None
+
+    async def body(c: AsyncClient) -> list[tuple[Stream, int | None]]:
+        streams = await c.list_streams()
+        return list(await asyncio.gather(*(end_of(c, s) for s in streams)))
+
+    out_console.print(_streams_table(_run(pm, timeout_ms, body)))
+
+
+@stream_app.command("update")
+def stream_update(
+    stream_id: Annotated[int, typer.Argument(help="Stream id.", show_default=False)],
+    retention_ms: Annotated[int | None, typer.Option(
+        "--retention-ms", min=1, help="New retention: how long records are kept.",
+        show_default=False)] = None,
+    replicas: Annotated[int | None, typer.Option(
+        "--replicas", min=1, help="New replica count of the ranges.", show_default=False)
+                        ] = None,
+    pm: PmOption = DEFAULT_PM,
+    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+) -> None:
+    """Change a stream's retention and/or replica count; print its new description."""
+    if retention_ms is None and replicas is None:
+        fail("nothing to change: give --retention-ms and/or --replicas", EXIT_USAGE)
+    s = _run(pm, timeout_ms, lambda c: c.update_stream(
+        stream_id, replica_nums=replicas, retention_ms=retention_ms))
+    t = Table("stream", "replicas", "retention_ms", "start_offset")
+    t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
+              str(s.start_offset))
+    out_console.print(t)
 
 
 @stream_app.command("delete")
@@ -414,8 +527,22 @@ def stream_ranges(
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Show a stream's ranges: offsets, state and replicas (primary marked *)."""
-    ranges: list[Range] = _run(pm, timeout_ms, lambda c: c.list_ranges(stream_id))
+    """Show a stream's ranges: offsets, state and replicas (primary marked *).
+
+    The writable range's next offset is asked of its primary, so it is live.
+    """
+
+    async def body(c: AsyncClient) -> list[Range]:
+        ranges = await c.list_ranges(stream_id)
+        if ranges and not ranges[-1].sealed:
+            try:
+                ranges[-1] = await c.describe_range(stream_id, ranges[-1].range_index)
+            except SbpError as exc:  # the PM's figure is better than nothing
+                err_console.print(f"warning: the primary did not answer ({exc}); "
+                                  "'next' may be stale", markup=False)
+        return ranges
+
+    ranges: list[Range] = _run(pm, timeout_ms, body)
     t = Table("range", "start", "end", "next", "state", "replicas")
     for r in ranges:
         reps = ", ".join(f"{'*' if n.is_primary else ''}{n.data_node.node_id}@"
@@ -452,6 +579,9 @@ def produce(
     pm: PmOption = DEFAULT_PM,
     key: Annotated[str | None, typer.Option("--key", help="Key of every record (UTF-8).")
                    ] = None,
+    key_separator: Annotated[str | None, typer.Option(
+        "--key-separator", help="Each line is KEY<SEP>VALUE, split at the first SEP "
+        "(like kafka-console-producer's parse.key/key.separator).", show_default=False)] = None,
     compression: Annotated[str, typer.Option(
         "--compression", help="Batch compression: none, zstd or lz4.")] = "none",
     linger_ms: Annotated[float, typer.Option(
@@ -467,15 +597,23 @@ def produce(
     except ValueError as exc:
         fail(f"--compression: {exc}", EXIT_USAGE)
     key_bytes = key.encode() if key is not None else None
+    if key_separator is not None and key is not None:
+        fail("--key and --key-separator exclude each other", EXIT_USAGE)
+    if key_separator == "":
+        fail("--key-separator must not be empty", EXIT_USAGE)
+    sep = key_separator.encode() if key_separator is not None else None
     _valid_pm(pm)
     try:
         with Client(pm, retry_deadline_ms=timeout_ms) as c:
             c.describe_stream(stream)  # a clear error before reading any input
             n, first, last = 0, -1, -1
             p = c.producer(compression=_compression(compression), linger_ms=linger_ms)
-            futs = []
+            futs: list[concurrent.futures.Future[int]] = []
             for lines in _stdin_lines():
-                if key_bytes is None:
+                if sep is not None:
+                    pairs = _split_keys(lines, sep, len(futs))
+                    futs += [p.send(stream, v, key=k) for k, v in pairs]
+                elif key_bytes is None:
                     futs += p.send_many(stream, lines)
                 else:
                     futs += [p.send(stream, ln, key=key_bytes) for ln in lines]
@@ -493,7 +631,9 @@ def produce(
                     last = off
                 n += 1
     except SbpError as exc:
-        fail(str(exc))
+        fail(explain(exc, pm))
+    except CliError as exc:
+        fail(str(exc), EXIT_USAGE)
     except RecordTooLargeError as exc:
         fail(f"a line is too large for one record: {exc}")
     except KeyboardInterrupt:
@@ -502,6 +642,18 @@ def produce(
         fail(f"{failed} of {n} records were not acknowledged: {first_error}")
     err_console.print(f"produced {n} records to stream {stream}"
                       + (f" (offsets {first}..{last})" if n else ""))
+
+
+def _split_keys(lines: list[bytes], sep: bytes, first_line: int) -> list[tuple[bytes, bytes]]:
+    """KEY<SEP>VALUE lines as (key, value); a line without SEP is an error naming it."""
+    out = []
+    for i, ln in enumerate(lines):
+        k, found, v = ln.partition(sep)
+        if not found:
+            raise CliError(f"line {first_line + i + 1} has no key separator {sep.decode()!r} "
+                           "(--key-separator)")
+        out.append((k, v))
+    return out
 
 
 def _valid_pm(pm: str) -> None:
@@ -545,13 +697,29 @@ def consume(
     follow: Annotated[bool, typer.Option(
         "--follow", help="Keep waiting for new records instead of exiting when caught up.")
                       ] = False,
+    print_offset: Annotated[bool, typer.Option(
+        "--print-offset", help="Prefix each value with Offset:N and a tab.")] = False,
+    print_timestamp: Annotated[bool, typer.Option(
+        "--print-timestamp", help="Prefix each value with CreateTime:MS and a tab.")] = False,
+    print_key: Annotated[bool, typer.Option(
+        "--print-key", help="Prefix each value with its key (null if none) and a tab.")
+                         ] = False,
+    output_format: Annotated[str, typer.Option(
+        "--format", help="raw (the value, with the --print-* prefixes) or json (one object "
+        "per record: stream, offset, timestamp_ms, key, value, headers; bytes that are not "
+        "UTF-8 go in key_base64/value_base64).")] = "raw",
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Write one record value per line to stdout (raw bytes).
+    """Write one record per line to stdout: its value as raw bytes, or JSON with --format json.
 
     Exits when caught up with the stream's end (unless --follow) or after --count records.
+    --print-timestamp, --print-offset and --print-key prefix the value, tab-separated, in that
+    order (as kafka-console-consumer's print.timestamp/print.offset/print.key).
     """
     pos = _parse_from(start)
+    if output_format not in ("raw", "json"):
+        fail(f"--format {output_format!r}: expected raw or json", EXIT_USAGE)
+    line_of = _record_formatter(output_format, print_timestamp, print_offset, print_key)
     _valid_pm(pm)
     out = sys.stdout.buffer
     try:
@@ -568,18 +736,59 @@ def consume(
                 return
             cons = c.consumer(stream, pos, end=end)
             for n, rec in enumerate(cons, 1):
-                out.write((rec.value or b"") + b"\n")
+                out.write(line_of(rec))
                 if count is not None and n >= count:
                     break
                 if follow and not cons.buffered:
                     out.flush()  # about to wait for more: show what we have
             out.flush()
     except SbpError as exc:
-        fail(str(exc))
+        fail(explain(exc, pm))
     except BrokenPipeError:
         _quiet_broken_pipe()
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def _record_formatter(fmt: str, timestamp: bool, offset: bool, key: bool
+                      ) -> Callable[[ConsumedRecord], bytes]:
+    """How ``consume`` turns a record into one output line (newline included)."""
+    if fmt == "json":
+        def as_json(rec: ConsumedRecord) -> bytes:
+            obj: dict[str, Any] = {"stream": rec.stream_id, "offset": rec.offset,
+                                   "timestamp_ms": rec.timestamp_ms}
+            _put_bytes(obj, "key", rec.key)
+            _put_bytes(obj, "value", rec.value)
+            if rec.headers:
+                obj["headers"] = [_put_bytes({"name": n}, "value", v) for n, v in rec.headers]
+            return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+        return as_json
+    if not (timestamp or offset or key):
+        return lambda rec: (rec.value or b"") + b"\n"
+
+    def prefixed(rec: ConsumedRecord) -> bytes:
+        parts = []
+        if timestamp:
+            parts.append(b"CreateTime:%d" % rec.timestamp_ms)
+        if offset:
+            parts.append(b"Offset:%d" % rec.offset)
+        if key:
+            parts.append(b"null" if rec.key is None else rec.key)
+        parts.append(rec.value or b"")
+        return b"\t".join(parts) + b"\n"
+    return prefixed
+
+
+def _put_bytes(obj: dict[str, Any], name: str, data: bytes | None) -> dict[str, Any]:
+    """``obj[name]`` = the UTF-8 text of ``data`` (None: null), else ``obj[name_base64]``."""
+    if data is None:
+        obj[name] = None
+    else:
+        try:
+            obj[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            obj[f"{name}_base64"] = base64.b64encode(data).decode("ascii")
+    return obj
 
 
 def _quiet_broken_pipe() -> NoReturn:
@@ -604,9 +813,14 @@ def bench(
                         ] = 1,
     compression: Annotated[str, typer.Option(
         "--compression", help="none, zstd or lz4.")] = "none",
+    keep: Annotated[bool, typer.Option(
+        "--keep", help="Keep the streams it creates (deleted at the end otherwise).")] = False,
     timeout_ms: TimeoutOption = 60_000,
 ) -> None:
-    """Produce then consume load through the SDK; print records/s, MB/s and latencies."""
+    """Produce then consume load through the SDK; print records/s, MB/s and latencies.
+
+    Works on streams of its own, which it deletes when done unless --keep.
+    """
     try:
         codec_of(compression)
     except ValueError as exc:
@@ -614,6 +828,17 @@ def bench(
 
     async def body(c: AsyncClient) -> tuple[PhaseResult, PhaseResult]:
         sids = await c.create_streams(streams, replica_nums=replicas)
+        try:
+            return await load(c, sids)
+        finally:
+            if keep:
+                err_console.print(f"kept stream(s) {','.join(map(str, sids))} (--keep)")
+            else:
+                await c.delete_streams(sids)
+                err_console.print(f"deleted the {len(sids)} bench stream(s) "
+                                  "(--keep keeps them)")
+
+    async def load(c: AsyncClient, sids: list[int]) -> tuple[PhaseResult, PhaseResult]:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
                       console=err_console) as bar:
@@ -671,7 +896,8 @@ def pipeline(
     try:
         from sbpstream.spark.pipeline import run_from_args
     except ImportError as exc:
-        fail(f"the pipeline needs the spark extra (pip install 'sbpstream[spark]'): {exc}")
+        fail(f"the pipeline needs the spark extra (make install, or pip install "
+             f"'dist/sbpstream-<version>-py3-none-any.whl[spark]'; docs/spark.md): {exc}")
     try:
         run_from_args(streams=streams, out=out, checkpoint=checkpoint, trigger=trigger, pm=pm,
                       starting_offsets=starting_offsets,

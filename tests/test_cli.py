@@ -28,7 +28,8 @@ def sbp(*args: str, stdin: bytes = b"", env: dict[str, str] | None = None,
 
 
 @pytest.fixture(scope="module")
-def pm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """`sbpstream up` with one data node: (PM address, data node address)."""
     d = tmp_path_factory.mktemp("up")
     pm_port = free_port()
     dn_port = free_port()
@@ -44,7 +45,7 @@ def pm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "sbpstream up did not come up"
             time.sleep(0.2)
-        yield addr
+        yield addr, f"127.0.0.1:{dn_port}"
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -52,6 +53,11 @@ def pm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         # `up` tells the user how to produce and consume from a second terminal
         assert b"produce --stream" in out and b"consume --stream" in out, out
         assert b"stopped" in err
+
+
+@pytest.fixture(scope="module")
+def pm(up: tuple[str, str]) -> str:
+    return up[0]
 
 
 def test_create_produce_consume_10k_lines(pm: str) -> None:
@@ -112,20 +118,22 @@ def test_expected_errors_are_one_line(pm: str) -> None:
 
 
 COMMANDS = {
-    (): ["up", "produce", "consume", "stream", "bench"],
+    (): ["up", "produce", "consume", "stream", "bench", "--version"],
     ("up",): ["--dir", "--datanodes", "--pm-port", "--dn-port", "--host", "--fsync"],
     ("pm",): ["--port", "--host", "--metadata", "--node-timeout-ms"],
     ("datanode",): ["--dir", "--pm", "--port", "--fsync"],
-    ("stream",): ["create", "describe", "list", "delete", "trim", "ranges"],
+    ("stream",): ["create", "describe", "list", "delete", "trim", "ranges", "update"],
     ("stream", "create"): ["--replicas", "--retention-ms", "--count", "--pm"],
     ("stream", "describe"): ["--pm"],
     ("stream", "list"): ["--pm"],
     ("stream", "delete"): ["--pm"],
     ("stream", "trim"): ["OFFSET", "--pm"],
     ("stream", "ranges"): ["--pm"],
-    ("produce",): ["--stream", "--key", "--compression", "--pm"],
-    ("consume",): ["--stream", "--from", "--count", "--follow", "--pm"],
-    ("bench",): ["--records", "--size", "--streams", "--replicas", "--pm"],
+    ("stream", "update"): ["--retention-ms", "--replicas", "--pm"],
+    ("produce",): ["--stream", "--key", "--key-separator", "--compression", "--pm"],
+    ("consume",): ["--stream", "--from", "--count", "--follow", "--print-offset", "--print-key",
+                   "--print-timestamp", "--format", "--pm"],
+    ("bench",): ["--records", "--size", "--streams", "--replicas", "--keep", "--pm"],
 }
 
 
@@ -149,3 +157,114 @@ def test_bench_runs(pm: str) -> None:
     r = sbp("bench", "--records", "3000", "--size", "64", "--streams", "2", "--pm", pm)
     assert r.returncode == 0, r.stderr
     assert b"produce" in r.stdout and b"records/s" in r.stdout.replace(b"\xe2\x80\xa6", b"")
+
+
+# ------------------------------------------------------------------ what a Kafka user expects
+
+
+def rows(table: bytes) -> list[list[str]]:
+    """The body rows of a rich table as cells."""
+    out = []
+    for line in table.decode().splitlines():
+        if line.startswith("│"):
+            out.append([c.strip() for c in line.strip("│").split("│")])
+    return out
+
+
+def new_stream(pm: str, lines: bytes = b"", *args: str) -> str:
+    sid = sbp("stream", "create", "--pm", pm).stdout.decode().strip()
+    assert sid.isdigit()
+    if lines:
+        r = sbp("produce", "--stream", sid, "--pm", pm, *args, stdin=lines)
+        assert r.returncode == 0, r.stderr
+    return sid
+
+
+def test_version() -> None:
+    from sbpstream import __version__
+
+    r = sbp("--version")
+    assert r.returncode == 0 and r.stdout.decode().strip() == f"sbpstream {__version__}"
+
+
+def test_stream_update_changes_retention(pm: str) -> None:
+    sid = new_stream(pm)
+    r = sbp("stream", "update", sid, "--retention-ms", "123456", "--replicas", "1", "--pm", pm)
+    assert r.returncode == 0, r.stderr
+    assert rows(r.stdout)[0][:3] == [sid, "1", "123456"]
+    assert rows(sbp("stream", "describe", sid, "--pm", pm).stdout)[0][3] == "123456"
+    _one_clear_line(sbp("stream", "update", sid, "--pm", pm), "--retention-ms")
+
+
+def test_key_separator_and_printed_fields(pm: str) -> None:
+    sid = new_stream(pm, b"k1:v1\nk2:v:2\n", "--key-separator", ":")
+    r = sbp("consume", "--stream", sid, "--pm", pm, "--print-offset", "--print-key",
+            "--print-timestamp")
+    assert r.returncode == 0, r.stderr
+    lines = [ln.split(b"\t") for ln in r.stdout.splitlines()]
+    assert [ln[1:] for ln in lines] == [[b"Offset:0", b"k1", b"v1"], [b"Offset:1", b"k2", b"v:2"]]
+    assert all(ln[0].startswith(b"CreateTime:") and ln[0][11:].isdigit() for ln in lines)
+    r = sbp("consume", "--stream", sid, "--pm", pm, "--print-key")
+    assert r.stdout == b"k1\tv1\nk2\tv:2\n"
+    # a line without the separator is named; --key and --key-separator exclude each other
+    _one_clear_line(sbp("produce", "--stream", sid, "--pm", pm, "--key-separator", ":",
+                        stdin=b"a:1\nno separator\n"), "line 2", "--key-separator")
+    _one_clear_line(sbp("produce", "--stream", sid, "--pm", pm, "--key-separator", ":",
+                        "--key", "k", stdin=b"a:1\n"), "--key")
+
+
+def test_consume_json(pm: str) -> None:
+    import json
+
+    sid = new_stream(pm, b"hello\n\xff\xfe\n")
+    r = sbp("consume", "--stream", sid, "--pm", pm, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    objs = [json.loads(ln) for ln in r.stdout.splitlines()]
+    assert [o["offset"] for o in objs] == [0, 1]
+    assert objs[0]["value"] == "hello" and objs[0]["key"] is None
+    assert objs[1]["value_base64"] == "//4=" and "value" not in objs[1]
+    assert all(o["stream"] == int(sid) and o["timestamp_ms"] > 0 for o in objs)
+    _one_clear_line(sbp("consume", "--stream", sid, "--pm", pm, "--format", "xml"), "--format")
+
+
+def test_list_and_ranges_show_live_end_offsets(pm: str) -> None:
+    sid = new_stream(pm, b"".join(b"%d\n" % i for i in range(2005)))
+    listed = {r[0]: r for r in rows(sbp("stream", "list", "--pm", pm).stdout)}
+    assert listed[sid][4:6] == ["2005", "2005"]  # end_offset, records
+    r = sbp("stream", "ranges", sid, "--pm", pm)
+    assert r.returncode == 0, r.stderr
+    (only,) = rows(r.stdout)
+    assert only[3] == "2005" and only[4] == "writable"
+
+
+def test_describe_reports_each_id(pm: str) -> None:
+    a, b = new_stream(pm), new_stream(pm, b"x\n")
+    assert sbp("stream", "delete", a, "--pm", pm).returncode == 0
+    r = sbp("stream", "describe", a, b, "--pm", pm)
+    assert r.returncode == 1
+    got = {row[0]: row for row in rows(r.stdout)}
+    assert got[a][1] == "deleted" and got[b][1] == "active" and got[b][5] == "1"
+    assert f"stream {a} deleted" in r.stderr.decode() and "Traceback" not in r.stderr.decode()
+
+
+def test_bench_deletes_its_streams_unless_keep(pm: str) -> None:
+    def ids() -> set[str]:
+        return {row[0] for row in rows(sbp("stream", "list", "--pm", pm).stdout)}
+
+    before = ids()
+    r = sbp("bench", "--records", "500", "--size", "10", "--streams", "2", "--pm", pm)
+    assert r.returncode == 0, r.stderr
+    assert ids() == before
+    r = sbp("bench", "--records", "500", "--size", "10", "--keep", "--pm", pm)
+    assert r.returncode == 0, r.stderr
+    assert len(ids() - before) == 1
+
+
+def test_hints_use_cli_words(up: tuple[str, str]) -> None:
+    pm, dn = up
+    sid = new_stream(pm, b"1\n2\n3\n")
+    assert sbp("stream", "trim", sid, "2", "--pm", pm).returncode == 0
+    r = sbp("consume", "--stream", sid, "--from", "0", "--pm", pm)
+    _one_clear_line(r, "--from earliest")
+    assert "auto_reset" not in r.stderr.decode()
+    _one_clear_line(sbp("stream", "list", "--pm", dn), f"--pm {dn} points at a data node")
