@@ -11,7 +11,9 @@ import asyncio
 import base64
 import concurrent.futures
 import json
+import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -28,6 +30,7 @@ from typer.exceptions import TyperException
 
 from sbpstream.client import AsyncClient, Client, Range, Stream
 from sbpstream.client.loadgen import PhaseResult, consume_load, produce_load
+from sbpstream.client.retry import backoff_observers
 from sbpstream.client.types import (
     DEFAULT_PM,
     DEFAULT_RETENTION_MS,
@@ -107,6 +110,8 @@ def cli_words(message: str) -> str:
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")  # over a live progress line, if any
     err_console.print(f"sbpstream: error: {cli_words(message)}", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -117,7 +122,110 @@ def explain(exc: SbpError, pm: str) -> str:
     if exc.code == ErrorCode.UNSUPPORTED_OPERATION and "datanode" in text:
         return (f"--pm {pm} points at a data node, not a placement manager ({text}); "
                 f"`sbpstream up` prints the PM address (default {DEFAULT_PM})")
+    last = waiting.last
+    if (exc.code in (ErrorCode.CONNECTION_CLOSED, ErrorCode.CLIENT_TIMEOUT)
+            and last is not None and last[0] == "data node"):
+        return (f"{text} (the data node at {last[1]} looks down: {last[2]}; "
+                "`sbpstream stream ranges ID` shows which nodes hold the stream)")
     return text
+
+
+_ADDRESS = re.compile(r"(\[[0-9a-fA-F:]+\]:\d+|[A-Za-z0-9_.-]+:\d+)")
+
+
+class WaitReporter:
+    """Says on stderr what a command is waiting for once the SDK has retried for ~1 s.
+
+    Fed by the SDK's backoff hook (from the client's event-loop thread): ``waiting for the
+    placement manager at 127.0.0.1:1 (connection refused), 3 s of 15 s``. Remembers the last
+    thing waited for, so a final error can name the likely cause.
+    """
+
+    FIRST_S = 1.0  # quiet for short hiccups
+    EVERY_S = 2.0  # then one line per this many seconds
+
+    def __init__(self) -> None:
+        self.pm: set[str] = set()
+        self.last: tuple[str, str, str] | None = None  # (what, address, cause)
+        self._last_line = 0.0
+
+    def use_pm(self, pm: str) -> None:
+        try:
+            self.pm = set(pm_addresses(pm))
+        except ValueError:
+            self.pm = set()
+
+    def describe(self, err: BaseException) -> tuple[str, str, str]:
+        msg = getattr(err, "message", str(err))
+        m = _ADDRESS.search(msg)
+        addr = m.group(1) if m else ""
+        cause = _cause_of(err)
+        if addr and addr in self.pm:
+            return "placement manager", addr, cause
+        if addr:
+            return "data node", addr, cause
+        if isinstance(err, SbpError) and err.code == ErrorCode.NOT_ENOUGH_DATA_NODES:
+            return "enough live data nodes", "", cause
+        return "a retry", "", cause
+
+    def __call__(self, err: BaseException, elapsed_s: float, deadline_s: float) -> None:
+        what, addr, cause = self.last = self.describe(err)
+        now = time.monotonic()
+        if elapsed_s < self.FIRST_S or now - self._last_line < self.EVERY_S:
+            return
+        self._last_line = now
+        target = f"the {what} at {addr}" if addr else what
+        sys.stderr.write(f"waiting for {target} ({cause}), {elapsed_s:.0f} s of "
+                         f"{deadline_s:.0f} s\n")
+        sys.stderr.flush()
+
+
+def _cause_of(err: BaseException) -> str:
+    root = err.__cause__
+    if isinstance(root, TimeoutError):
+        return "no answer"
+    if isinstance(root, OSError) and root.errno:
+        return os.strerror(root.errno).lower()
+    if isinstance(err, SbpError):
+        return f"{err.code.name}: {err.message}"
+    return str(err)
+
+
+waiting = WaitReporter()
+
+
+class LiveCount:
+    """A live ``N records, R records/s`` line on stderr, only when stderr is a terminal."""
+
+    AFTER_S = 1.0  # short work shows nothing
+    EVERY_S = 0.25
+
+    def __init__(self, verb: str, enabled: bool | None = None) -> None:
+        self.verb = verb
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.count = 0
+        self._t0 = time.monotonic()
+        self._next = self._t0 + self.AFTER_S
+        self._shown = False
+
+    def add(self, n: int) -> None:
+        self.count += n
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.EVERY_S
+        rate = self.count / max(now - self._t0, 1e-9)
+        sys.stderr.write(f"\r\x1b[K{self.verb} {self.count:,} records, {rate:,.0f} records/s")
+        sys.stderr.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self._shown = False
 
 
 def _version() -> str:
@@ -147,6 +255,7 @@ def _root(
 
 
 def _client(pm: str, timeout_ms: int) -> AsyncClient:
+    waiting.use_pm(pm)
     try:
         return AsyncClient(pm, retry_deadline_ms=timeout_ms,
                            request_timeout_ms=min(10_000, max(1000, timeout_ms)))
@@ -311,7 +420,6 @@ def pm_server(
                          ] = "INFO",
 ) -> None:
     """Run one placement manager (metadata, placement, liveness) in the foreground."""
-    import logging
 
     from sbpstream.pm.config import PmConfig, sqlite_path
     from sbpstream.pm.server import run_pm
@@ -365,7 +473,6 @@ def datanode_server(
                          ] = "INFO",
 ) -> None:
     """Run one data node (stores and serves record batches) in the foreground."""
-    import logging
 
     from sbpstream.datanode.config import DataNodeConfig
     from sbpstream.datanode.node import run_datanode
@@ -609,7 +716,9 @@ def produce(
             n, first, last = 0, -1, -1
             p = c.producer(compression=_compression(compression), linger_ms=linger_ms)
             futs: list[concurrent.futures.Future[int]] = []
+            live = LiveCount("produced")
             for lines in _stdin_lines():
+                live.add(len(lines))
                 if sep is not None:
                     pairs = _split_keys(lines, sep, len(futs))
                     futs += [p.send(stream, v, key=k) for k, v in pairs]
@@ -618,6 +727,7 @@ def produce(
                 else:
                     futs += [p.send(stream, ln, key=key_bytes) for ln in lines]
             p.close()
+            live.clear()
             failed = 0
             first_error: BaseException | None = None
             for f in futs:
@@ -639,7 +749,8 @@ def produce(
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None
     if failed:
-        fail(f"{failed} of {n} records were not acknowledged: {first_error}")
+        why = explain(first_error, pm) if isinstance(first_error, SbpError) else first_error
+        fail(f"{failed} of {n} records were not acknowledged: {why}")
     err_console.print(f"produced {n} records to stream {stream}"
                       + (f" (offsets {first}..{last})" if n else ""))
 
@@ -657,6 +768,7 @@ def _split_keys(lines: list[bytes], sep: bytes, first_line: int) -> list[tuple[b
 
 
 def _valid_pm(pm: str) -> None:
+    waiting.use_pm(pm)
     try:
         pm_addresses(pm)
     except ValueError as exc:
@@ -735,12 +847,15 @@ def consume(
             if count == 0:
                 return
             cons = c.consumer(stream, pos, end=end)
+            live = LiveCount("consumed")
             for n, rec in enumerate(cons, 1):
                 out.write(line_of(rec))
+                live.add(1)
                 if count is not None and n >= count:
                     break
                 if follow and not cons.buffered:
                     out.flush()  # about to wait for more: show what we have
+            live.clear()
             out.flush()
     except SbpError as exc:
         fail(explain(exc, pm))
@@ -911,6 +1026,9 @@ def pipeline(
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, exit codes 0 / 1 (error) / 2 (usage) / 130."""
+    backoff_observers.append(waiting)
+    # the SDK's warnings (e.g. event=append_failed) are summed up by the command's own error line
+    logging.getLogger("sbpstream.client").addHandler(logging.NullHandler())
     try:
         rv = app(args=argv, prog_name="sbpstream", standalone_mode=False)
     except TyperException as exc:

@@ -268,3 +268,68 @@ def test_hints_use_cli_words(up: tuple[str, str]) -> None:
     _one_clear_line(r, "--from earliest")
     assert "auto_reset" not in r.stderr.decode()
     _one_clear_line(sbp("stream", "list", "--pm", dn), f"--pm {dn} points at a data node")
+
+
+# ------------------------------------------------------------------------ feedback while waiting
+
+
+def test_says_what_it_waits_for(tmp_path: Path) -> None:
+    port = free_port()
+    r = sbp("stream", "list", "--pm", f"127.0.0.1:{port}", "--timeout-ms", "4000")
+    err = r.stderr.decode().splitlines()
+    assert r.returncode == 1 and err[-1].startswith("sbpstream: error: NO_PM_REACHABLE"), err
+    assert err[0].startswith(f"waiting for the placement manager at 127.0.0.1:{port} "
+                             "(connection refused), "), err
+    assert err[0].endswith(" of 4 s"), err
+    # a data node that is down: the wait and the final error name it
+    from sbpstream.client import Client
+    from sbpstream.cluster import LocalCluster
+
+    with LocalCluster(tmp_path / "c", datanodes=1) as cluster:
+        pm = cluster.pm_address
+        sid = new_stream(pm, b"x\n")
+        dn = cluster.datanodes[0]
+        dn.kill()
+        for args in (("consume", "--stream", sid), ("produce", "--stream", sid)):
+            r = sbp(*args, "--pm", pm, "--timeout-ms", "4000", stdin=b"y\n")
+            err = r.stderr.decode().splitlines()
+            assert r.returncode == 1 and "Traceback" not in r.stderr.decode(), err
+            assert err[0].startswith(f"waiting for the data node at {dn.address} "), err
+            assert f"the data node at {dn.address} looks down" in err[-1], err
+            assert not any("event=" in ln for ln in err), err  # no SDK log lines
+        with Client(pm) as c:  # the PM itself still answers
+            assert c.describe_stream(int(sid)).stream_id == int(sid)
+
+
+def test_live_progress_only_on_a_terminal(pm: str) -> None:
+    import pty
+    import select
+
+    sid = new_stream(pm)
+    chunk = b"".join(b"record %d\n" % i for i in range(1000))
+    # stderr is a pipe: no progress line, only the summary
+    r = sbp("produce", "--stream", sid, "--pm", pm, stdin=chunk * 20)
+    assert r.returncode == 0 and b"records/s" not in r.stderr, r.stderr
+    # stderr is a terminal: a live line appears while stdin keeps coming
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([EXE, "produce", "--stream", sid, "--pm", pm],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    seen = b""
+    try:
+        assert proc.stdin is not None
+        deadline = time.monotonic() + 60
+        while b"records/s" not in seen:
+            assert time.monotonic() < deadline, seen
+            proc.stdin.write(chunk)
+            proc.stdin.flush()
+            while select.select([master], [], [], 0.05)[0]:
+                seen += os.read(master, 4096)
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+        assert b"produced " in seen and b" records, " in seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
