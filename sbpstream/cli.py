@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -114,6 +116,18 @@ def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
         sys.stderr.write("\r\x1b[K")  # over a live progress line, if any
     err_console.print(f"sbpstream: error: {cli_words(message)}", markup=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+_said = {"interrupted": False}
+
+
+def interrupted(message: str = "sbpstream: interrupted") -> NoReturn:
+    """Ctrl-C: one line, exit status 130."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+    err_console.print(message, markup=False)
+    _said["interrupted"] = True
+    raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def explain(exc: SbpError, pm: str) -> str:
@@ -747,7 +761,7 @@ def produce(
     except RecordTooLargeError as exc:
         fail(f"a line is too large for one record: {exc}")
     except KeyboardInterrupt:
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        interrupted()
     if failed:
         why = explain(first_error, pm) if isinstance(first_error, SbpError) else first_error
         fail(f"{failed} of {n} records were not acknowledged: {why}")
@@ -862,7 +876,7 @@ def consume(
     except BrokenPipeError:
         _quiet_broken_pipe()
     except KeyboardInterrupt:
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        interrupted()
 
 
 def _record_formatter(fmt: str, timestamp: bool, offset: bool, key: bool
@@ -1007,18 +1021,74 @@ def pipeline(
         "--max-offsets-per-trigger", min=1, help="Records per micro-batch, at most.")] = None,
     master: Annotated[str, typer.Option("--master", help="Spark master.")] = "local[*]",
 ) -> None:
-    """Streams to a Parquet table partitioned by date with Spark, exactly once (docs/spark.md)."""
+    """Streams to a Parquet table partitioned by date with Spark, exactly once (docs/spark.md).
+
+    Ctrl-C stops the query between py4j calls and exits 130; the checkpoint keeps the position.
+    """
     try:
-        from sbpstream.spark.pipeline import run_from_args
+        from sbpstream.spark.pipeline import (
+            build_session,
+            parse_streams_arg,
+            parse_trigger,
+            run_pipeline,
+        )
     except ImportError as exc:
         fail(f"the pipeline needs the spark extra (make install, or pip install "
              f"'dist/sbpstream-<version>-py3-none-any.whl[spark]'; docs/spark.md): {exc}")
     try:
-        run_from_args(streams=streams, out=out, checkpoint=checkpoint, trigger=trigger, pm=pm,
-                      starting_offsets=starting_offsets,
-                      max_offsets_per_trigger=max_offsets_per_trigger, master=master)
-    except (ValueError, RuntimeError) as exc:
-        fail(str(exc))
+        parsed_trigger = parse_trigger(trigger)
+        stream_ids = parse_streams_arg(streams)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        # Spark runs in this thread, so SIGINT reaches the main thread only, never in the middle
+        # of a py4j socket read (PySpark's own SIGINT handler, installed only when the session
+        # starts in the main thread, made a py4j call from inside an interrupted one).
+        try:
+            box["spark"] = build_session(master)
+            if box.get("interrupted"):
+                return
+            box["rows"] = run_pipeline(
+                streams=stream_ids, out=out, checkpoint=checkpoint, trigger=parsed_trigger, pm=pm,
+                starting_offsets=starting_offsets,
+                max_offsets_per_trigger=max_offsets_per_trigger, spark=box["spark"],
+                report=lambda line: print(line, flush=True))
+        except BaseException as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="sbpstream-pipeline", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        box["interrupted"] = True
+        with contextlib.suppress(KeyboardInterrupt):
+            _stop_queries(box.get("spark"))
+            worker.join(STOP_PIPELINE_S)
+        interrupted("sbpstream: interrupted: the query stopped; the checkpoint keeps its "
+                    "position (run the same command again to continue)")
+    error = box.get("error")
+    if isinstance(error, ValueError | RuntimeError | SbpError):
+        fail(str(error))
+    if error is not None:
+        raise error
+
+
+STOP_PIPELINE_S = 60.0  # bound on a graceful stop of the streaming query after Ctrl-C
+
+
+def _stop_queries(spark: Any) -> None:
+    """Stop the session's streaming queries (a stopped batch is replayed on the next run)."""
+    if spark is None:
+        return
+    with contextlib.suppress(Exception):
+        spark.sparkContext.setLogLevel("OFF")  # q.stop() logs the interrupted batch's stack
+    for q in spark.streams.active:
+        with contextlib.suppress(Exception):
+            q.stop()
 
 
 # ------------------------------------------------------------------------------------- main
@@ -1040,9 +1110,13 @@ def main(argv: list[str] | None = None) -> None:
                           soft_wrap=True)
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        sys.exit(EXIT_INTERRUPTED)
+        rv = EXIT_INTERRUPTED
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        rv = exc.exit_code
+    if rv == EXIT_INTERRUPTED and not _said["interrupted"]:
+        # click turns a KeyboardInterrupt inside a command into exit status 130, silently
+        with contextlib.suppress(KeyboardInterrupt):
+            err_console.print("sbpstream: interrupted")
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -333,3 +333,66 @@ def test_live_progress_only_on_a_terminal(pm: str) -> None:
             proc.kill()
             proc.wait()
         os.close(master)
+
+
+# ------------------------------------------------------------------------------- clean exits
+
+
+def _interrupt(args: list[str], ready: bytes, on_stdout: bool = False,
+               timeout: float = 180) -> tuple[int, bytes, bytes]:
+    """Start ``sbpstream ARGS``; once ``ready`` shows (stderr, or stdout), SIGINT it.
+
+    Returns (exit status, stdout, stderr)."""
+    import select
+
+    proc = subprocess.Popen([EXE, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    watched = proc.stdout if on_stdout else proc.stderr
+    seen = b""
+    try:
+        deadline = time.monotonic() + timeout
+        while ready not in seen:
+            assert proc.poll() is None, (seen, proc.communicate())
+            assert time.monotonic() < deadline, seen
+            if select.select([watched], [], [], 0.2)[0]:
+                seen += os.read(watched.fileno(), 65536)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return (proc.returncode, seen + out, err) if on_stdout else (proc.returncode, out, seen + err)
+
+
+def test_ctrl_c_exits_130_with_one_line() -> None:
+    rc, _, err = _interrupt(["stream", "list", "--pm", f"127.0.0.1:{free_port()}"],
+                            b"waiting for the placement manager")
+    assert rc == 130, err
+    assert err.decode().splitlines()[-1] == "sbpstream: interrupted", err
+    assert b"Traceback" not in err
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_on_pipeline_exits_130_and_keeps_the_checkpoint(pm: str, tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("java") is None:
+        pytest.skip("java is not on PATH")
+    pq = pytest.importorskip("pyarrow.parquet")
+    sid = new_stream(pm, b"".join(b"a%d\n" % i for i in range(50)))
+    args = ["pipeline", "--streams", sid, "--out", str(tmp_path / "out"), "--checkpoint",
+            str(tmp_path / "ck"), "--pm", pm, "--master", "local[1]"]
+    rc, _, err = _interrupt([*args, "--trigger", "processing-time=1"], b"batch ", True)
+    assert rc == 130, err.decode()[-3000:]
+    assert b"Traceback" not in err and b"Exception" not in err, err.decode()[-3000:]
+    assert b"interrupted" in err, err
+    # the checkpoint is usable: a second run continues and the table holds each record once
+    new_stream_lines = b"".join(b"b%d\n" % i for i in range(10))
+    assert sbp("produce", "--stream", sid, "--pm", pm, stdin=new_stream_lines).returncode == 0
+    r = sbp(*args, timeout=240)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    values = sorted(v.decode() if isinstance(v, bytes) else v for v in
+                    pq.read_table(tmp_path / "out").column("value").to_pylist())
+    assert values == sorted([f"a{i}" for i in range(50)] + [f"b{i}" for i in range(10)])
