@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DATA   ?= data
 PYTEST_ARGS ?=
 
-.PHONY: run test install sysdeps lint typecheck unit tier bench clean
+.PHONY: run test install sysdeps lint typecheck unit tier bench clean dist
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sbpstream needs Python >= 3.11"'
@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	  echo "python venv missing: installing python3-venv"; apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,spark,etcd]'
+	@# an editable install hides pyspark_sbpstream from Spark's data source scan: a .pth shows it
+	$(BIN)/python -c 'from sbpstream.spark import install_plugin_path; install_plugin_path()'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -43,5 +45,11 @@ test: install sysdeps lint unit
 bench: install sysdeps
 	$(BIN)/python -m bench.run_all
 
+# wheel and sdist in dist/ (pip install 'dist/sbpstream-<version>-py3-none-any.whl[spark]')
+dist: install
+	rm -rf dist build/lib
+	$(BIN)/python -m build --outdir dist .
+	@ls -1 dist
+
 clean:
-	rm -rf $(VENV) $(DATA) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(DATA) dist build .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -8,9 +8,16 @@ arguments) are reported as one line on stderr with a non-zero exit status, never
 from __future__ import annotations
 
 import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import json
+import logging
 import os
+import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -25,17 +32,25 @@ from typer.exceptions import TyperException
 
 from sbpstream.client import AsyncClient, Client, Range, Stream
 from sbpstream.client.loadgen import PhaseResult, consume_load, produce_load
+from sbpstream.client.retry import backoff_observers
 from sbpstream.client.types import (
     DEFAULT_PM,
     DEFAULT_RETENTION_MS,
     PM_ENV,
     Compression,
+    ConsumedRecord,
     StartPosition,
     codec_of,
     pm_addresses,
 )
 from sbpstream.net.loop import run
-from sbpstream.protocol.errors import OffsetOutOfRangeError, SbpError
+from sbpstream.protocol.errors import (
+    ErrorCode,
+    OffsetOutOfRangeError,
+    SbpError,
+    StreamDeletedError,
+    StreamNotFoundError,
+)
 from sbpstream.records import RecordTooLargeError
 
 T = TypeVar("T")
@@ -84,12 +99,177 @@ class CliError(Exception):
     """An expected failure: reported as one line, exit status 1."""
 
 
+# SDK wording -> the CLI's own words, for hints raised by the SDK but shown by the CLI
+_CLI_WORDS = (
+    ("use auto_reset='earliest' to jump to the start", "use --from earliest to start there"),
+)
+
+
+def cli_words(message: str) -> str:
+    for sdk, cli in _CLI_WORDS:
+        message = message.replace(sdk, cli)
+    return message
+
+
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
-    err_console.print(f"sbpstream: error: {message}", markup=False, soft_wrap=True)
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")  # over a live progress line, if any
+    err_console.print(f"sbpstream: error: {cli_words(message)}", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
+_said = {"interrupted": False}
+
+
+def interrupted(message: str = "sbpstream: interrupted") -> NoReturn:
+    """Ctrl-C: one line, exit status 130."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+    err_console.print(message, markup=False)
+    _said["interrupted"] = True
+    raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def explain(exc: SbpError, pm: str) -> str:
+    """The error's message, with its likely cause when the SDK's words do not say it."""
+    text = str(exc)
+    if exc.code == ErrorCode.UNSUPPORTED_OPERATION and "datanode" in text:
+        return (f"--pm {pm} points at a data node, not a placement manager ({text}); "
+                f"`sbpstream up` prints the PM address (default {DEFAULT_PM})")
+    last = waiting.last
+    if (exc.code in (ErrorCode.CONNECTION_CLOSED, ErrorCode.CLIENT_TIMEOUT)
+            and last is not None and last[0] == "data node"):
+        return (f"{text} (the data node at {last[1]} looks down: {last[2]}; "
+                "`sbpstream stream ranges ID` shows which nodes hold the stream)")
+    return text
+
+
+_ADDRESS = re.compile(r"(\[[0-9a-fA-F:]+\]:\d+|[A-Za-z0-9_.-]+:\d+)")
+
+
+class WaitReporter:
+    """Says on stderr what a command is waiting for once the SDK has retried for ~1 s.
+
+    Fed by the SDK's backoff hook (from the client's event-loop thread): ``waiting for the
+    placement manager at 127.0.0.1:1 (connection refused), 3 s of 15 s``. Remembers the last
+    thing waited for, so a final error can name the likely cause.
+    """
+
+    FIRST_S = 1.0  # quiet for short hiccups
+    EVERY_S = 2.0  # then one line per this many seconds
+
+    def __init__(self) -> None:
+        self.pm: set[str] = set()
+        self.last: tuple[str, str, str] | None = None  # (what, address, cause)
+        self._last_line = 0.0
+
+    def use_pm(self, pm: str) -> None:
+        try:
+            self.pm = set(pm_addresses(pm))
+        except ValueError:
+            self.pm = set()
+
+    def describe(self, err: BaseException) -> tuple[str, str, str]:
+        msg = getattr(err, "message", str(err))
+        m = _ADDRESS.search(msg)
+        addr = m.group(1) if m else ""
+        cause = _cause_of(err)
+        if addr and addr in self.pm:
+            return "placement manager", addr, cause
+        if addr:
+            return "data node", addr, cause
+        if isinstance(err, SbpError) and err.code == ErrorCode.NOT_ENOUGH_DATA_NODES:
+            return "enough live data nodes", "", cause
+        return "a retry", "", cause
+
+    def __call__(self, err: BaseException, elapsed_s: float, deadline_s: float) -> None:
+        what, addr, cause = self.last = self.describe(err)
+        now = time.monotonic()
+        if elapsed_s < self.FIRST_S or now - self._last_line < self.EVERY_S:
+            return
+        self._last_line = now
+        target = f"the {what} at {addr}" if addr else what
+        sys.stderr.write(f"waiting for {target} ({cause}), {elapsed_s:.0f} s of "
+                         f"{deadline_s:.0f} s\n")
+        sys.stderr.flush()
+
+
+def _cause_of(err: BaseException) -> str:
+    root = err.__cause__
+    if isinstance(root, TimeoutError):
+        return "no answer"
+    if isinstance(root, OSError) and root.errno:
+        return os.strerror(root.errno).lower()
+    if isinstance(err, SbpError):
+        return f"{err.code.name}: {err.message}"
+    return str(err)
+
+
+waiting = WaitReporter()
+
+
+class LiveCount:
+    """A live ``N records, R records/s`` line on stderr, only when stderr is a terminal."""
+
+    AFTER_S = 1.0  # short work shows nothing
+    EVERY_S = 0.25
+
+    def __init__(self, verb: str, enabled: bool | None = None) -> None:
+        self.verb = verb
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.count = 0
+        self._t0 = time.monotonic()
+        self._next = self._t0 + self.AFTER_S
+        self._shown = False
+
+    def add(self, n: int) -> None:
+        self.count += n
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.EVERY_S
+        rate = self.count / max(now - self._t0, 1e-9)
+        sys.stderr.write(f"\r\x1b[K{self.verb} {self.count:,} records, {rate:,.0f} records/s")
+        sys.stderr.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self._shown = False
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sbpstream")
+    except PackageNotFoundError:
+        from sbpstream import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"sbpstream {_version()}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+                       ] = False,
+) -> None:
+    pass
+
+
 def _client(pm: str, timeout_ms: int) -> AsyncClient:
+    waiting.use_pm(pm)
     try:
         return AsyncClient(pm, retry_deadline_ms=timeout_ms,
                            request_timeout_ms=min(10_000, max(1000, timeout_ms)))
@@ -108,7 +288,7 @@ def _run(pm: str, timeout_ms: int, body: Callable[[AsyncClient], Coroutine[Any, 
     try:
         return run(main())
     except SbpError as exc:
-        fail(str(exc))
+        fail(explain(exc, pm))
     except CliError as exc:
         fail(str(exc))
 
@@ -254,7 +434,6 @@ def pm_server(
                          ] = "INFO",
 ) -> None:
     """Run one placement manager (metadata, placement, liveness) in the foreground."""
-    import logging
 
     from sbpstream.pm.config import PmConfig, sqlite_path
     from sbpstream.pm.server import run_pm
@@ -308,7 +487,6 @@ def datanode_server(
                          ] = "INFO",
 ) -> None:
     """Run one data node (stores and serves record batches) in the foreground."""
-    import logging
 
     from sbpstream.datanode.config import DataNodeConfig
     from sbpstream.datanode.node import run_datanode
@@ -350,11 +528,12 @@ def stream_create(
     sys.stdout.write("".join(f"{i}\n" for i in ids))
 
 
-def _streams_table(streams: list[Stream]) -> Table:
-    t = Table("stream", "replicas", "retention_ms", "start_offset")
-    for s in streams:
+def _streams_table(streams: list[tuple[Stream, int | None]]) -> Table:
+    t = Table("stream", "replicas", "retention_ms", "start_offset", "end_offset", "records")
+    for s, end in streams:
         t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
-                  str(s.start_offset))
+                  str(s.start_offset), "-" if end is None else str(end),
+                  "-" if end is None else str(max(0, end - s.start_offset)))
     return t
 
 
@@ -364,24 +543,79 @@ def stream_describe(
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Describe streams: replicas, retention, start and end offsets."""
+    """Describe streams: replicas, retention, start and end offsets.
 
-    async def body(c: AsyncClient) -> list[tuple[Stream, int]]:
-        streams = await c.describe_streams(stream_ids)
-        return [(s, await c.end_offset(s.stream_id)) for s in streams]
+    Each id is reported on its own: a deleted or unknown one gets a row saying so (and the exit
+    status is 1), the others are still shown.
+    """
 
-    t = Table("stream", "replicas", "retention_ms", "start_offset", "end_offset")
-    for s, end in _run(pm, timeout_ms, body):
-        t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
-                  str(s.start_offset), str(end))
+    async def one(c: AsyncClient, sid: int) -> tuple[Stream, int] | str:
+        try:
+            s = await c.describe_stream(sid)
+            return s, await c.end_offset(sid)
+        except StreamDeletedError:
+            return "deleted"
+        except StreamNotFoundError:
+            return "not found"
+
+    async def body(c: AsyncClient) -> list[tuple[Stream, int] | str]:
+        return list(await asyncio.gather(*(one(c, sid) for sid in stream_ids)))
+
+    results = _run(pm, timeout_ms, body)
+    missing = [(sid, r) for sid, r in zip(stream_ids, results, strict=True) if isinstance(r, str)]
+    if len(missing) == len(stream_ids):
+        fail("; ".join(f"stream {sid} {state}" for sid, state in missing))
+    t = Table("stream", "state", "replicas", "retention_ms", "start_offset", "end_offset")
+    for sid, r in zip(stream_ids, results, strict=True):
+        if isinstance(r, str):
+            t.add_row(str(sid), r, "-", "-", "-", "-")
+        else:
+            s, end = r
+            t.add_row(str(s.stream_id), "active", str(s.replica_nums),
+                      str(s.retention_period_ms), str(s.start_offset), str(end))
     out_console.print(t)
+    if missing:
+        fail("; ".join(f"stream {sid} {state}" for sid, state in missing))
 
 
 @stream_app.command("list")
 def stream_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS) -> None:
-    """List every stream."""
-    streams = _run(pm, timeout_ms, lambda c: c.list_streams())
-    out_console.print(_streams_table(streams))
+    """List every stream with its start and end offsets (end: the next offset to be written)."""
+
+    async def end_of(c: AsyncClient, s: Stream) -> tuple[Stream, int | None]:
+        try:
+            return s, await c.end_offset(s.stream_id)
+        except (StreamNotFoundError, StreamDeletedError):  # deleted since it was listed
+            return s, None
+
+    async def body(c: AsyncClient) -> list[tuple[Stream, int | None]]:
+        streams = await c.list_streams()
+        return list(await asyncio.gather(*(end_of(c, s) for s in streams)))
+
+    out_console.print(_streams_table(_run(pm, timeout_ms, body)))
+
+
+@stream_app.command("update")
+def stream_update(
+    stream_id: Annotated[int, typer.Argument(help="Stream id.", show_default=False)],
+    retention_ms: Annotated[int | None, typer.Option(
+        "--retention-ms", min=1, help="New retention: how long records are kept.",
+        show_default=False)] = None,
+    replicas: Annotated[int | None, typer.Option(
+        "--replicas", min=1, help="New replica count of the ranges.", show_default=False)
+                        ] = None,
+    pm: PmOption = DEFAULT_PM,
+    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+) -> None:
+    """Change a stream's retention and/or replica count; print its new description."""
+    if retention_ms is None and replicas is None:
+        fail("nothing to change: give --retention-ms and/or --replicas", EXIT_USAGE)
+    s = _run(pm, timeout_ms, lambda c: c.update_stream(
+        stream_id, replica_nums=replicas, retention_ms=retention_ms))
+    t = Table("stream", "replicas", "retention_ms", "start_offset")
+    t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
+              str(s.start_offset))
+    out_console.print(t)
 
 
 @stream_app.command("delete")
@@ -414,8 +648,22 @@ def stream_ranges(
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Show a stream's ranges: offsets, state and replicas (primary marked *)."""
-    ranges: list[Range] = _run(pm, timeout_ms, lambda c: c.list_ranges(stream_id))
+    """Show a stream's ranges: offsets, state and replicas (primary marked *).
+
+    The writable range's next offset is asked of its primary, so it is live.
+    """
+
+    async def body(c: AsyncClient) -> list[Range]:
+        ranges = await c.list_ranges(stream_id)
+        if ranges and not ranges[-1].sealed:
+            try:
+                ranges[-1] = await c.describe_range(stream_id, ranges[-1].range_index)
+            except SbpError as exc:  # the PM's figure is better than nothing
+                err_console.print(f"warning: the primary did not answer ({exc}); "
+                                  "'next' may be stale", markup=False)
+        return ranges
+
+    ranges: list[Range] = _run(pm, timeout_ms, body)
     t = Table("range", "start", "end", "next", "state", "replicas")
     for r in ranges:
         reps = ", ".join(f"{'*' if n.is_primary else ''}{n.data_node.node_id}@"
@@ -452,6 +700,9 @@ def produce(
     pm: PmOption = DEFAULT_PM,
     key: Annotated[str | None, typer.Option("--key", help="Key of every record (UTF-8).")
                    ] = None,
+    key_separator: Annotated[str | None, typer.Option(
+        "--key-separator", help="Each line is KEY<SEP>VALUE, split at the first SEP "
+        "(like kafka-console-producer's parse.key/key.separator).", show_default=False)] = None,
     compression: Annotated[str, typer.Option(
         "--compression", help="Batch compression: none, zstd or lz4.")] = "none",
     linger_ms: Annotated[float, typer.Option(
@@ -467,19 +718,30 @@ def produce(
     except ValueError as exc:
         fail(f"--compression: {exc}", EXIT_USAGE)
     key_bytes = key.encode() if key is not None else None
+    if key_separator is not None and key is not None:
+        fail("--key and --key-separator exclude each other", EXIT_USAGE)
+    if key_separator == "":
+        fail("--key-separator must not be empty", EXIT_USAGE)
+    sep = key_separator.encode() if key_separator is not None else None
     _valid_pm(pm)
     try:
         with Client(pm, retry_deadline_ms=timeout_ms) as c:
             c.describe_stream(stream)  # a clear error before reading any input
             n, first, last = 0, -1, -1
             p = c.producer(compression=_compression(compression), linger_ms=linger_ms)
-            futs = []
+            futs: list[concurrent.futures.Future[int]] = []
+            live = LiveCount("produced")
             for lines in _stdin_lines():
-                if key_bytes is None:
+                live.add(len(lines))
+                if sep is not None:
+                    pairs = _split_keys(lines, sep, len(futs))
+                    futs += [p.send(stream, v, key=k) for k, v in pairs]
+                elif key_bytes is None:
                     futs += p.send_many(stream, lines)
                 else:
                     futs += [p.send(stream, ln, key=key_bytes) for ln in lines]
             p.close()
+            live.clear()
             failed = 0
             first_error: BaseException | None = None
             for f in futs:
@@ -493,18 +755,34 @@ def produce(
                     last = off
                 n += 1
     except SbpError as exc:
-        fail(str(exc))
+        fail(explain(exc, pm))
+    except CliError as exc:
+        fail(str(exc), EXIT_USAGE)
     except RecordTooLargeError as exc:
         fail(f"a line is too large for one record: {exc}")
     except KeyboardInterrupt:
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        interrupted()
     if failed:
-        fail(f"{failed} of {n} records were not acknowledged: {first_error}")
+        why = explain(first_error, pm) if isinstance(first_error, SbpError) else first_error
+        fail(f"{failed} of {n} records were not acknowledged: {why}")
     err_console.print(f"produced {n} records to stream {stream}"
                       + (f" (offsets {first}..{last})" if n else ""))
 
 
+def _split_keys(lines: list[bytes], sep: bytes, first_line: int) -> list[tuple[bytes, bytes]]:
+    """KEY<SEP>VALUE lines as (key, value); a line without SEP is an error naming it."""
+    out = []
+    for i, ln in enumerate(lines):
+        k, found, v = ln.partition(sep)
+        if not found:
+            raise CliError(f"line {first_line + i + 1} has no key separator {sep.decode()!r} "
+                           "(--key-separator)")
+        out.append((k, v))
+    return out
+
+
 def _valid_pm(pm: str) -> None:
+    waiting.use_pm(pm)
     try:
         pm_addresses(pm)
     except ValueError as exc:
@@ -545,13 +823,29 @@ def consume(
     follow: Annotated[bool, typer.Option(
         "--follow", help="Keep waiting for new records instead of exiting when caught up.")
                       ] = False,
+    print_offset: Annotated[bool, typer.Option(
+        "--print-offset", help="Prefix each value with Offset:N and a tab.")] = False,
+    print_timestamp: Annotated[bool, typer.Option(
+        "--print-timestamp", help="Prefix each value with CreateTime:MS and a tab.")] = False,
+    print_key: Annotated[bool, typer.Option(
+        "--print-key", help="Prefix each value with its key (null if none) and a tab.")
+                         ] = False,
+    output_format: Annotated[str, typer.Option(
+        "--format", help="raw (the value, with the --print-* prefixes) or json (one object "
+        "per record: stream, offset, timestamp_ms, key, value, headers; bytes that are not "
+        "UTF-8 go in key_base64/value_base64).")] = "raw",
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Write one record value per line to stdout (raw bytes).
+    """Write one record per line to stdout: its value as raw bytes, or JSON with --format json.
 
     Exits when caught up with the stream's end (unless --follow) or after --count records.
+    --print-timestamp, --print-offset and --print-key prefix the value, tab-separated, in that
+    order (as kafka-console-consumer's print.timestamp/print.offset/print.key).
     """
     pos = _parse_from(start)
+    if output_format not in ("raw", "json"):
+        fail(f"--format {output_format!r}: expected raw or json", EXIT_USAGE)
+    line_of = _record_formatter(output_format, print_timestamp, print_offset, print_key)
     _valid_pm(pm)
     out = sys.stdout.buffer
     try:
@@ -567,19 +861,63 @@ def consume(
             if count == 0:
                 return
             cons = c.consumer(stream, pos, end=end)
+            live = LiveCount("consumed")
             for n, rec in enumerate(cons, 1):
-                out.write((rec.value or b"") + b"\n")
+                out.write(line_of(rec))
+                live.add(1)
                 if count is not None and n >= count:
                     break
                 if follow and not cons.buffered:
                     out.flush()  # about to wait for more: show what we have
+            live.clear()
             out.flush()
     except SbpError as exc:
-        fail(str(exc))
+        fail(explain(exc, pm))
     except BrokenPipeError:
         _quiet_broken_pipe()
     except KeyboardInterrupt:
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        interrupted()
+
+
+def _record_formatter(fmt: str, timestamp: bool, offset: bool, key: bool
+                      ) -> Callable[[ConsumedRecord], bytes]:
+    """How ``consume`` turns a record into one output line (newline included)."""
+    if fmt == "json":
+        def as_json(rec: ConsumedRecord) -> bytes:
+            obj: dict[str, Any] = {"stream": rec.stream_id, "offset": rec.offset,
+                                   "timestamp_ms": rec.timestamp_ms}
+            _put_bytes(obj, "key", rec.key)
+            _put_bytes(obj, "value", rec.value)
+            if rec.headers:
+                obj["headers"] = [_put_bytes({"name": n}, "value", v) for n, v in rec.headers]
+            return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+        return as_json
+    if not (timestamp or offset or key):
+        return lambda rec: (rec.value or b"") + b"\n"
+
+    def prefixed(rec: ConsumedRecord) -> bytes:
+        parts = []
+        if timestamp:
+            parts.append(b"CreateTime:%d" % rec.timestamp_ms)
+        if offset:
+            parts.append(b"Offset:%d" % rec.offset)
+        if key:
+            parts.append(b"null" if rec.key is None else rec.key)
+        parts.append(rec.value or b"")
+        return b"\t".join(parts) + b"\n"
+    return prefixed
+
+
+def _put_bytes(obj: dict[str, Any], name: str, data: bytes | None) -> dict[str, Any]:
+    """``obj[name]`` = the UTF-8 text of ``data`` (None: null), else ``obj[name_base64]``."""
+    if data is None:
+        obj[name] = None
+    else:
+        try:
+            obj[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            obj[f"{name}_base64"] = base64.b64encode(data).decode("ascii")
+    return obj
 
 
 def _quiet_broken_pipe() -> NoReturn:
@@ -604,9 +942,14 @@ def bench(
                         ] = 1,
     compression: Annotated[str, typer.Option(
         "--compression", help="none, zstd or lz4.")] = "none",
+    keep: Annotated[bool, typer.Option(
+        "--keep", help="Keep the streams it creates (deleted at the end otherwise).")] = False,
     timeout_ms: TimeoutOption = 60_000,
 ) -> None:
-    """Produce then consume load through the SDK; print records/s, MB/s and latencies."""
+    """Produce then consume load through the SDK; print records/s, MB/s and latencies.
+
+    Works on streams of its own, which it deletes when done unless --keep.
+    """
     try:
         codec_of(compression)
     except ValueError as exc:
@@ -614,6 +957,17 @@ def bench(
 
     async def body(c: AsyncClient) -> tuple[PhaseResult, PhaseResult]:
         sids = await c.create_streams(streams, replica_nums=replicas)
+        try:
+            return await load(c, sids)
+        finally:
+            if keep:
+                err_console.print(f"kept stream(s) {','.join(map(str, sids))} (--keep)")
+            else:
+                await c.delete_streams(sids)
+                err_console.print(f"deleted the {len(sids)} bench stream(s) "
+                                  "(--keep keeps them)")
+
+    async def load(c: AsyncClient, sids: list[int]) -> tuple[PhaseResult, PhaseResult]:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
                       console=err_console) as bar:
@@ -667,17 +1021,74 @@ def pipeline(
         "--max-offsets-per-trigger", min=1, help="Records per micro-batch, at most.")] = None,
     master: Annotated[str, typer.Option("--master", help="Spark master.")] = "local[*]",
 ) -> None:
-    """Streams to a Parquet table partitioned by date with Spark, exactly once (docs/spark.md)."""
+    """Streams to a Parquet table partitioned by date with Spark, exactly once (docs/spark.md).
+
+    Ctrl-C stops the query between py4j calls and exits 130; the checkpoint keeps the position.
+    """
     try:
-        from sbpstream.spark.pipeline import run_from_args
+        from sbpstream.spark.pipeline import (
+            build_session,
+            parse_streams_arg,
+            parse_trigger,
+            run_pipeline,
+        )
     except ImportError as exc:
-        fail(f"the pipeline needs the spark extra (pip install 'sbpstream[spark]'): {exc}")
+        fail(f"the pipeline needs the spark extra (make install, or pip install "
+             f"'dist/sbpstream-<version>-py3-none-any.whl[spark]'; docs/spark.md): {exc}")
     try:
-        run_from_args(streams=streams, out=out, checkpoint=checkpoint, trigger=trigger, pm=pm,
-                      starting_offsets=starting_offsets,
-                      max_offsets_per_trigger=max_offsets_per_trigger, master=master)
-    except (ValueError, RuntimeError) as exc:
-        fail(str(exc))
+        parsed_trigger = parse_trigger(trigger)
+        stream_ids = parse_streams_arg(streams)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        # Spark runs in this thread, so SIGINT reaches the main thread only, never in the middle
+        # of a py4j socket read (PySpark's own SIGINT handler, installed only when the session
+        # starts in the main thread, made a py4j call from inside an interrupted one).
+        try:
+            box["spark"] = build_session(master)
+            if box.get("interrupted"):
+                return
+            box["rows"] = run_pipeline(
+                streams=stream_ids, out=out, checkpoint=checkpoint, trigger=parsed_trigger, pm=pm,
+                starting_offsets=starting_offsets,
+                max_offsets_per_trigger=max_offsets_per_trigger, spark=box["spark"],
+                report=lambda line: print(line, flush=True))
+        except BaseException as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="sbpstream-pipeline", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        box["interrupted"] = True
+        with contextlib.suppress(KeyboardInterrupt):
+            _stop_queries(box.get("spark"))
+            worker.join(STOP_PIPELINE_S)
+        interrupted("sbpstream: interrupted: the query stopped; the checkpoint keeps its "
+                    "position (run the same command again to continue)")
+    error = box.get("error")
+    if isinstance(error, ValueError | RuntimeError | SbpError):
+        fail(str(error))
+    if error is not None:
+        raise error
+
+
+STOP_PIPELINE_S = 60.0  # bound on a graceful stop of the streaming query after Ctrl-C
+
+
+def _stop_queries(spark: Any) -> None:
+    """Stop the session's streaming queries (a stopped batch is replayed on the next run)."""
+    if spark is None:
+        return
+    with contextlib.suppress(Exception):
+        spark.sparkContext.setLogLevel("OFF")  # q.stop() logs the interrupted batch's stack
+    for q in spark.streams.active:
+        with contextlib.suppress(Exception):
+            q.stop()
 
 
 # ------------------------------------------------------------------------------------- main
@@ -685,6 +1096,9 @@ def pipeline(
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, exit codes 0 / 1 (error) / 2 (usage) / 130."""
+    backoff_observers.append(waiting)
+    # the SDK's warnings (e.g. event=append_failed) are summed up by the command's own error line
+    logging.getLogger("sbpstream.client").addHandler(logging.NullHandler())
     try:
         rv = app(args=argv, prog_name="sbpstream", standalone_mode=False)
     except TyperException as exc:
@@ -696,9 +1110,13 @@ def main(argv: list[str] | None = None) -> None:
                           soft_wrap=True)
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        sys.exit(EXIT_INTERRUPTED)
+        rv = EXIT_INTERRUPTED
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        rv = exc.exit_code
+    if rv == EXIT_INTERRUPTED and not _said["interrupted"]:
+        # click turns a KeyboardInterrupt inside a command into exit status 130, silently
+        with contextlib.suppress(KeyboardInterrupt):
+            err_console.print("sbpstream: interrupted")
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

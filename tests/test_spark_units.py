@@ -205,3 +205,29 @@ def test_columns_to_batch_matches_spark_schema() -> None:
     assert empty.num_rows == 0 and empty.schema.equals(schema)
     no_headers = columns_to_batch(9, Columns([1], [1], [None], [b"x"], [()]), schema)
     assert no_headers.schema.equals(schema)
+
+
+@pytest.mark.parametrize(("options", "typo", "meant"), [
+    ({"pm": "h:1", "streams": "1", "startingofsets": "earliest"}, "startingofsets",
+     "startingOffsets"),
+    ({"pm": "h:1", "stream": "1"}, "stream", "streams"),
+    ({"pm": "h:1", "streams": "1", "maxOffsetPerTrigger": "5"}, "maxOffsetPerTrigger",
+     "maxOffsetsPerTrigger"),
+])
+def test_unknown_source_option_names_the_closest(options: dict[str, str], typo: str,
+                                                 meant: str) -> None:
+    with pytest.raises(ValueError) as e:
+        parse_source_options(options, streaming=True)
+    msg = str(e.value)
+    assert msg.startswith(f"option '{typo}' is not an option") and f"did you mean '{meant}'" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_sink_option_and_spark_own_options() -> None:
+    with pytest.raises(ValueError, match="did you mean 'compression'"):
+        parse_sink_options({"pm": "h:1", "stream": "1", "compresion": "lz4"})
+    # Spark's own options reach the source too and are not ours to refuse
+    parse_sink_options({"pm": "h:1", "stream": "1", "checkpointLocation": "/tmp/x", "path": "p"})
+    with pytest.raises(ValueError, match="^option 'zzz' is not an option of the sbpstream "
+                                         r"source \(valid"):
+        parse_source_options({"pm": "h:1", "streams": "1", "zzz": "1"}, streaming=False)

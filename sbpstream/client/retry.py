@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 
 from sbpstream.client.types import RetryPolicy
 from sbpstream.protocol.errors import (
@@ -29,6 +30,12 @@ MOVE_CODES: frozenset[int] = frozenset(
 )
 # Errors after which cached range metadata is stale and must be read again from the PM.
 REFRESH_CODES: frozenset[int] = MOVE_CODES | {ErrorCode.RANGE_NOT_FOUND}
+
+
+# Called before every backoff sleep with (error, seconds waited so far, deadline in seconds), from
+# the event loop's thread; must not block. The CLI uses it to say what it is waiting for.
+BackoffObserver = Callable[[BaseException, float, float], None]
+backoff_observers: list[BackoffObserver] = []
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -59,6 +66,8 @@ class Attempts:
         if delay_s >= self.remaining_s:
             raise err
         self.count += 1
+        for observe in backoff_observers:
+            observe(err, self.elapsed_s, self.policy.deadline_ms / 1000)
         await asyncio.sleep(delay_s)
 
 

@@ -7,6 +7,7 @@ names the option, which Spark shows inside its ``PYTHON_DATA_SOURCE_ERROR``.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,13 @@ LATEST: Final = -1  # in startingOffsets/endingOffsets JSON, as in Kafka
 DEFAULT_TIMEOUT_MS: Final = 15_000  # one client call, retries included (driver and executors)
 DEFAULT_FETCH_MAX_BYTES: Final = 4 * 1024 * 1024  # bytes asked per FETCH item by read()
 MAX_STREAMS: Final = 10_000  # one query reading more streams than this is a mistake, not a plan
+
+SOURCE_OPTIONS: Final = ("pm", "streams", "startingOffsets", "endingOffsets",
+                         "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "timeoutMs",
+                         "fetchMaxBytes")
+SINK_OPTIONS: Final = ("pm", "stream", "timeoutMs", "compression")
+# Spark's own options, which it hands to every data source as well
+SPARK_OPTIONS: Final = frozenset({"path", "checkpointlocation", "queryname"})
 
 # An offset spec per stream: EARLIEST, LATEST or a concrete offset >= 0.
 OffsetSpec = dict[int, int]
@@ -57,6 +65,19 @@ def _get(options: Mapping[str, str], name: str) -> str | None:
         if k.lower() == low:
             return None if v is None else str(v)
     return None
+
+
+def check_names(options: Mapping[str, str], valid: tuple[str, ...], what: str) -> None:
+    """Refuse an unknown option, naming the closest valid one (a typo must not be ignored)."""
+    by_lower = {v.lower(): v for v in valid}
+    for key in options:
+        low = key.lower()
+        if low in by_lower or low in SPARK_OPTIONS:
+            continue
+        close = difflib.get_close_matches(low, list(by_lower), n=1, cutoff=0.6)
+        hint = f"; did you mean '{by_lower[close[0]]}'?" if close else ""
+        raise ValueError(f"option '{key}' is not an option of the sbpstream {what}{hint} "
+                         f"(valid: {', '.join(valid)})")
 
 
 def parse_pm(options: Mapping[str, str]) -> tuple[str, ...]:
@@ -179,6 +200,7 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Parse and check every read option (raises ValueError naming the bad option)."""
+    check_names(options, SOURCE_OPTIONS, "source")
     pm = parse_pm(options)
     streams = parse_streams(options)
     starting = parse_offsets(
@@ -215,6 +237,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     if raw is None or not raw.strip():
         hint = " (option 'streams' is for reading)" if _get(options, "streams") else ""
         raise ValueError(f"option 'stream' is required: the id of the stream to append to{hint}")
+    check_names(options, SINK_OPTIONS, "sink")
     try:
         stream = int(raw.strip())
     except ValueError:
