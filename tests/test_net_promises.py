@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_pm_server import PmProcess
 
+from sbpstream.net import client as client_module
 from sbpstream.net.client import Connection
 from sbpstream.net.loop import new_event_loop
 from sbpstream.net.server import Request, Responder, Server
@@ -438,6 +439,20 @@ async def test_client_honours_goaway_below_answered_above_retriable() -> None:
         await asyncio.wait_for(c.closed_event.wait(), WAIT_S)
         assert fs.got_eof is not None
         await asyncio.wait_for(fs.got_eof.wait(), WAIT_S)
+
+
+async def test_client_drain_after_goaway_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "DEFAULT_DRAIN_TIMEOUT_S", 0.2)
+    async with fake_server() as fs:
+        c = await Connection.open(fs.address)
+        fut = asyncio.ensure_future(c.request_one(Opcode.APPEND))  # no timeout of its own
+        r = await asyncio.wait_for(fs.requests.get(), WAIT_S)
+        assert fs.writer is not None
+        fs.writer.write(encode_frame(Opcode.GOAWAY, 0, 0, GoAway(0, "", r.request_id).encode()))
+        # promised an answer that never comes: the client gives up after the drain bound
+        with pytest.raises(ConnectionClosedError):
+            await asyncio.wait_for(fut, WAIT_S)
+        await asyncio.wait_for(c.closed_event.wait(), WAIT_S)
 
 
 async def test_client_framing_error_fails_pending_sends_goaway_and_closes() -> None:
