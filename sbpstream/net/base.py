@@ -65,6 +65,9 @@ class FrameProtocol(asyncio.Protocol):
         self.max_frame_length = max_frame_length
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        # set at the first framing error: nothing read after it can be trusted, so later bytes
+        # are counted and dropped while the connection finishes what it already accepted
+        self.input_broken = False
         self.close_reason: BaseException | None = None
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -85,23 +88,31 @@ class FrameProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.bytes_in += len(data)
+        if self.input_broken:
+            return
         try:
             self.decoder.feed(data)
         except FramingError as exc:
-            self.on_framing_error(exc)
+            self._framing_error(exc)
             return
         self.process_events()
 
     def process_events(self) -> None:
         """Hand buffered events to ``on_event`` while ``can_accept_event()`` allows."""
         try:
-            while not self.closed and self.can_accept_event():
+            while not self.closed and not self.input_broken and self.can_accept_event():
                 ev = self.decoder.next_event()
                 if ev is None:
                     return
                 self.on_event(ev)
         except FramingError as exc:
-            self.on_framing_error(exc)
+            self._framing_error(exc)
+
+    def _framing_error(self, exc: FramingError) -> None:
+        if self.input_broken:
+            return
+        self.input_broken = True
+        self.on_framing_error(exc)
 
     def can_accept_event(self) -> bool:
         """False holds further events in the decoder (with reading paused) until called again."""
@@ -130,6 +141,7 @@ class FrameProtocol(asyncio.Protocol):
         raise NotImplementedError
 
     def on_framing_error(self, exc: FramingError) -> None:
+        """Called once, at the first framing error; ``input_broken`` is already set."""
         log.warning("event=framing_error peer=%s error=%r", self.peer, str(exc))
         self.abort(exc)
 

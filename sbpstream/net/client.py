@@ -4,6 +4,11 @@ Requests are keyed by the frame's request id; the reader delivers each response 
 request, so responses may interleave and arrive out of order. A request's response may be one frame
 (:meth:`Connection.request`) or many (:meth:`Connection.stream`). When the connection dies every
 pending request fails at once with :class:`~sbpstream.protocol.errors.ConnectionClosedError`.
+A GOAWAY from the server fails the pending requests above its ``last_stream_id`` at once with
+:class:`~sbpstream.protocol.errors.ShuttingDownError` (retriable: the server never saw them); those
+at or below it still get their answers, bounded by ``DEFAULT_DRAIN_TIMEOUT_S``, then the
+connection closes. A framing error from the server fails every pending request (nothing more can be
+read), sends GOAWAY and closes.
 Frames not yet consumed count against ``MAX_BUFFERED_RESPONSE_BYTES``; past it the client stops
 reading the socket. :class:`ConnectionPool` keeps one connection per address and reconnects on
 demand.
@@ -42,6 +47,7 @@ from sbpstream.protocol.frame import (
 )
 from sbpstream.protocol.limits import (
     DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_DRAIN_TIMEOUT_S,
     MAX_BUFFERED_RESPONSE_BYTES,
     MAX_FRAME_LENGTH,
     MAX_IN_FLIGHT_REQUESTS,
@@ -141,6 +147,7 @@ class Connection(FrameProtocol):
         self._slots = asyncio.Semaphore(max_in_flight)
         self._buffered = 0
         self.goaway: GoAway | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None
 
     @classmethod
     async def open(
@@ -202,7 +209,14 @@ class Connection(FrameProtocol):
             p.waiter.set_result(None)
 
     def _on_request(self, frame: Frame) -> None:
-        if frame.opcode == Opcode.PING:
+        if frame.request_id > MAX_REQUEST_ID and frame.opcode != Opcode.GOAWAY:
+            self._send_system_error(
+                frame.opcode,
+                frame.request_id,
+                ErrorCode.INVALID_REQUEST,
+                f"request id 0x{frame.request_id:08x} has the top bit set",
+            )
+        elif frame.opcode == Opcode.PING:
             with contextlib.suppress(ConnectionError):
                 self.write_frame_nowait(
                     Opcode.PING, frame.request_id, FLAGS_RESPONSE_END, frame.header, frame.payload
@@ -220,11 +234,16 @@ class Connection(FrameProtocol):
             )
             last = self.goaway.last_stream_id
             for rid in [r for r in self._pending if r > last]:
+                # the server never saw it: safe to retry, even an APPEND
                 self._fail(
                     rid, ShuttingDownError(f"{self.address} sent GOAWAY: {self.goaway.message}")
                 )
             if not self._pending:
                 self.close()
+            elif self._drain_timer is None:
+                self._drain_timer = asyncio.get_running_loop().call_later(
+                    DEFAULT_DRAIN_TIMEOUT_S, self._drain_expired
+                )
         else:
             self._send_system_error(
                 frame.opcode,
@@ -235,14 +254,35 @@ class Connection(FrameProtocol):
 
     def _send_system_error(self, opcode: int, request_id: int, code: int, message: str) -> None:
         hdr = SystemErrorResponse(status=Status(code=code, message=message)).encode()
-        with contextlib.suppress(ConnectionError):
+        with contextlib.suppress(ConnectionError, ValueError):
             self.write_frame_nowait(opcode, request_id, FLAGS_SYSTEM_ERROR, hdr)
 
+    def _drain_expired(self) -> None:
+        self._drain_timer = None
+        if not self.closed:
+            log.warning("event=drain_expired peer=%s unanswered=%d", self.peer, len(self._pending))
+            self.abort(TimeoutError(f"no answer within {DEFAULT_DRAIN_TIMEOUT_S}s of GOAWAY"))
+
     def on_framing_error(self, exc: FramingError) -> None:
+        # No response can be read any more: every pending request fails (the server may have
+        # served it: ConnectionClosedError, as for any lost connection). The server is told, and
+        # the connection closes once the GOAWAY is written.
         log.warning("event=framing_error peer=%s error=%r", self.peer, str(exc))
-        self.abort(exc)
+        self.close_reason = exc
+        err = ConnectionClosedError(f"framing error from {self.address}: {exc}")
+        for rid in list(self._pending):
+            self._fail(rid, err)
+        hdr = GoAway(
+            code=ErrorCode.INVALID_REQUEST, message=f"framing error: {exc}", last_stream_id=0
+        ).encode()
+        with contextlib.suppress(ConnectionError):
+            self.write_frame_nowait(Opcode.GOAWAY, 0, 0, hdr)
+        self.close()
 
     def on_close(self, exc: BaseException) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
         err = ConnectionClosedError(f"connection to {self.address} closed: {exc}")
         for rid in list(self._pending):
             self._fail(rid, err)

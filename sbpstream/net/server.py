@@ -5,7 +5,16 @@ requests run concurrently and responses go out as they complete, several frames 
 where a handler streams. The layer itself answers PING (same header and payload, flags 0x03),
 honours GOAWAY, answers a known opcode with no handler with UNSUPPORTED_OPERATION, turns a CRC
 mismatch or bad header format into a system error frame, discards and counts bad magic and
-unknown opcodes, and on a framing error sends GOAWAY and closes.
+unknown opcodes.
+
+Every request frame gets exactly one final answer while the connection lives: a request id with
+the top bit set gets INVALID_REQUEST without being dispatched, and whatever a handler raises
+(an :class:`SbpError` of any code, an answer that does not encode, any other exception) becomes a
+system error frame on its request id. A connection drains the same way on every path (a framing
+error, a GOAWAY either way, the idle timeout, server shutdown): GOAWAY with ``last_stream_id`` =
+the highest request id it accepted, no new requests, the accepted ones answered, then close,
+bounded by ``drain_timeout_s`` (``DEFAULT_DRAIN_TIMEOUT_S``). A peer's half-close (EOF) drains
+too: what it sent before is answered.
 """
 
 from __future__ import annotations
@@ -37,11 +46,15 @@ from sbpstream.protocol.limits import (
     MAX_CONNECTIONS,
     MAX_FRAME_LENGTH,
     MAX_IN_FLIGHT_REQUESTS,
+    MAX_REQUEST_ID,
 )
 from sbpstream.protocol.messages import GoAway, Status, SystemErrorResponse
 from sbpstream.protocol.opcodes import Opcode
 
 log = logging.getLogger("sbpstream.net.server")
+
+# An error response that does not encode is replaced by INTERNAL_ERROR quoting this much of it.
+_FALLBACK_MESSAGE_CHARS = 1000
 
 
 @dataclass(slots=True)
@@ -55,6 +68,8 @@ class ServerStats:
     frames_discarded_unknown_opcode: int = 0
     frames_corrupt: int = 0
     framing_errors: int = 0
+    requests_bad_id: int = 0
+    drains_expired: int = 0
     requests_by_opcode: dict[int, int] = field(default_factory=dict)
 
 
@@ -127,7 +142,9 @@ class ServerConnection(FrameProtocol):
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.draining = False
         self.last_activity = time.monotonic()
-        self.highest_request_id = 0
+        self.highest_request_id = 0  # highest request id dispatched: GOAWAY's last_stream_id
+        self.input_ended = False  # the peer half-closed: answer what it sent, then close
+        self._drain_timer: asyncio.TimerHandle | None = None
         self.attributes: dict[str, object] = {}  # per-connection state for handlers (e.g. role)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -146,18 +163,34 @@ class ServerConnection(FrameProtocol):
         s.stats.connections_open = len(s.connections)
 
     def on_close(self, exc: BaseException) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
         for t in list(self.tasks.values()):
             t.cancel()
         self.server.connections.discard(self)
         self.server.stats.connections_open = len(self.server.connections)
 
     def on_framing_error(self, exc: FramingError) -> None:
+        # Nothing after the bad bytes can be trusted, but everything before them was: the
+        # requests already dispatched are answered (GOAWAY's promise), then the connection closes.
         self.server.stats.framing_errors += 1
-        log.warning("event=framing_error peer=%s error=%r", self.peer, str(exc))
-        with contextlib.suppress(Exception):
-            self.send_goaway(ErrorCode.INVALID_REQUEST, f"framing error: {exc}")
-        self.closed = True  # stop processing anything else from this peer
-        self.close()
+        log.warning(
+            "event=framing_error peer=%s error=%r in_flight=%d last_request_id=%d",
+            self.peer,
+            str(exc),
+            len(self.tasks),
+            self.highest_request_id,
+        )
+        self.goaway_and_drain(ErrorCode.INVALID_REQUEST, f"framing error: {exc}")
+
+    def eof_received(self) -> bool:
+        # A half-close: the peer sends nothing more but may still read. Answer what it sent
+        # (frames held back at the in-flight cap included), then close.
+        self.input_ended = True
+        self._arm_drain_timer()
+        self._maybe_finish_drain()
+        return True  # keep the transport open for writing
 
     def send_goaway(self, code: int, message: str) -> None:
         hdr = GoAway(code=code, message=message, last_stream_id=self.highest_request_id).encode()
@@ -167,7 +200,29 @@ class ServerConnection(FrameProtocol):
     def send_system_error(
         self, opcode: int, request_id: int, code: int, message: str, detail: bytes = b""
     ) -> None:
-        hdr = SystemErrorResponse(status=Status(code=code, message=message, detail=detail)).encode()
+        """Answer ``request_id`` with a system error frame. Never raises: an error that does not
+        encode (a code outside int16, a frame past the length limit) is answered as
+        INTERNAL_ERROR instead, and a closed connection has nobody left to answer."""
+        try:
+            hdr = SystemErrorResponse(
+                status=Status(code=code, message=message, detail=detail)
+            ).encode()
+            self.write_frame_nowait(opcode, request_id, FLAGS_SYSTEM_ERROR, hdr)
+            return
+        except ConnectionError:
+            return
+        except Exception as exc:
+            log.warning(
+                "event=error_response_unencodable peer=%s request_id=%d code=%d error=%r",
+                self.peer,
+                request_id,
+                code,
+                str(exc),
+            )
+        fallback = f"error {code} did not encode: {message[:_FALLBACK_MESSAGE_CHARS]}"
+        hdr = SystemErrorResponse(
+            status=Status(code=ErrorCode.INTERNAL_ERROR, message=fallback)
+        ).encode()
         with contextlib.suppress(ConnectionError):
             self.write_frame_nowait(opcode, request_id, FLAGS_SYSTEM_ERROR, hdr)
 
@@ -203,6 +258,16 @@ class ServerConnection(FrameProtocol):
         if frame.is_response:
             # servers send no requests except PING; a stray response is ignored
             return
+        if frame.request_id > MAX_REQUEST_ID and op != Opcode.GOAWAY:
+            # not dispatched: its answer would echo an id no request may carry
+            self.server.stats.requests_bad_id += 1
+            self.send_system_error(
+                op,
+                frame.request_id,
+                ErrorCode.INVALID_REQUEST,
+                f"request id 0x{frame.request_id:08x} has the top bit set",
+            )
+            return
         if op == Opcode.PING:
             with contextlib.suppress(ConnectionError):
                 self.write_frame_nowait(
@@ -210,7 +275,9 @@ class ServerConnection(FrameProtocol):
                 )
             return
         if op == Opcode.GOAWAY:
+            # the peer sends nothing more: answer what it sent, then close
             self.draining = True
+            self._arm_drain_timer()
             self._maybe_finish_drain()
             return
         if self.draining:
@@ -254,31 +321,23 @@ class ServerConnection(FrameProtocol):
             if not resp.finished and not self.closed:
                 raise RuntimeError(f"handler for {Opcode(req.opcode).name} sent no final frame")
         except asyncio.CancelledError:
-            if not resp.finished and not self.closed:
-                self.send_system_error(
-                    req.opcode, req.request_id, ErrorCode.SHUTTING_DOWN, "request cancelled"
-                )
+            self._answer_failure(resp, ErrorCode.SHUTTING_DOWN, "request cancelled")
             raise
         except SbpError as exc:
+            # any code, client-side ones included: a handler's own call to another node failed
+            # that way, and the caller is told so (errors.py)
             self.server.stats.requests_failed += 1
-            if not resp.finished and not self.closed:
-                self.send_system_error(
-                    req.opcode, req.request_id, exc.code, exc.message, exc.detail
-                )
-        except ConnectionError:
-            pass
+            self._answer_failure(resp, exc.code, exc.message, exc.detail)
         except Exception as exc:
-            self.server.stats.requests_failed += 1
-            log.exception(
-                "event=handler_error opcode=%s peer=%s", Opcode(req.opcode).name, self.peer
-            )
-            if not resp.finished and not self.closed:
-                self.send_system_error(
-                    req.opcode,
+            if not (self.closed and isinstance(exc, ConnectionError)):  # else nobody to answer
+                self.server.stats.requests_failed += 1
+                log.exception(
+                    "event=handler_error opcode=%s request_id=%d peer=%s",
+                    Opcode(req.opcode).name,
                     req.request_id,
-                    ErrorCode.INTERNAL_ERROR,
-                    f"{type(exc).__name__}: {exc}",
+                    self.peer,
                 )
+                self._answer_failure(resp, ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
             self.tasks.pop(req.request_id, None)
             self.last_activity = time.monotonic()
@@ -288,19 +347,49 @@ class ServerConnection(FrameProtocol):
                     self.resume_reading("in_flight")
             self._maybe_finish_drain()
 
+    def _answer_failure(
+        self, resp: Responder, code: int, message: str, detail: bytes = b""
+    ) -> None:
+        """End a failed request's response with a system error, unless it already ended."""
+        if resp.finished or self.closed:
+            return
+        resp.finished = True
+        self.send_system_error(resp.opcode, resp.request_id, code, message, detail)
+
     def can_accept_event(self) -> bool:
         return len(self.tasks) < self.server.max_in_flight
 
     def _maybe_finish_drain(self) -> None:
-        if self.draining and not self.tasks and not self.closed:
+        # frames held back at the in-flight cap are dispatched as tasks finish (``_run``), so no
+        # tasks left means nothing accepted is unanswered
+        if (self.draining or self.input_ended) and not self.tasks and not self.closed:
             self.close()
 
+    def _arm_drain_timer(self) -> None:
+        if self._drain_timer is None and not self.closed:
+            loop = asyncio.get_running_loop()
+            self._drain_timer = loop.call_later(self.server.drain_timeout_s, self._drain_expired)
+
+    def _drain_expired(self) -> None:
+        self._drain_timer = None
+        if self.closed:
+            return
+        self.server.stats.drains_expired += 1
+        log.warning(
+            "event=drain_expired peer=%s unanswered=%d after_s=%.1f",
+            self.peer,
+            len(self.tasks),
+            self.server.drain_timeout_s,
+        )
+        self.abort(TimeoutError(f"drain not done within {self.server.drain_timeout_s}s"))
+
     def goaway_and_drain(self, code: int, message: str) -> None:
-        """Send GOAWAY, accept no new requests, close once in-flight requests finish."""
+        """Send GOAWAY, accept no new requests, close once in-flight requests finish (bounded)."""
         if self.closed:
             return
         self.send_goaway(code, message)
         self.draining = True
+        self._arm_drain_timer()
         self._maybe_finish_drain()
 
 
@@ -316,6 +405,7 @@ class Server:
         max_in_flight: int = MAX_IN_FLIGHT_REQUESTS,
         max_connections: int = MAX_CONNECTIONS,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
     ) -> None:
         self.handlers = dict(handlers)
         self.name = name
@@ -323,6 +413,7 @@ class Server:
         self.max_in_flight = max_in_flight
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s
+        self.drain_timeout_s = drain_timeout_s  # bound of every connection's drain
         self.connections: set[ServerConnection] = set()
         self.stats = ServerStats()
         self.closing = False
@@ -355,8 +446,10 @@ class Server:
                     log.info("event=idle_close peer=%s", c.peer)
                     c.goaway_and_drain(ErrorCode.TIMEOUT, "idle timeout")
 
-    async def close(self, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> None:
+    async def close(self, drain_timeout_s: float | None = None) -> None:
         """GOAWAY every connection, let in-flight requests finish (bounded), then close."""
+        if drain_timeout_s is None:
+            drain_timeout_s = self.drain_timeout_s
         self.closing = True
         if self._server is not None:
             self._server.close()

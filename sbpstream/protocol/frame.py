@@ -7,7 +7,7 @@ Wire layout, all integers big-endian::
     4      1    magic          u8  = 23
     5      2    opcode         u16
     7      1    flags          u8  (0x01 response, 0x02 response end, 0x04 system error)
-    8      4    request_id     u32 (top bit clear)
+    8      4    request_id     u32 (top bit clear in a request; a response echoes its request's)
     12     1    header_format  u8  = 1 (FlatBuffers)
     13     3    header_length  u24 = H
     16     H    extended header
@@ -38,6 +38,7 @@ FLAG_SYSTEM_ERROR: Final = 0x04
 FLAGS_RESPONSE_END: Final = FLAG_RESPONSE | FLAG_END
 FLAGS_SYSTEM_ERROR: Final = FLAG_RESPONSE | FLAG_END | FLAG_SYSTEM_ERROR
 HEADER_FORMAT_FLATBUFFERS: Final = 1
+MAX_U32: Final = (1 << 32) - 1
 
 LENGTH_STRUCT: Final = struct.Struct(">I")
 # everything from frame_length to header_length: 4+1+2+1+4+1+3 = 16 bytes
@@ -138,8 +139,11 @@ def encode_frame_parts(
     frame_length = FIXED_SIZE + header_len + payload_len
     if frame_length > max_frame_length:
         raise ValueError(f"frame of {frame_length} bytes exceeds the limit of {max_frame_length}")
-    if not 0 <= request_id <= MAX_REQUEST_ID:
-        raise ValueError(f"request id {request_id} outside [0, {MAX_REQUEST_ID}]")
+    # A request's id has the top bit clear; a response echoes whatever id its request carried,
+    # so that a request with the top bit set can still be answered (with a system error).
+    max_id = MAX_U32 if flags & FLAG_RESPONSE else MAX_REQUEST_ID
+    if not 0 <= request_id <= max_id:
+        raise ValueError(f"request id {request_id} outside [0, {max_id}]")
     fixed = FIXED_STRUCT.pack(
         frame_length, MAGIC, opcode, flags, request_id, header_format, header_len.to_bytes(3, "big")
     )
