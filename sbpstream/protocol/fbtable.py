@@ -396,12 +396,12 @@ class Table:
     """Base of the bound dataclasses: any table encodes to and decodes from a root table."""
 
     __slots__ = ()
-    _FB: ClassVar[Bound]
+    SCHEMA: ClassVar[Bound]  # the class's binding: its schema table, codec and field names
 
     def encode(self) -> bytes:
         b = flatbuffers.Builder(_INITIAL_BUILDER_BYTES)
         try:
-            b.Finish(self._FB.build(b, self))
+            b.Finish(self.SCHEMA.build(b, self))
         except _ENCODE_ERRORS as exc:
             raise ValueError(f"cannot encode {type(self).__name__}: {exc}") from exc
         return bytes(b.Output())
@@ -411,7 +411,7 @@ class Table:
         if len(buf) == 0:  # header_length = 0: every field at its default
             return cls()
         try:
-            obj: Self = cls._FB.read(buf, _U32(buf, 0)[0])
+            obj: Self = cls.SCHEMA.read(buf, _U32(buf, 0)[0])
         except _DECODE_ERRORS as exc:
             raise BadHeaderError(f"undecodable {cls.__name__} header: {exc!r}") from exc
         return obj
@@ -454,7 +454,7 @@ class Codec:
         omit_values = None if omit is None else tuple(getattr(omit, n) for n in py_names)
         bound = Bound(cls, table, env["build"], env["read"], py_names, omit, omit_values, layout,
                       source)  # fmt: skip
-        cls._FB = bound
+        cls.SCHEMA = bound
         self.bound[table.name] = bound
         return bound
 
