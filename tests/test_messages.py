@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
+import flatbuffers
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -561,3 +562,24 @@ def test_round_trip_of_values_drawn_from_the_schema(data: st.DataObject) -> None
     cls = data.draw(st.sampled_from(TABLE_CLASSES))
     obj = data.draw(_instances(cls))
     assert cls.decode(obj.encode()) == obj
+
+
+class _StartProbe:
+    def StartObject(self, slots: int) -> None:
+        self.slots = slots
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMA.tables))
+def test_parser_agrees_with_flatc(name: str) -> None:
+    # flatc's generated code is an independent reading of sbp.fbs: same slots, same defaults.
+    probe = _StartProbe()
+    getattr(G, name + "Start")(probe)
+    assert probe.slots == SCHEMA.tables[name].slots
+    b = flatbuffers.Builder(64)
+    b.StartObject(0)
+    b.Finish(b.EndObject())
+    empty = getattr(G, name).GetRootAs(bytes(b.Output()), 0)
+    for field in SCHEMA.tables[name].fields:
+        if field.kind in (fbtable.Kind.SCALAR, fbtable.Kind.ENUM):
+            accessor = "".join(part.title() for part in field.name.split("_"))
+            assert getattr(empty, accessor)() == field.default, (name, field.name)
