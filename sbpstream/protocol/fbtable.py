@@ -288,7 +288,8 @@ class FixedLayout:
     def __init__(self, table: TableDef, names: dict[str, str], status: Bound | None) -> None:
         scalars = [f for f in table.fields if f.kind is Kind.SCALAR and f.fmt in "qQiI"]
         tables = [f for f in table.fields if f.kind is Kind.TABLE]
-        if len(scalars) + len(tables) != len(table.fields) or len(tables) > (status is not None):
+        omitted = status is not None and status.omit is not None
+        if len(scalars) + len(tables) != len(table.fields) or len(tables) > omitted:
             raise TypeError(f"{table.name}: a fixed layout holds 4/8-byte scalars, one status")
         order = sorted(scalars, key=lambda f: (-struct.calcsize(f.fmt), f.slot)) + tables
         at: dict[int, int] = {}  # slot -> offset in the table
@@ -308,14 +309,14 @@ class FixedLayout:
         self.errors: Callable[[Any, Sequence[Any]], list[int]] | None = None
         if status is not None and tables:
             env.update(k=status.omit, K=status.omit_values, build=status.build)
-            omitted = _omitted("s", status, "k", "K")
-            self.errors = eval(f"lambda b, items: [0 if {omitted} else build(b, s) for s in "
+            ok = _omitted("s", status, "k", "K")
+            self.errors = eval(f"lambda b, items: [0 if {ok} else build(b, s) for s in "
                                f"[i.{names[tables[0].name]} for i in items]]", env)  # fmt: skip
         self.status_at = at[tables[0].slot] if tables else 0
         head = (4 + 2 * len(at), inline)
         every = [at[f.slot] for f in table.fields]
-        ok = [0 if f in tables else at[f.slot] for f in table.fields]
-        self.vtable = struct.pack(f"<{len(at) + 2}H", *head, *ok)
+        no_status = [0 if f in tables else at[f.slot] for f in table.fields]
+        self.vtable = struct.pack(f"<{len(at) + 2}H", *head, *no_status)
         self.vtable_status = struct.pack(f"<{len(at) + 2}H", *head, *every)
 
     def put(self, b: Any, items: Sequence[Any]) -> int:
@@ -358,6 +359,7 @@ class FixedLayout:
                     parts.append(pack(pos - vtable_at, *row, 0))
                 pos += size
         block = b"".join(parts)
+        assert len(block) == total
         head = b.head - total
         b.Bytes[head : b.head] = block
         b.head = head
