@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import subprocess
+import sys
 from typing import Any
 
+import flatbuffers
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from message_samples import ERR, ERR2, SAMPLES
 
+from sbpstream.protocol import fbtable, flatc
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     BadHeaderError,
@@ -18,89 +23,9 @@ from sbpstream.protocol.errors import (
     PmNotLeaderError,
     UnknownServerError,
 )
-from sbpstream.protocol.fbs import sbp_generated as G
+from sbpstream.protocol.fbs import sbp_generated as G  # the test oracle
+from sbpstream.protocol.fbtable import Table
 from sbpstream.protocol.opcodes import Opcode
-
-# ----------------------------------------------------------------- samples: every field non-default
-
-NODE = m.DataNode(7, "dn-7.example:12379")
-NODE2 = m.DataNode(8, "[::1]:12380")
-ERR = m.Status(int(ErrorCode.RANGE_SEALED), "sealed", b"\x00\x01detail")
-ERR2 = m.Status(int(ErrorCode.PM_NOT_LEADER), "not leader", b"10.0.0.2:12378")
-RANGE = m.Range(
-    stream_id=42,
-    range_index=3,
-    start_offset=1_000,
-    next_offset=1_500,
-    end_offset=1_500,
-    replica_nodes=(m.ReplicaNode(NODE, True), m.ReplicaNode(NODE2, True)),
-)
-RANGE2 = dataclasses.replace(RANGE, range_index=4, start_offset=1_500, next_offset=1_600)
-STREAM = m.Stream(42, 3, 86_400_000, 1_000)
-PRODUCER = m.ProducerState(1 << 40, 3, 99, 1_400)
-
-SAMPLES: list[m.Message] = [
-    m.PingRequest(),
-    m.PingResponse(),
-    m.GoAway(int(ErrorCode.SHUTTING_DOWN), "maintenance", 12345),
-    m.GoAwayResponse(ERR),
-    m.HeartbeatRequest("client-1", m.ClientRole.DATA_NODE, NODE),
-    m.HeartbeatResponse("client-1", m.ClientRole.CLIENT, NODE, ERR2),
-    m.AllocateIdRequest(3_000, "host-a"),
-    m.AllocateIdResponse(17, ERR),
-    m.AppendRequest(
-        5_000,
-        (m.AppendItem(42, 1, 4096, 3), m.AppendItem(-(1 << 62), 2, 123, 0)),
-        True,
-        1_234,
-    ),
-    m.AppendResponse(
-        10,
-        ERR,
-        (m.AppendResult(42, 1, 1_000, 1_700_000_000_000, ERR, 1_010),),
-    ),
-    m.FetchRequest(
-        500,
-        1_024,
-        (m.FetchItem(42, 1, 1_000, 1 << 20, 2), m.FetchItem(43, 2, 0, 65_536, 0)),
-        9,
-        4,
-        (44, 45, -1),
-        1 << 24,
-    ),
-    m.FetchResponse(
-        20,
-        ERR,
-        (
-            m.FetchResult(42, 1, 4096, ERR, 100, 2_000, 1_500),
-            m.FetchResult(43, 7, 0, ERR2, 0, 1, 2),
-        ),
-    ),
-    m.BufferAckRequest(1 << 33),
-    m.BufferAckResponse(ERR),
-    m.ListRangesRequest(1_000, (m.StreamOwner(42), NODE, m.StreamOwner(-5))),
-    m.ListRangesResponse(1, ERR, (m.ListRangesResult(42, ERR, (RANGE, RANGE2)),)),
-    m.SealRangesRequest(1_000, (m.SealItem(42, 3, 1_500), m.SealItem(43, 0, 0))),
-    m.SealRangesResponse(
-        2, ERR, (m.SealResult(42, ERR, (RANGE, RANGE2), (PRODUCER, m.ProducerState(5, 0, 0, 0))),)
-    ),
-    m.SyncRangesRequest(1_000, (m.StreamRanges(42, (RANGE2,)),)),
-    m.SyncRangesResponse(3, ERR, (m.SyncResult(42, ERR, (RANGE2,)),)),
-    m.DescribeRangesRequest(1_000, (m.DescribeRangeItem(42, 4),)),
-    m.DescribeRangesResponse(4, ERR, (m.DescribeRangeResult(42, ERR, RANGE),)),
-    m.CreateStreamsRequest(1_000, (m.CreateStreamItem(3, 86_400_000), m.CreateStreamItem(1, 1))),
-    m.CreateStreamsResponse(5, ERR, (m.CreateStreamResult(STREAM, 3, 86_400_000, ERR),)),
-    m.DeleteStreamsRequest(1_000, (STREAM,)),
-    m.DeleteStreamsResponse(6, ERR, (m.StreamResult(STREAM, ERR),)),
-    m.UpdateStreamsRequest(1_000, (STREAM, m.Stream(43, 1, 5, 6))),
-    m.UpdateStreamsResponse(7, ERR, (m.StreamResult(STREAM, ERR),)),
-    m.DescribeStreamsRequest(1_000, (42, 43, 1 << 50), 100, 41),
-    m.DescribeStreamsResponse(8, ERR, (m.StreamResult(STREAM, ERR),), 43),
-    m.TrimStreamsRequest(1_000, (m.TrimItem(42, 1_200),)),
-    m.TrimStreamsResponse(9, ERR, (m.TrimResult(STREAM, ERR, RANGE),)),
-    m.ReportMetricsRequest(NODE, *range(1, 18)),
-    m.ReportMetricsResponse(NODE, ERR),
-]
 
 
 def _assert_non_default(obj: Any, path: str) -> None:
@@ -434,3 +359,227 @@ def test_every_truncation_of_every_sample() -> None:
         raw = sample.encode()
         for cut in range(len(raw)):
             _decode_or_reject(type(sample), raw[:cut])
+
+
+# ----------------------------------------------------------------- the schema is the source
+
+SCHEMA = fbtable.parse_schema(flatc.SCHEMA_PATH.read_text())
+TABLE_CLASSES = [
+    c for c in (getattr(m, n) for n in m.__all__) if isinstance(c, type) and issubclass(c, Table)
+    and dataclasses.is_dataclass(c)
+]  # fmt: skip
+# Python names that differ from the schema's (the spec's names are longer or repeat the table's).
+RENAMED = {
+    (cls.__name__, "items", schema)
+    for cls, schema in [
+        (m.AppendRequest, "append_requests"), (m.AppendResponse, "append_responses"),
+        (m.FetchRequest, "fetch_requests"), (m.FetchResponse, "fetch_responses"),
+        (m.ListRangesRequest, "range_owners"), (m.ListRangesResponse, "list_responses"),
+        (m.SealRangesRequest, "ranges"), (m.SealRangesResponse, "seal_responses"),
+        (m.SyncRangesRequest, "stream_ranges"), (m.SyncRangesResponse, "sync_responses"),
+        (m.DescribeRangesRequest, "ranges"), (m.DescribeRangesResponse, "describe_responses"),
+        (m.CreateStreamsRequest, "streams"), (m.CreateStreamsResponse, "create_responses"),
+        (m.DeleteStreamsRequest, "streams"), (m.DeleteStreamsResponse, "delete_responses"),
+        (m.UpdateStreamsRequest, "streams"), (m.UpdateStreamsResponse, "update_responses"),
+        (m.DescribeStreamsResponse, "describe_responses"),
+        (m.TrimStreamsRequest, "trimmed_streams"), (m.TrimStreamsResponse, "streams"),
+    ]
+} | {("TrimResult", "stream", "trimmed_stream")}  # fmt: skip
+
+
+def test_every_schema_table_has_a_class() -> None:
+    # RangeOwnerEntry stands for its union member (flatc's Python has no vectors of unions).
+    assert {c.__name__ for c in TABLE_CLASSES} == set(SCHEMA.tables) - {"RangeOwnerEntry"}
+    assert len(TABLE_CLASSES) == 58
+
+
+def _schema_default(field: fbtable.Field, value: Any) -> bool:
+    """What a Python default must be for the schema field (checked apart from the codec)."""
+    if field.kind in (fbtable.Kind.SCALAR, fbtable.Kind.ENUM):
+        return bool(value == field.default and type(value) is not float)
+    if field.kind is fbtable.Kind.TABLE:
+        ref = getattr(m, field.ref)
+        return value is None or value == ref()  # absent: None, STATUS_OK, or DataNode()
+    return bool(value == {fbtable.Kind.STRING: "", fbtable.Kind.BYTES: b""}.get(field.kind, ()))
+
+
+@pytest.mark.parametrize("cls", TABLE_CLASSES, ids=lambda c: c.__name__)
+def test_class_matches_the_schema(cls: type[Table]) -> None:
+    table = SCHEMA.tables[cls.__name__]
+    assert cls.SCHEMA.table == table
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    assert len(fields) == len(table.fields)
+    for py, field in zip(fields, table.fields, strict=True):  # same order
+        if py.name != field.name:
+            assert (cls.__name__, py.name, field.name) in RENAMED
+        assert _schema_default(field, py.default), (cls.__name__, py.name, py.default)
+    status = [f for f in fields if f.name == "status"]
+    assert not status or status[0].default is m.STATUS_OK
+
+
+def test_enum_matches_the_schema() -> None:
+    assert {r.name: r.value for r in m.ClientRole} == SCHEMA.enums["ClientRole"]
+
+
+def test_fixed_layouts_derive_from_the_field_table() -> None:
+    # 8-byte fields first, then 4-byte ones, each in slot order, then the status's uoffset.
+    formats = {
+        m.AppendItem: "<iqiii0x",  # 24 bytes
+        m.FetchItem: "<iqqiii0x",  # 32 bytes
+        m.AppendResult: "<iqqqqiI4x",  # 44 bytes, padded to 48
+        m.FetchResult: "<iqqqqiiI0x",  # 48 bytes
+    }
+    for cls, fmt in formats.items():
+        layout = cls.SCHEMA.fixed
+        assert layout is not None and layout.row.format == fmt, cls
+    assert m.Range.SCHEMA.fixed is None
+
+
+def test_binding_refuses_drift_from_the_schema() -> None:
+    codec = fbtable.Codec(SCHEMA)
+
+    @dataclasses.dataclass(frozen=True)
+    class DataNode(Table):  # a default that is not the schema's
+        node_id: int = 1
+        advertise_addr: str = ""
+
+    with pytest.raises(TypeError, match="default"):
+        codec.bind(DataNode)
+
+    @dataclasses.dataclass(frozen=True)
+    class StreamOwner(Table):  # a field the schema does not have
+        stream_id: int = 0
+        extra: int = 0
+
+    with pytest.raises(TypeError, match="declares"):
+        codec.bind(StreamOwner)
+
+    @dataclasses.dataclass(frozen=True)
+    class TrimItem(Table):  # schema fields in another order
+        trim_offset: int = 0
+        stream_id: int = 0
+
+    with pytest.raises(TypeError, match="declares"):
+        codec.bind(TrimItem)
+
+    @dataclasses.dataclass(frozen=True)
+    class NoSuchTable(Table):
+        x: int = 0
+
+    with pytest.raises(TypeError, match="no table"):
+        codec.bind(NoSuchTable)
+
+    @dataclasses.dataclass(frozen=True)
+    class DescribeRangeItem(Table):
+        stream_id: int = 0
+        range_index: int = 0
+
+    codec.bind(DescribeRangeItem)
+    with pytest.raises(TypeError, match="bound twice"):
+        codec.bind(DescribeRangeItem)
+
+
+def test_registry_refuses_a_second_class_for_an_opcode() -> None:
+    with pytest.raises(TypeError, match="two classes"):
+
+        @m.request(Opcode.PING)
+        class PingRequest(m.Message):
+            pass
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "struct S { x:int; }",
+        "table T { x:int (deprecated); }",
+        "table T { x:int; } root_type T;",
+        "table T { x:[int] = 1; }",
+        "table T { x:Missing; }",
+        "enum E : byte { A = 1 }",
+    ],
+)
+def test_parser_refuses_what_it_does_not_support(text: str) -> None:
+    with pytest.raises(ValueError):
+        fbtable.parse_schema(text)
+
+
+def test_generated_code_is_off_the_runtime_path() -> None:
+    code = (
+        "import sys, sbpstream.protocol.messages\n"
+        "assert not [n for n in sys.modules if n.startswith('sbpstream.protocol.fbs')]\n"
+        "assert 'flatbuffers' in sys.modules  # the runtime builder, not generated code\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----------------------------------------------------------------- round trips from the schema
+
+_INT_RANGES = {
+    fmt: (-(1 << (8 * w - 1)), (1 << (8 * w - 1)) - 1)
+    for fmt, w in (("b", 1), ("h", 2), ("i", 4), ("q", 8))
+} | {fmt: (0, (1 << (8 * w)) - 1) for fmt, w in (("B", 1), ("H", 2), ("I", 4), ("Q", 8))}
+
+
+def _value(field: fbtable.Field, default: Any) -> st.SearchStrategy[Any]:
+    kind = field.kind
+    if kind is fbtable.Kind.SCALAR:
+        return st.booleans() if field.fmt == "?" else st.integers(*_INT_RANGES[field.fmt])
+    if kind is fbtable.Kind.ENUM:
+        return st.sampled_from(type(default))
+    if kind is fbtable.Kind.STRING:
+        return st.text(max_size=6)
+    if kind is fbtable.Kind.BYTES:
+        return st.binary(max_size=6)
+    if kind is fbtable.Kind.SCALARS:
+        return st.lists(st.integers(*_INT_RANGES[field.fmt]), max_size=3).map(tuple)
+    if kind is fbtable.Kind.TABLE:
+        table = st.deferred(lambda: _instances(getattr(m, field.ref)))
+        return table if default is not None else st.none() | table
+    element = SCHEMA.tables[field.ref]
+    if field.ref in SCHEMA.tables and not hasattr(m, field.ref):  # a union entry
+        members = SCHEMA.unions[element.fields[0].ref]
+        items = st.one_of([st.deferred(lambda n=n: _instances(getattr(m, n))) for n in members])
+    else:
+        items = st.deferred(lambda: _instances(getattr(m, field.ref)))
+    return st.lists(items, max_size=3).map(tuple)
+
+
+def _instances(cls: type[Any]) -> st.SearchStrategy[Any]:
+    """Instances of a table class, every field drawn from its schema type."""
+    bound = cls.SCHEMA
+    kwargs = {
+        name: _value(field, py.default)
+        for field, name, py in zip(
+            bound.table.fields, bound.names, dataclasses.fields(cls), strict=True
+        )
+    }
+    return st.builds(cls, **kwargs)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_round_trip_of_values_drawn_from_the_schema(data: st.DataObject) -> None:
+    cls = data.draw(st.sampled_from(TABLE_CLASSES))
+    obj = data.draw(_instances(cls))
+    assert cls.decode(obj.encode()) == obj
+
+
+class _StartProbe:
+    def StartObject(self, slots: int) -> None:
+        self.slots = slots
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMA.tables))
+def test_parser_agrees_with_flatc(name: str) -> None:
+    # flatc's generated code is an independent reading of sbp.fbs: same slots, same defaults.
+    probe = _StartProbe()
+    getattr(G, name + "Start")(probe)
+    assert probe.slots == SCHEMA.tables[name].slots
+    b = flatbuffers.Builder(64)
+    b.StartObject(0)
+    b.Finish(b.EndObject())
+    empty = getattr(G, name).GetRootAs(bytes(b.Output()), 0)
+    for field in SCHEMA.tables[name].fields:
+        if field.kind in (fbtable.Kind.SCALAR, fbtable.Kind.ENUM):
+            accessor = "".join(part.title() for part in field.name.split("_"))
+            assert getattr(empty, accessor)() == field.default, (name, field.name)

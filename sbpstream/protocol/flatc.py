@@ -1,5 +1,8 @@
 """Regenerate the committed FlatBuffers code from ``schema/sbp.fbs`` (a developer tool).
 
+The generated code is not on the runtime path (``messages`` binds its classes to the schema with
+``fbtable``); the tests use it as an independent reader of what ``fbtable`` writes.
+
 ``python -m sbpstream.protocol.flatc`` rewrites ``sbpstream/protocol/fbs/`` with the installed
 ``flatc`` (Debian ``flatbuffers-compiler``). Generated code differs between flatc versions, so the
 committed code is made by :data:`FLATC_VERSION` and ``tests/test_schema_regen.py`` checks it only

@@ -1,0 +1,610 @@
+"""A FlatBuffers table codec driven by the schema text: no generated code on the runtime path.
+
+:func:`parse_schema` reads the subset of the ``.fbs`` language that ``schema/sbp.fbs`` uses
+(``namespace``, ``enum``, ``union``, ``table``; scalar, string, table, enum and vector fields with
+defaults) and refuses anything else. :class:`Codec` binds a frozen dataclass to the table of the
+same name: the dataclass declares its fields, one line each, in schema order, and the codec
+checks names, order and defaults against the schema and compiles a writer and a reader for it.
+
+The writer makes exactly the builder calls flatc's generated code makes (children first, in field
+order, then the fields in slot order), so the bytes are those of the generated code. The reader
+does not use the generated accessors: it reads a table's vtable once and unpacks each present
+field with :mod:`struct`. Both are compiled per table from the field table (``exec`` of a few
+lines, as :mod:`dataclasses` does): the compiled code is what one would write by hand for the
+table, whereas a loop over field descriptors adds a Python call per field, which the hundred
+items of an APPEND or FETCH header would pay a hundred times.
+
+Fast path: a vector of a table bound with ``fixed=True`` (scalars and at most one status) is
+written as one block, every scalar present, in a layout derived from the field table: 8-byte
+fields first, then 4-byte ones, in slot order, then the status offset (see :class:`FixedLayout`).
+
+Every decode error is an exception the caller turns into BadHeaderError: ``struct.error``,
+``IndexError``, ``ValueError`` (bad UTF-8), or :class:`BadHeaderError` itself for lengths that
+cannot fit the buffer. No I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Final, Self
+
+import flatbuffers
+
+from sbpstream.protocol.errors import BadHeaderError
+
+__all__ = [
+    "Bound", "Codec", "Field", "FixedLayout", "Kind", "Schema", "Table", "TableDef", "parse_schema"
+]  # fmt: skip
+
+# struct format of each scalar type, and the builder method that writes it into a slot.
+_SCALARS: Final = {
+    "bool": "?", "byte": "b", "int8": "b", "ubyte": "B", "uint8": "B", "short": "h", "int16": "h",
+    "ushort": "H", "uint16": "H", "int": "i", "int32": "i", "uint": "I", "uint32": "I",
+    "long": "q", "int64": "q", "ulong": "Q", "uint64": "Q", "float": "f", "double": "d",
+}  # fmt: skip
+_SLOT_WRITER: Final = {
+    "?": "PrependBoolSlot", "b": "PrependInt8Slot", "B": "PrependUint8Slot",
+    "h": "PrependInt16Slot", "H": "PrependUint16Slot", "i": "PrependInt32Slot",
+    "I": "PrependUint32Slot", "q": "PrependInt64Slot", "Q": "PrependUint64Slot",
+    "f": "PrependFloat32Slot", "d": "PrependFloat64Slot",
+}  # fmt: skip
+_ELEMENT_WRITER: Final = {fmt: name.removesuffix("Slot") for fmt, name in _SLOT_WRITER.items()}
+
+
+class Kind(enum.Enum):
+    SCALAR = "scalar"
+    ENUM = "enum"  # a scalar read into a Python IntEnum
+    STRING = "string"
+    BYTES = "bytes"  # [ubyte]
+    TABLE = "table"
+    SCALARS = "scalars"  # a vector of scalars
+    TABLES = "tables"  # a vector of tables
+    UNION = "union"  # two slots: the member's type (ubyte), then the member
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Field:
+    """One field of a table: ``slot`` is its vtable index (a union's value is at ``slot + 1``)."""
+
+    name: str
+    kind: Kind
+    slot: int
+    fmt: str = ""  # struct format: of the scalar, or of a vector's elements
+    default: int | float | bool = 0
+    ref: str = ""  # the table, enum or union named by the type
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TableDef:
+    name: str
+    fields: tuple[Field, ...]
+
+    @property
+    def slots(self) -> int:
+        return sum(2 if f.kind is Kind.UNION else 1 for f in self.fields)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schema:
+    tables: dict[str, TableDef]
+    enums: dict[str, dict[str, int]]  # name -> {member: value}
+    unions: dict[str, tuple[str, ...]]  # name -> member tables, type index 1, 2, ...
+
+
+_BLOCK = re.compile(r"(table|enum|union)\s+(\w+)\s*(?::\s*(\w+)\s*)?\{([^{}]*)\}")
+_FIELD = re.compile(r"(\w+)\s*:\s*(\[\s*\w+\s*\]|\w+)\s*(?:=\s*([\w.+-]+))?")
+
+
+def parse_schema(text: str) -> Schema:
+    """The tables, enums and unions of a schema; unsupported syntax raises ValueError."""
+    text = re.sub(r"//[^\n]*", "", text)
+    blocks = list(_BLOCK.finditer(text))
+    rest = _BLOCK.sub("", text)
+    rest = re.sub(r"namespace\s+[\w.]+\s*;", "", rest).strip()
+    if rest:
+        raise ValueError(f"unsupported schema syntax: {rest[:60]!r}")
+    enums: dict[str, dict[str, int]] = {}
+    enum_fmt: dict[str, str] = {}
+    unions: dict[str, tuple[str, ...]] = {}
+    bodies: dict[str, str] = {}
+    for block in blocks:
+        keyword, name, base, body = block.groups()
+        if keyword == "enum":
+            values: dict[str, int] = {}
+            value = -1
+            for item in (x.strip() for x in body.split(",") if x.strip()):
+                member, _, number = item.partition("=")
+                value = int(number) if number else value + 1  # as flatc numbers them
+                values[member.strip()] = value
+            if 0 not in values.values():
+                raise ValueError(f"enum {name}: 0, the default, must be a member")
+            enums[name], enum_fmt[name] = values, _SCALARS[base]
+        elif keyword == "union":
+            unions[name] = tuple(x.strip() for x in body.split(",") if x.strip())
+        else:
+            bodies[name] = body
+    tables = {}
+    for name, body in bodies.items():
+        fields: list[Field] = []
+        slot = 0
+        for decl in (d.strip() for d in body.split(";")):
+            if not decl:
+                continue
+            match = _FIELD.fullmatch(decl)
+            if match is None:
+                raise ValueError(f"unsupported field in table {name}: {decl!r}")
+            fname, ftype, default = match.groups()
+            field = _field(fname, ftype.replace(" ", ""), slot, default, enums, enum_fmt, unions)
+            if field.kind in (Kind.TABLE, Kind.TABLES) and field.ref not in bodies:
+                raise ValueError(f"{name}.{fname}: unknown type {ftype}")
+            fields.append(field)
+            slot += 2 if field.kind is Kind.UNION else 1
+        tables[name] = TableDef(name, tuple(fields))
+    for name, members in unions.items():
+        if any(m not in tables for m in members):
+            raise ValueError(f"union {name}: members must be tables")
+    return Schema(tables, enums, unions)
+
+
+def _field(
+    name: str,
+    ftype: str,
+    slot: int,
+    default: str | None,
+    enums: dict[str, dict[str, int]],
+    enum_fmt: dict[str, str],
+    unions: dict[str, tuple[str, ...]],
+) -> Field:
+    if ftype.startswith("["):
+        element = ftype[1:-1]
+        if default is not None:
+            raise ValueError(f"{name}: a vector has no default")
+        if element == "ubyte":
+            return Field(name, Kind.BYTES, slot, "B")
+        if element in _SCALARS:
+            return Field(name, Kind.SCALARS, slot, _SCALARS[element])
+        return Field(name, Kind.TABLES, slot, ref=element)
+    if ftype in _SCALARS:
+        fmt = _SCALARS[ftype]
+        value: int | float | bool = 0
+        if default is not None:
+            value = default == "true" if fmt == "?" else (float if fmt in "fd" else int)(default)
+        return Field(name, Kind.SCALAR, slot, fmt, value if fmt != "?" else bool(value))
+    if ftype in enums:
+        value = enums[ftype][default] if default else 0
+        return Field(name, Kind.ENUM, slot, enum_fmt[ftype], value, ftype)
+    if default is not None:
+        raise ValueError(f"{name}: only scalars and enums have defaults")
+    if ftype == "string":
+        return Field(name, Kind.STRING, slot)
+    return Field(name, Kind.UNION if ftype in unions else Kind.TABLE, slot, ref=ftype)
+
+
+# ------------------------------------------------------------------------------- reading helpers
+
+_U8 = struct.Struct("<B").unpack_from
+_U16 = struct.Struct("<H").unpack_from
+_I32 = struct.Struct("<i").unpack_from
+_U32 = struct.Struct("<I").unpack_from
+_VTABLE: Final = tuple(struct.Struct(f"<{n}H") for n in range(64))
+
+
+def _slots(buf: Any, pos: int, count: int) -> tuple[int, ...]:
+    """Offsets (0 = absent) of the ``count`` slots of the table at ``pos``."""
+    vtable = pos - _I32(buf, pos)[0]
+    if vtable < 0:  # struct would read from the end of the buffer
+        raise BadHeaderError(f"a vtable at {vtable} lies before the header")
+    n: int = min(count, (_U16(buf, vtable)[0] - 4) >> 1)
+    if n == count:
+        full: tuple[int, ...] = _VTABLE[count].unpack_from(buf, vtable + 4)
+        return full
+    if n <= 0:
+        return (0,) * count
+    entries: tuple[int, ...] = _VTABLE[n].unpack_from(buf, vtable + 4)
+    return entries + (0,) * (count - n)
+
+
+def _vector(buf: Any, at: int, width: int, limit: Callable[[int], None] | None) -> range:
+    """Start positions of the elements of the vector whose uoffset is at ``at``."""
+    start = at + _U32(buf, at)[0]
+    n = _U32(buf, start)[0]
+    if n * width > len(buf):  # cheap; keeps garbage lengths (up to 2**32) from a long loop
+        raise BadHeaderError(f"a vector of {n} elements does not fit in the {len(buf)}-byte header")
+    if limit is not None:
+        limit(n)
+    return range(start + 4, start + 4 + n * width, width)
+
+
+def _raw(buf: Any, at: int) -> bytes:
+    start = at + _U32(buf, at)[0]
+    n = _U32(buf, start)[0]
+    if start + 4 + n > len(buf):
+        raise BadHeaderError(f"a vector of {n} bytes overruns the {len(buf)}-byte header")
+    return bytes(buf[start + 4 : start + 4 + n])
+
+
+def _text(buf: Any, at: int) -> str:
+    return _raw(buf, at).decode("utf-8")
+
+
+def _read_tables(
+    buf: Any, at: int, read: Callable[[Any, int], Any], limit: Callable[[int], None] | None
+) -> tuple[Any, ...]:
+    return tuple([read(buf, e + _U32(buf, e)[0]) for e in _vector(buf, at, 4, limit)])
+
+
+def _read_scalars(
+    buf: Any, at: int, fmt: str, limit: Callable[[int], None] | None
+) -> tuple[Any, ...]:
+    positions = _vector(buf, at, struct.calcsize(fmt), limit)
+    return struct.unpack_from(f"<{len(positions)}{fmt}", buf, positions.start)
+
+
+# ------------------------------------------------------------------------------- writing helpers
+
+
+def _omitted(v: str, ref: Bound, k: str, values: str) -> str:
+    """Source of the test that ``v``, a ``ref`` table, is its omitted value ``k`` (whose fields
+    are ``values``): several times cheaper than the dataclass's ``==``."""
+    return f"{v} is {k} or ({''.join(f'{v}.{n}, ' for n in ref.names)}) == {values}"
+
+
+def _put_tables(b: Any, items: Sequence[Any], build: Callable[[Any, Any], int]) -> int:
+    offsets = [build(b, item) for item in items]
+    b.StartVector(4, len(offsets), 4)
+    for off in reversed(offsets):
+        b.PrependUOffsetTRelative(off)
+    return int(b.EndVector())
+
+
+def _put_scalars(b: Any, values: Sequence[Any], fmt: str) -> int:
+    width = struct.calcsize(fmt)
+    prepend = getattr(b, _ELEMENT_WRITER[fmt])
+    b.StartVector(width, len(values), width)
+    for v in reversed(values):
+        prepend(v)
+    return int(b.EndVector())
+
+
+class FixedLayout:
+    """The layout of a scalar item table written whole: one ``struct.pack`` per item.
+
+    The builder spends about ten Python calls per field; for the hundred items of an APPEND or
+    FETCH header, :meth:`put` instead writes the vector, a vtable shared by every item and the
+    items, every scalar field present (defaults included), as one block.
+
+    ``row`` is the table's struct format: the soffset to the vtable, then the scalars in layout
+    order (8-byte ones first, so that a table starting at 4 mod 8 has them 8-aligned, then 4-byte
+    ones, each group in slot order), then, for result items, the status's uoffset. Items whose
+    status is OK use a vtable without the status field (it reads as absent, so as OK); the others
+    use a second vtable with it.
+    """
+
+    __slots__ = ("errors", "row", "rows", "size", "status_at", "vtable", "vtable_status")
+
+    def __init__(self, table: TableDef, names: dict[str, str], status: Bound | None) -> None:
+        scalars = [f for f in table.fields if f.kind is Kind.SCALAR and f.fmt in "qQiI"]
+        tables = [f for f in table.fields if f.kind is Kind.TABLE]
+        omitted = status is not None and status.omit is not None
+        if len(scalars) + len(tables) != len(table.fields) or len(tables) > omitted:
+            raise TypeError(f"{table.name}: a fixed layout holds 4/8-byte scalars, one status")
+        order = sorted(scalars, key=lambda f: (-struct.calcsize(f.fmt), f.slot)) + tables
+        at: dict[int, int] = {}  # slot -> offset in the table
+        inline = 4
+        for f in order:
+            at[f.slot] = inline
+            inline += struct.calcsize(f.fmt) if f in scalars else 4
+        row = "<i" + "".join(f.fmt if f in scalars else "I" for f in order)
+        self.row = struct.Struct(f"{row}{-inline % 8}x")  # pad: the next table at 4 mod 8 too
+        self.size = self.row.size
+        # rows(items): each item's scalars in layout order; errors(b, items): each item's status
+        # written (its offset), or 0 if it is OK. Compiled: a listcomp reads a slotted attribute
+        # about twice as fast as attrgetter does.
+        env: dict[str, Any] = {}
+        values = ", ".join(f"i.{names[f.name]}" for f in order if f in scalars)
+        self.rows = eval(f"lambda items: [({values},) for i in items]", env)
+        self.errors: Callable[[Any, Sequence[Any]], list[int]] | None = None
+        if status is not None and tables:
+            env.update(k=status.omit, K=status.omit_values, build=status.build)
+            ok = _omitted("s", status, "k", "K")
+            self.errors = eval(f"lambda b, items: [0 if {ok} else build(b, s) for s in "
+                               f"[i.{names[tables[0].name]} for i in items]]", env)  # fmt: skip
+        self.status_at = at[tables[0].slot] if tables else 0
+        head = (4 + 2 * len(at), inline)
+        every = [at[f.slot] for f in table.fields]
+        no_status = [0 if f in tables else at[f.slot] for f in table.fields]
+        self.vtable = struct.pack(f"<{len(at) + 2}H", *head, *no_status)
+        self.vtable_status = struct.pack(f"<{len(at) + 2}H", *head, *every)
+
+    def put(self, b: Any, items: Sequence[Any]) -> int:
+        """Write a vector of ``items``; returns its builder offset.
+
+        The statuses that are not OK are built first, so that they lie after the block, where
+        uoffsets can reach them.
+        """
+        n = len(items)
+        rows = self.rows(items)
+        errors = [0] * n if self.errors is None else self.errors(b, items)
+        # The block starts 8-aligned: [n][n uoffsets][vtable][vtable with status, if needed][pad]
+        # [table 0 (at 4 mod 8)][table 1]...
+        vtable_at = 4 + 4 * n
+        vtable_status_at = vtable_at + len(self.vtable)
+        first = vtable_status_at + (len(self.vtable_status) if any(errors) else 0)
+        first += (4 - first) % 8
+        size = self.size
+        total = first + n * size
+        b.assertNotNested()
+        b.Prep(8, total)  # aligns the block's end, hence its start
+        base = b.Offset() + total  # the block's start, counted from the end like builder offsets
+        parts = [
+            struct.pack(f"<{n + 1}I", n, *range(first - 4, first - 4 + n * (size - 4), size - 4)),
+            self.vtable,
+            self.vtable_status if any(errors) else b"",
+        ]
+        parts.append(bytes(first - sum(map(len, parts))))
+        pack, pos = self.row.pack, first
+        if self.errors is None:
+            for row in rows:
+                parts.append(pack(pos - vtable_at, *row))
+                pos += size
+        else:
+            for row, error in zip(rows, errors, strict=True):
+                if error:  # a uoffset to the status built above: from base - field to error
+                    uoffset = base - pos - self.status_at - error
+                    parts.append(pack(pos - vtable_status_at, *row, uoffset))
+                else:
+                    parts.append(pack(pos - vtable_at, *row, 0))
+                pos += size
+        block = b"".join(parts)
+        assert len(block) == total
+        head = b.head - total
+        b.Bytes[head : b.head] = block
+        b.head = head
+        return int(b.Offset())
+
+
+# ------------------------------------------------------------------------------------ the codec
+
+_INITIAL_BUILDER_BYTES: Final = 1024  # most headers fit; the builder doubles when they do not
+# What reading a truncated or malformed buffer raises (out of bounds, bad UTF-8, ...).
+_DECODE_ERRORS: Final = (struct.error, IndexError, ValueError, TypeError, OverflowError)
+# What the builder raises when a value does not fit its field (an int16 above 32767, ...).
+_ENCODE_ERRORS: Final = (struct.error, TypeError, OverflowError)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bound:
+    """A dataclass bound to its schema table: ``build(builder, obj) -> offset`` and
+    ``read(buf, pos) -> obj``; ``omit`` is the value not written at all (None: any is written).
+
+    ``names`` are the Python fields, in order; ``omit_values`` the tuple of ``omit``'s fields.
+    """
+
+    cls: type[Any]
+    table: TableDef
+    build: Callable[[Any, Any], int]
+    read: Callable[[Any, int], Any]
+    names: tuple[str, ...]
+    omit: Any = None
+    omit_values: Any = None
+    fixed: FixedLayout | None = None
+    source: str = ""  # the compiled writer and reader, for a curious reader
+
+
+class Table:
+    """Base of the bound dataclasses: any table encodes to and decodes from a root table."""
+
+    __slots__ = ()
+    SCHEMA: ClassVar[Bound]  # the class's binding: its schema table, codec and field names
+
+    def encode(self) -> bytes:
+        b = flatbuffers.Builder(_INITIAL_BUILDER_BYTES)
+        try:
+            b.Finish(self.SCHEMA.build(b, self))
+        except _ENCODE_ERRORS as exc:
+            raise ValueError(f"cannot encode {type(self).__name__}: {exc}") from exc
+        return bytes(b.Output())
+
+    @classmethod
+    def decode(cls, buf: bytes | bytearray | memoryview) -> Self:
+        if len(buf) == 0:  # header_length = 0: every field at its default
+            return cls()
+        try:
+            obj: Self = cls.SCHEMA.read(buf, _U32(buf, 0)[0])
+        except _DECODE_ERRORS as exc:
+            raise BadHeaderError(f"undecodable {cls.__name__} header: {exc!r}") from exc
+        return obj
+
+
+class Codec:
+    """Binds dataclasses to the tables of one schema (a table's children are bound first)."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.bound: dict[str, Bound] = {}
+
+    def bind(
+        self,
+        cls: type[Table],
+        *,
+        renames: dict[str, str] | None = None,
+        fixed: bool = False,
+        omit_default: bool = False,
+        limit: Callable[[int], None] | None = None,
+    ) -> Bound:
+        """Check ``cls`` against the table of its name and compile its codec.
+
+        ``renames`` maps Python field names to schema names; ``fixed`` writes vectors of this
+        table with :class:`FixedLayout`; ``omit_default``: a value equal to ``cls()`` is not
+        written; ``limit(n)`` is called with the length of every vector field, on both sides.
+        """
+        table = self.schema.tables.get(cls.__name__)
+        if table is None or table.name in self.bound or table.slots >= len(_VTABLE):
+            raise TypeError(f"{cls.__name__}: no table of that name, or bound twice")
+        names = self._check(cls, table, renames or {})
+        source, env = self._source(cls, table, names, limit)
+        exec(compile(source, f"<codec {table.name}>", "exec"), env)
+        layout = None
+        if fixed:
+            status = [self.bound[f.ref] for f in table.fields if f.kind is Kind.TABLE]
+            layout = FixedLayout(table, names, status[0] if status else None)
+        py_names = tuple(names[f.name] for f in table.fields)
+        omit = cls() if omit_default else None
+        omit_values = None if omit is None else tuple(getattr(omit, n) for n in py_names)
+        bound = Bound(cls, table, env["build"], env["read"], py_names, omit, omit_values, layout,
+                      source)  # fmt: skip
+        cls.SCHEMA = bound
+        self.bound[table.name] = bound
+        return bound
+
+    def _check(self, cls: type[Any], table: TableDef, renames: dict[str, str]) -> dict[str, str]:
+        """Schema name -> Python name; refuses other names, another order or other defaults."""
+        fields = dataclasses.fields(cls)
+        schema_names = [renames.get(f.name, f.name) for f in fields]
+        if schema_names != [f.name for f in table.fields]:
+            raise TypeError(
+                f"{cls.__name__} declares {schema_names}; the schema's {table.name} has "
+                f"{[f.name for f in table.fields]} (in that order)"
+            )
+        for field, py in zip(table.fields, fields, strict=True):
+            if not self._default_ok(field, py.default):
+                raise TypeError(f"{cls.__name__}.{py.name}: default {py.default!r} is not the "
+                                f"schema's ({field.kind.value} {field.default!r})")  # fmt: skip
+        return {s: p.name for s, p in zip(schema_names, fields, strict=True)}
+
+    def _default_ok(self, field: Field, default: Any) -> bool:
+        kind = field.kind
+        if kind is Kind.SCALAR:
+            want = bool if field.fmt == "?" else float if field.fmt in "fd" else int
+            return type(default) is want and default == field.default
+        if kind is Kind.ENUM:
+            if not isinstance(default, enum.IntEnum):
+                return False
+            members = {m.name: m.value for m in type(default)}
+            return members == self.schema.enums[field.ref] and default == field.default
+        if kind is Kind.TABLE:  # absent reads as the default: None, or the table's own default
+            ref = self.bound.get(field.ref)
+            if ref is None:
+                raise TypeError(f"{field.name}: bind {field.ref} first")
+            return (default is None and ref.omit is None) or bool(default == ref.cls())
+        return bool(default == {Kind.STRING: "", Kind.BYTES: b""}.get(kind, ()))
+
+    def _source(
+        self,
+        cls: type[Any],
+        table: TableDef,
+        names: dict[str, str],
+        limit: Callable[[int], None] | None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The writer ``build(b, obj)`` and the reader ``read(buf, pos)`` of a table, as source,
+        with the names it uses. Field ``i`` is ``v{i}`` in the writer, its vtable entry ``o{slot}``
+        in the reader; ``d{i}`` is its default and ``r{i}``/``w{i}`` read/write its tables."""
+        env: dict[str, Any] = {
+            "cls": cls, "slots": _slots, "U32": _U32, "text": _text, "raw": _raw,
+            "tables": _read_tables, "scalars": _read_scalars, "put_tables": _put_tables,
+            "put_scalars": _put_scalars, "limit": limit,
+        }  # fmt: skip
+        defaults = {p.name: p.default for p in dataclasses.fields(cls)}
+        reads: list[str] = []
+        checks: list[str] = []
+        children: list[str] = []
+        adds: list[str] = []
+        for i, f in enumerate(table.fields):
+            env[f"d{i}"] = defaults[names[f.name]]
+            read, child = self._field_source(i, f, env)
+            reads.append(f"{read} if o{f.slot} else d{i}")
+            if child is None:
+                adds.append(f"b.{_SLOT_WRITER[f.fmt]}({f.slot}, v{i}, {f.default!r})")
+                continue
+            children.append(f"f{i} = {child}")
+            adds.append(f"b.PrependUOffsetTRelativeSlot({f.slot}, f{i}, 0)")
+            if limit is not None and f.kind in (Kind.SCALARS, Kind.TABLES):
+                checks.append(f"limit(len(v{i}))")
+        values = "".join(f"v{i}, " for i in range(len(table.fields)))
+        get = "".join(f"obj.{names[f.name]}, " for f in table.fields)
+        offsets = "".join(f"o{s}, " for s in range(table.slots))
+        writer = [
+            "def build(b, obj):",
+            *([f"{values}= {get}"] if values else []),
+            *checks,
+            *children,
+            f"b.StartObject({table.slots})",
+            *adds,
+            "return b.EndObject()",
+        ]
+        reader = [
+            "def read(buf, pos):",
+            *([f"{offsets}= slots(buf, pos, {table.slots})"] if offsets else []),
+            f"return cls({', '.join(reads)})",
+        ]
+        return "\n    ".join(writer) + "\n" + "\n    ".join(reader) + "\n", env
+
+    def _field_source(self, i: int, f: Field, env: dict[str, Any]) -> tuple[str, str | None]:
+        """Field ``i``'s read expression and, unless it is inline, its child's write expression."""
+        at, v = f"pos + o{f.slot}", f"v{i}"
+        if f.kind in (Kind.SCALAR, Kind.ENUM):
+            env[f"u{i}"] = struct.Struct("<" + f.fmt).unpack_from
+            if f.kind is Kind.SCALAR:
+                return f"u{i}(buf, {at})[0]", None
+            # an unknown value (a newer peer's) reads as the default
+            env[f"e{i}"] = {m.value: m for m in type(env[f"d{i}"])}.get
+            return f"e{i}(u{i}(buf, {at})[0], d{i})", None
+        if f.kind is Kind.STRING:
+            return f"text(buf, {at})", f"b.CreateString({v}) if {v} else 0"
+        if f.kind is Kind.BYTES:
+            return f"raw(buf, {at})", f"b.CreateByteVector({v}) if {v} else 0"
+        if f.kind is Kind.SCALARS:
+            put = f"put_scalars(b, {v}, {f.fmt!r}) if {v} else 0"
+            return f"scalars(buf, {at}, {f.fmt!r}, limit)", put
+        if f.kind is Kind.TABLE:
+            ref = self.bound[f.ref]
+            env[f"r{i}"], env[f"w{i}"], env[f"k{i}"] = ref.read, ref.build, ref.omit
+            env[f"K{i}"] = ref.omit_values
+            skip = f"{v} is None" if ref.omit is None else _omitted(v, ref, f"k{i}", f"K{i}")
+            return f"r{i}(buf, {at} + U32(buf, {at})[0])", f"0 if {skip} else w{i}(b, {v})"
+        if f.kind is Kind.TABLES:
+            env[f"w{i}"], env[f"r{i}"] = self._element(f.ref)
+            layout = self.bound[f.ref].fixed if f.ref in self.bound else None
+            env[f"x{i}"] = layout.put if layout is not None else None
+            put = f"x{i}(b, {v})" if layout is not None else f"put_tables(b, {v}, w{i})"
+            return f"tables(buf, {at}, r{i}, limit)", f"{put} if {v} else 0"
+        raise TypeError(f"{f.name}: a {f.kind.value} field is supported only as a vector's element")
+
+    def _element(self, name: str) -> tuple[Callable[[Any, Any], int], Callable[[Any, int], Any]]:
+        """Writer and reader of a vector's element: a bound table, or an unbound table whose one
+        field is a union (flatc's Python has no vectors of unions), standing for its member."""
+        if name in self.bound:
+            return self.bound[name].build, self.bound[name].read
+        table = self.schema.tables[name]
+        (field,) = table.fields
+        if field.kind is not Kind.UNION:
+            raise TypeError(f"{name} is not bound")
+        members = [self.bound[m] for m in self.schema.unions[field.ref]]
+        kinds = {m.cls: k for k, m in enumerate(members, 1)}
+        slots, slot = table.slots, field.slot
+
+        def build(b: Any, value: Any) -> int:
+            kind = kinds.get(type(value))
+            if kind is None:
+                raise TypeError(f"{type(value).__name__} is not a {field.ref}")
+            off = members[kind - 1].build(b, value)
+            b.StartObject(slots)
+            b.PrependUint8Slot(slot, kind, 0)
+            b.PrependUOffsetTRelativeSlot(slot + 1, off, 0)
+            return int(b.EndObject())
+
+        def read(buf: Any, pos: int) -> Any:
+            offsets = _slots(buf, pos, slots)
+            if not offsets[slot + 1]:
+                raise BadHeaderError(f"a {name} has no {field.name}")
+            kind = _U8(buf, pos + offsets[slot])[0] if offsets[slot] else 0
+            if not 0 < kind <= len(members):
+                raise BadHeaderError(f"unknown {field.ref} type {kind}")
+            at = pos + offsets[slot + 1]
+            return members[kind - 1].read(buf, at + _U32(buf, at)[0])
+
+        return build, read

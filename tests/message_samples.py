@@ -1,0 +1,93 @@
+"""Sample messages shared by the message tests: one per message class, every field non-default.
+
+The golden bytes (tests/data/golden_messages.txt) are pinned from these values: change a sample and
+its golden line no longer matches. Add new samples rather than editing old ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sbpstream.protocol import messages as m
+from sbpstream.protocol.errors import ErrorCode
+
+# ----------------------------------------------------------------- samples: every field non-default
+
+NODE = m.DataNode(7, "dn-7.example:12379")
+NODE2 = m.DataNode(8, "[::1]:12380")
+ERR = m.Status(int(ErrorCode.RANGE_SEALED), "sealed", b"\x00\x01detail")
+ERR2 = m.Status(int(ErrorCode.PM_NOT_LEADER), "not leader", b"10.0.0.2:12378")
+RANGE = m.Range(
+    stream_id=42,
+    range_index=3,
+    start_offset=1_000,
+    next_offset=1_500,
+    end_offset=1_500,
+    replica_nodes=(m.ReplicaNode(NODE, True), m.ReplicaNode(NODE2, True)),
+)
+RANGE2 = dataclasses.replace(RANGE, range_index=4, start_offset=1_500, next_offset=1_600)
+STREAM = m.Stream(42, 3, 86_400_000, 1_000)
+PRODUCER = m.ProducerState(1 << 40, 3, 99, 1_400)
+
+SAMPLES: list[m.Message] = [
+    m.PingRequest(),
+    m.PingResponse(),
+    m.GoAway(int(ErrorCode.SHUTTING_DOWN), "maintenance", 12345),
+    m.GoAwayResponse(ERR),
+    m.HeartbeatRequest("client-1", m.ClientRole.DATA_NODE, NODE),
+    m.HeartbeatResponse("client-1", m.ClientRole.CLIENT, NODE, ERR2),
+    m.AllocateIdRequest(3_000, "host-a"),
+    m.AllocateIdResponse(17, ERR),
+    m.AppendRequest(
+        5_000,
+        (m.AppendItem(42, 1, 4096, 3), m.AppendItem(-(1 << 62), 2, 123, 0)),
+        True,
+        1_234,
+    ),
+    m.AppendResponse(
+        10,
+        ERR,
+        (m.AppendResult(42, 1, 1_000, 1_700_000_000_000, ERR, 1_010),),
+    ),
+    m.FetchRequest(
+        500,
+        1_024,
+        (m.FetchItem(42, 1, 1_000, 1 << 20, 2), m.FetchItem(43, 2, 0, 65_536, 0)),
+        9,
+        4,
+        (44, 45, -1),
+        1 << 24,
+    ),
+    m.FetchResponse(
+        20,
+        ERR,
+        (
+            m.FetchResult(42, 1, 4096, ERR, 100, 2_000, 1_500),
+            m.FetchResult(43, 7, 0, ERR2, 0, 1, 2),
+        ),
+    ),
+    m.BufferAckRequest(1 << 33),
+    m.BufferAckResponse(ERR),
+    m.ListRangesRequest(1_000, (m.StreamOwner(42), NODE, m.StreamOwner(-5))),
+    m.ListRangesResponse(1, ERR, (m.ListRangesResult(42, ERR, (RANGE, RANGE2)),)),
+    m.SealRangesRequest(1_000, (m.SealItem(42, 3, 1_500), m.SealItem(43, 0, 0))),
+    m.SealRangesResponse(
+        2, ERR, (m.SealResult(42, ERR, (RANGE, RANGE2), (PRODUCER, m.ProducerState(5, 0, 0, 0))),)
+    ),
+    m.SyncRangesRequest(1_000, (m.StreamRanges(42, (RANGE2,)),)),
+    m.SyncRangesResponse(3, ERR, (m.SyncResult(42, ERR, (RANGE2,)),)),
+    m.DescribeRangesRequest(1_000, (m.DescribeRangeItem(42, 4),)),
+    m.DescribeRangesResponse(4, ERR, (m.DescribeRangeResult(42, ERR, RANGE),)),
+    m.CreateStreamsRequest(1_000, (m.CreateStreamItem(3, 86_400_000), m.CreateStreamItem(1, 1))),
+    m.CreateStreamsResponse(5, ERR, (m.CreateStreamResult(STREAM, 3, 86_400_000, ERR),)),
+    m.DeleteStreamsRequest(1_000, (STREAM,)),
+    m.DeleteStreamsResponse(6, ERR, (m.StreamResult(STREAM, ERR),)),
+    m.UpdateStreamsRequest(1_000, (STREAM, m.Stream(43, 1, 5, 6))),
+    m.UpdateStreamsResponse(7, ERR, (m.StreamResult(STREAM, ERR),)),
+    m.DescribeStreamsRequest(1_000, (42, 43, 1 << 50), 100, 41),
+    m.DescribeStreamsResponse(8, ERR, (m.StreamResult(STREAM, ERR),), 43),
+    m.TrimStreamsRequest(1_000, (m.TrimItem(42, 1_200),)),
+    m.TrimStreamsResponse(9, ERR, (m.TrimResult(STREAM, ERR, RANGE),)),
+    m.ReportMetricsRequest(NODE, *range(1, 18)),
+    m.ReportMetricsResponse(NODE, ERR),
+]
