@@ -45,6 +45,7 @@ from sbpstream.client.types import (
 )
 from sbpstream.net.loop import run
 from sbpstream.protocol.errors import (
+    ClientErrorCode,
     ErrorCode,
     OffsetOutOfRangeError,
     SbpError,
@@ -137,7 +138,7 @@ def explain(exc: SbpError, pm: str) -> str:
         return (f"--pm {pm} points at a data node, not a placement manager ({text}); "
                 f"`sbpstream up` prints the PM address (default {DEFAULT_PM})")
     last = waiting.last
-    if (exc.code in (ErrorCode.CONNECTION_CLOSED, ErrorCode.CLIENT_TIMEOUT)
+    if (exc.code in (ClientErrorCode.CONNECTION_CLOSED, ClientErrorCode.CLIENT_TIMEOUT)
             and last is not None and last[0] == "data node"):
         return (f"{text} (the data node at {last[1]} looks down: {last[2]}; "
                 "`sbpstream stream ranges ID` shows which nodes hold the stream)")

@@ -1,9 +1,17 @@
-"""Helpers shared by the multi-process replication tests."""
+"""Helpers shared by the multi-process tests (no test module imports another)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from waiting import eventually
+
 from sbpstream.cluster import LocalCluster, Node
 from sbpstream.net.client import Connection
+from sbpstream.net.ports import free_port
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse, Range
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import iter_all_records
@@ -40,3 +48,58 @@ async def read_range(address: str, rng: Range) -> list[bytes]:
     finally:
         await conn.aclose()
     return out
+
+
+class PmProcess:
+    """A PM in its own process on a SQLite file under ``tmp``, its log in ``tmp/pm.log``."""
+
+    def __init__(self, tmp: Path, heartbeat_ms: int = 100, node_timeout_ms: int = 600,
+                 start_timeout_s: float = 20.0) -> None:
+        self.heartbeat_ms = heartbeat_ms
+        self.node_timeout_ms = node_timeout_ms
+        self.start_timeout_s = start_timeout_s
+        self.db = tmp / "meta" / "pm.sqlite"
+        self.log = tmp / "pm.log"
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        started_before = self._log_text().count("event=pm_started")
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sbpstream.pm", "--port", str(self.port),
+                 "--metadata", f"sqlite:{self.db}",
+                 "--heartbeat-interval-ms", str(self.heartbeat_ms),
+                 "--node-timeout-ms", str(self.node_timeout_ms)],
+                stdout=subprocess.DEVNULL, stderr=logf,
+            )
+        proc = self.proc
+
+        def started() -> bool:
+            assert proc.poll() is None, f"PM exited:\n{self._log_text()}"
+            return self._log_text().count("event=pm_started") > started_before
+
+        eventually(started, timeout=self.start_timeout_s, interval=0.02, what="the PM started")
+
+    def _log_text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None

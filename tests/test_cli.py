@@ -319,13 +319,17 @@ def test_live_progress_only_on_a_terminal(pm: str) -> None:
     seen = b""
     try:
         assert proc.stdin is not None
-        deadline = time.monotonic() + 60
-        while b"records/s" not in seen:
-            assert time.monotonic() < deadline, seen
-            proc.stdin.write(chunk)
-            proc.stdin.flush()
+        stdin = proc.stdin
+
+        def progress_shown() -> bool:
+            nonlocal seen
+            stdin.write(chunk)
+            stdin.flush()
             while select.select([master], [], [], 0.05)[0]:
                 seen += os.read(master, 4096)
+            return b"records/s" in seen
+
+        eventually(progress_shown, timeout=60, interval=0, what="a live progress line")
         proc.stdin.close()
         assert proc.wait(60) == 0
         assert b"produced " in seen and b" records, " in seen
@@ -352,12 +356,14 @@ def _interrupt(args: list[str], ready: bytes, on_stdout: bool = False,
     watched = proc.stdout if on_stdout else proc.stderr
     seen = b""
     try:
-        deadline = time.monotonic() + timeout
-        while ready not in seen:
+        def ready_shown() -> bool:
+            nonlocal seen
             assert proc.poll() is None, (seen, proc.communicate())
-            assert time.monotonic() < deadline, seen
             if select.select([watched], [], [], 0.2)[0]:
                 seen += os.read(watched.fileno(), 65536)
+            return ready in seen
+
+        eventually(ready_shown, timeout=timeout, interval=0, what=f"{ready!r} from {args}")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_helpers import PmProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_pm_server import PmProcess
 
 from sbpstream.net import client as client_module
 from sbpstream.net.client import Connection

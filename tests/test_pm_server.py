@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -19,10 +18,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from waiting import eventually, eventually_async
+from cluster_helpers import PmProcess
+from waiting import eventually_async
 
 from sbpstream.net.client import Connection
-from sbpstream.net.ports import free_port
 from sbpstream.net.server import Request, Responder, Server
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
@@ -39,55 +38,6 @@ CALL_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 20.0
 
 RespT = TypeVar("RespT", bound=m.Message)
-
-
-class PmProcess:
-    def __init__(self, tmp: Path) -> None:
-        self.db = tmp / "meta" / "pm.sqlite"
-        self.log = tmp / "pm.log"
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        started_before = self._log_text().count("event=pm_started")
-        with open(self.log, "ab") as logf:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sbpstream.pm", "--port", str(self.port),
-                 "--metadata", f"sqlite:{self.db}",
-                 "--heartbeat-interval-ms", str(HEARTBEAT_MS),
-                 "--node-timeout-ms", str(NODE_TIMEOUT_MS)],
-                stdout=subprocess.DEVNULL, stderr=logf,
-            )
-        proc = self.proc
-
-        def started() -> bool:
-            assert proc.poll() is None, f"PM exited:\n{self._log_text()}"
-            return self._log_text().count("event=pm_started") > started_before
-
-        eventually(started, timeout=START_TIMEOUT_S, interval=0.02, what="the PM started")
-
-    def _log_text(self) -> str:
-        return self.log.read_text() if self.log.exists() else ""
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
 
 
 @pytest.fixture
