@@ -10,14 +10,14 @@ import pytest
 
 from sbpstream.pm.metadata import (
     CreatedStream,
-    DeleteResult,
+    DeleteOutcome,
     NewStream,
     NodeMetrics,
-    ProducerState,
+    ProducerStateMeta,
     ReplicaMeta,
     StreamMeta,
     StreamUpdate,
-    TrimResult,
+    TrimOutcome,
 )
 from sbpstream.pm.placement import (
     DISK_FREE_MIN_BYTES,
@@ -56,14 +56,14 @@ async def reopen(s: SqliteMetadataStore) -> SqliteMetadataStore:
     return s2
 
 
-async def trim1(s: SqliteMetadataStore, sid: int, off: int) -> TrimResult:
+async def trim1(s: SqliteMetadataStore, sid: int, off: int) -> TrimOutcome:
     (out,) = await s.trim_streams([(sid, off)], 1)
     if isinstance(out, SbpError):
         raise out
     return out
 
 
-async def delete1(s: SqliteMetadataStore, sid: int) -> DeleteResult:
+async def delete1(s: SqliteMetadataStore, sid: int) -> DeleteOutcome:
     (out,) = await s.delete_streams([sid], 1)
     if isinstance(out, SbpError):
         raise out
@@ -98,7 +98,7 @@ async def test_create_and_restart_keeps_everything(store: SqliteMetadataStore) -
     assert ids == [1, 2, 3, 4, 5]
     assert all(c.first_range.range_index == 0 and c.first_range.writable for c in res)
     sealed = await store.seal_and_new(1, 0, 42, (ReplicaMeta(n2, True),),
-                                      [ProducerState(7, 0, 11, 30)])
+                                      [ProducerStateMeta(7, 0, 11, 30)])
     await store.trim_streams([(2, 0)], 3000)
     await store.delete_streams([3], 3000)
 
@@ -112,7 +112,7 @@ async def test_create_and_restart_keeps_everything(store: SqliteMetadataStore) -
         assert ranges == [sealed.sealed, sealed.new]
         assert ranges[0].end_offset == 42 and ranges[1].start_offset == 42
         assert ranges[1].replicas == (ReplicaMeta(n2, True),)
-        assert await s2.get_seal_producers(1, 0) == (ProducerState(7, 0, 11, 30),)
+        assert await s2.get_seal_producers(1, 0) == (ProducerStateMeta(7, 0, 11, 30),)
         node = await s2.get_node(n1)
         assert node is not None and node.advertise_addr == "127.0.0.1:9001"
         assert node.last_heartbeat_ms == 5000
@@ -323,13 +323,13 @@ async def test_mixed_batches_per_item(store: SqliteMetadataStore) -> None:
     created(await store.create_streams([NewStream(1, 0, R1)] * 3, 1))
     await delete1(store, 2)
     out = await store.trim_streams([(1, 5), (2, 5), (3, -4), (99, 1), (3, 2)], 2)
-    assert isinstance(out[0], TrimResult) and out[0].stream.start_offset == 5
+    assert isinstance(out[0], TrimOutcome) and out[0].stream.start_offset == 5
     assert isinstance(out[1], StreamDeletedError)
     assert isinstance(out[2], InvalidRequestError)
     assert isinstance(out[3], StreamNotFoundError)
-    assert isinstance(out[4], TrimResult) and out[4].stream.start_offset == 2
+    assert isinstance(out[4], TrimOutcome) and out[4].stream.start_offset == 2
     dels = await store.delete_streams([1, 1, 42], 3)
-    assert isinstance(dels[0], DeleteResult)
+    assert isinstance(dels[0], DeleteOutcome)
     assert isinstance(dels[1], StreamDeletedError)
     assert isinstance(dels[2], StreamNotFoundError)
     ups = await store.update_streams([StreamUpdate(3, 1, 9), StreamUpdate(1, 1, 9)], 4)

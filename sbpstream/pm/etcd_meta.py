@@ -46,17 +46,17 @@ from sbpstream.pm.metadata import (
     MAX_STREAM_ID,
     WRITABLE_END_OFFSET,
     CreatedStream,
-    DeleteResult,
+    DeleteOutcome,
     NewStream,
     NodeMeta,
     NodeMetrics,
-    ProducerState,
+    ProducerStateMeta,
     RangeMeta,
     ReplicaMeta,
-    SealResult,
+    SealOutcome,
     StreamMeta,
     StreamUpdate,
-    TrimResult,
+    TrimOutcome,
     replace_in,
 )
 from sbpstream.protocol.errors import (
@@ -323,13 +323,13 @@ def decode_range(sid: int, idx: int, v: bytes) -> RangeMeta:
                      int(d["next_offset"]), reps)
 
 
-def encode_producers(ps: Sequence[ProducerState]) -> bytes:
+def encode_producers(ps: Sequence[ProducerStateMeta]) -> bytes:
     return _dumps([[p.producer_id, p.producer_epoch, p.last_sequence, p.last_base_offset]
                    for p in ps])
 
 
-def decode_producers(v: bytes) -> tuple[ProducerState, ...]:
-    return tuple(ProducerState(int(a), int(b), int(c), int(d)) for a, b, c, d in json.loads(v))
+def decode_producers(v: bytes) -> tuple[ProducerStateMeta, ...]:
+    return tuple(ProducerStateMeta(int(a), int(b), int(c), int(d)) for a, b, c, d in json.loads(v))
 
 
 def encode_node(n: NodeMeta) -> bytes:
@@ -484,7 +484,7 @@ class _Cache:
     keys: Keys
     streams: dict[int, tuple[StreamMeta, int]] = field(default_factory=dict)
     ranges: dict[int, dict[int, tuple[RangeMeta, int]]] = field(default_factory=dict)
-    producers: dict[tuple[int, int], tuple[tuple[ProducerState, ...], int]] = field(
+    producers: dict[tuple[int, int], tuple[tuple[ProducerStateMeta, ...], int]] = field(
         default_factory=dict)
     nodes: dict[int, tuple[NodeMeta, int]] = field(default_factory=dict)
     counters: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -601,7 +601,7 @@ class _Layer:
     ranges: dict[tuple[int, int], RangeMeta] = field(default_factory=dict)
     dropped: dict[int, int] = field(default_factory=dict)
     """stream id -> ranges (and their producer states) with index < bound are deleted."""
-    producers: dict[tuple[int, int], tuple[ProducerState, ...]] = field(default_factory=dict)
+    producers: dict[tuple[int, int], tuple[ProducerStateMeta, ...]] = field(default_factory=dict)
     nodes: dict[int, NodeMeta] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     puts: dict[bytes, bytes] = field(default_factory=dict)
@@ -691,7 +691,7 @@ class _View:
         got = self.c.ranges.get(sid, {}).get(idx)
         return None if got is None else got[0]
 
-    def producers(self, sid: int, idx: int) -> tuple[ProducerState, ...]:
+    def producers(self, sid: int, idx: int) -> tuple[ProducerStateMeta, ...]:
         for layer in (self.top, self.below):
             if (sid, idx) in layer.producers:
                 return layer.producers[(sid, idx)]
@@ -738,7 +738,7 @@ class _View:
                   self.c.range_rev(r.stream_id, r.range_index),
                   replace(r, replicas=_sorted_replicas(r.replicas)))
 
-    def put_producers(self, sid: int, idx: int, ps: tuple[ProducerState, ...]) -> None:
+    def put_producers(self, sid: int, idx: int, ps: tuple[ProducerStateMeta, ...]) -> None:
         self.top.producers[(sid, idx)] = ps
         got = self.c.producers.get((sid, idx))
         self._put(self.k.producers(sid, idx), encode_producers(ps),
@@ -1366,18 +1366,18 @@ class EtcdMetadataStore:
 
     async def trim_streams(
         self, items: Sequence[tuple[int, int]], now_ms: int
-    ) -> list[TrimResult | SbpError]:
+    ) -> list[TrimOutcome | SbpError]:
         if not items:
             return []
 
-        def plan(v: _View, it: tuple[int, int]) -> TrimResult:
+        def plan(v: _View, it: tuple[int, int]) -> TrimOutcome:
             sid, trim_offset = it
             if trim_offset < 0:
                 raise InvalidRequestError(f"trim offset {trim_offset} is negative")
             stream = v.live_stream(sid)
             ranges = v.ranges(sid)
             if trim_offset <= stream.start_offset:
-                return TrimResult(stream, ranges[0] if ranges else None, ())
+                return TrimOutcome(stream, ranges[0] if ranges else None, ())
             dropped = tuple(r for r in ranges if not r.writable and r.end_offset <= trim_offset)
             remaining = ranges[len(dropped):]
             if dropped:
@@ -1392,23 +1392,23 @@ class EtcdMetadataStore:
                     v.put_range(first)
             s = replace(stream, start_offset=trim_offset, updated_ms=now_ms)
             v.put_stream(s)
-            return TrimResult(s, first, dropped)
+            return TrimOutcome(s, first, dropped)
 
         return await self._write(list(items), plan)
 
     async def delete_streams(
         self, stream_ids: Sequence[int], now_ms: int
-    ) -> list[DeleteResult | SbpError]:
+    ) -> list[DeleteOutcome | SbpError]:
         if not stream_ids:
             return []
 
-        def plan(v: _View, sid: int) -> DeleteResult:
+        def plan(v: _View, sid: int) -> DeleteOutcome:
             stream = v.live_stream(sid)
             ranges = v.ranges(sid)
             v.drop_ranges_below(sid, _ALL)
             s = replace(stream, deleted=True, updated_ms=now_ms)
             v.put_stream(s)
-            return DeleteResult(s, tuple(ranges))
+            return DeleteOutcome(s, tuple(ranges))
 
         return await self._write(list(stream_ids), plan)
 
@@ -1468,9 +1468,9 @@ class EtcdMetadataStore:
         range_index: int,
         end_offset: int,
         new_replicas: tuple[ReplicaMeta, ...],
-        producers: Sequence[ProducerState],
-    ) -> SealResult:
-        def plan(v: _View, _: None) -> SealResult:
+        producers: Sequence[ProducerStateMeta],
+    ) -> SealOutcome:
+        def plan(v: _View, _: None) -> SealOutcome:
             v.live_stream(stream_id)
             cur = v.range(stream_id, range_index)
             if cur is None:
@@ -1479,7 +1479,7 @@ class EtcdMetadataStore:
             if not cur.writable:
                 nxt = v.range(stream_id, range_index + 1)
                 if nxt is not None:  # any sealed range: its pair and its producer states
-                    return SealResult(cur, nxt, v.producers(stream_id, range_index), False)
+                    return SealOutcome(cur, nxt, v.producers(stream_id, range_index), False)
                 end = cur.end_offset  # a sealed last range: open its successor
             elif end < cur.start_offset:
                 raise InvalidRequestError(f"seal end {end} is below range start "
@@ -1496,13 +1496,13 @@ class EtcdMetadataStore:
                 merged.update((p.producer_id, p) for p in producers)
                 v.put_producers(stream_id, range_index,
                                 tuple(merged[k] for k in sorted(merged)))
-            return SealResult(sealed, new, v.producers(stream_id, range_index), True)
+            return SealOutcome(sealed, new, v.producers(stream_id, range_index), True)
 
         return await self._write_one(None, plan)
 
     async def get_seal_producers(
         self, stream_id: int, range_index: int
-    ) -> tuple[ProducerState, ...]:
+    ) -> tuple[ProducerStateMeta, ...]:
         got = self._cache.producers.get((stream_id, range_index))
         return () if got is None else got[0]
 

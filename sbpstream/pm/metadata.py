@@ -137,7 +137,7 @@ class NodeMeta:
 
 
 @dataclass(frozen=True, slots=True)
-class ProducerState:
+class ProducerStateMeta:
     """Highest sequence stored per idempotent producer in a sealed range (design.md section 5)."""
 
     producer_id: int
@@ -172,16 +172,16 @@ class CreatedStream:
 
 
 @dataclass(frozen=True, slots=True)
-class SealResult:
+class SealOutcome:
     sealed: RangeMeta
     new: RangeMeta
-    producers: tuple[ProducerState, ...]
+    producers: tuple[ProducerStateMeta, ...]
     created: bool
     """True when this call sealed the range; False when it was already sealed (idempotent)."""
 
 
 @dataclass(frozen=True, slots=True)
-class TrimResult:
+class TrimOutcome:
     stream: StreamMeta
     first_range: RangeMeta | None
     """The smallest range left after the trim (None only if the stream has no ranges)."""
@@ -189,7 +189,7 @@ class TrimResult:
 
 
 @dataclass(frozen=True, slots=True)
-class DeleteResult:
+class DeleteOutcome:
     stream: StreamMeta
     removed: tuple[RangeMeta, ...]
 
@@ -242,14 +242,14 @@ class MetadataStore(Protocol):
 
     async def trim_streams(
         self, items: Sequence[tuple[int, int]], now_ms: int
-    ) -> list[TrimResult | SbpError]:
+    ) -> list[TrimOutcome | SbpError]:
         """(stream_id, trim_offset) items, one transaction. Per item: drop sealed ranges wholly
         below the offset, raise the start of the first remaining one, set the stream's start.
         Never lowers the start (a smaller offset is a no-op); a negative one is invalid."""
 
     async def delete_streams(
         self, stream_ids: Sequence[int], now_ms: int
-    ) -> list[DeleteResult | SbpError]:
+    ) -> list[DeleteOutcome | SbpError]:
         """One transaction; per item mark the stream deleted and remove its ranges
         (StreamDeletedError if already deleted)."""
 
@@ -276,8 +276,8 @@ class MetadataStore(Protocol):
         range_index: int,
         end_offset: int,
         new_replicas: tuple[ReplicaMeta, ...],
-        producers: Sequence[ProducerState],
-    ) -> SealResult:
+        producers: Sequence[ProducerStateMeta],
+    ) -> SealOutcome:
         """Seal writable range ``range_index`` at ``end_offset`` and open ``range_index + 1`` there
         on ``new_replicas``, atomically. Already sealed (any sealed range with a successor): that
         range, its successor and the producer states stored at its seal, ``created=False`` (a
@@ -286,7 +286,7 @@ class MetadataStore(Protocol):
 
     async def get_seal_producers(
         self, stream_id: int, range_index: int
-    ) -> tuple[ProducerState, ...]: ...
+    ) -> tuple[ProducerStateMeta, ...]: ...
 
     async def replace_replica(
         self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int

@@ -121,7 +121,8 @@ class WireDataNodeApi:
         r = item.ranges[0]
         end = r.end_offset if r.end_offset >= 0 else r.next_offset
         producers = tuple(
-            md.ProducerState(p.producer_id, p.producer_epoch, p.last_sequence, p.last_base_offset)
+            md.ProducerStateMeta(p.producer_id, p.producer_epoch, p.last_sequence,
+                                 p.last_base_offset)
             for p in item.producers
         )
         return DnSealReply(end, producers)

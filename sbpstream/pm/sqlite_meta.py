@@ -33,17 +33,17 @@ from sbpstream.pm.metadata import (
     MAX_STREAM_ID,
     WRITABLE_END_OFFSET,
     CreatedStream,
-    DeleteResult,
+    DeleteOutcome,
     NewStream,
     NodeMeta,
     NodeMetrics,
-    ProducerState,
+    ProducerStateMeta,
     RangeMeta,
     ReplicaMeta,
-    SealResult,
+    SealOutcome,
     StreamMeta,
     StreamUpdate,
-    TrimResult,
+    TrimOutcome,
     replace_in,
 )
 from sbpstream.protocol.errors import (
@@ -602,26 +602,26 @@ class SqliteMetadataStore:
 
     async def trim_streams(
         self, items: Sequence[tuple[int, int]], now_ms: int
-    ) -> list[TrimResult | SbpError]:
+    ) -> list[TrimOutcome | SbpError]:
         if not items:
             return []
         return await self._run(self._trim_streams, list(items), now_ms)
 
     def _trim_streams(
         self, items: list[tuple[int, int]], now_ms: int
-    ) -> list[TrimResult | SbpError]:
+    ) -> list[TrimOutcome | SbpError]:
         with self._tx() as c:
             return self._per_item(c, items, lambda c, it: self._trim_one(c, it[0], it[1], now_ms))
 
     def _trim_one(
         self, c: sqlite3.Connection, stream_id: int, trim_offset: int, now_ms: int
-    ) -> TrimResult:
+    ) -> TrimOutcome:
         if trim_offset < 0:
             raise InvalidRequestError(f"trim offset {trim_offset} is negative")
         stream = self._live_stream(c, stream_id)
         ranges = self._stream_ranges(c, stream_id)
         if trim_offset <= stream.start_offset:
-            return TrimResult(stream, ranges[0] if ranges else None, ())
+            return TrimOutcome(stream, ranges[0] if ranges else None, ())
         dropped = tuple(r for r in ranges if not r.writable and r.end_offset <= trim_offset)
         for r in dropped:
             self._delete_range(c, r.stream_id, r.range_index)
@@ -642,22 +642,22 @@ class SqliteMetadataStore:
             "UPDATE streams SET start_offset = ?, updated_ms = ? WHERE stream_id = ?",
             (trim_offset, now_ms, stream_id),
         )
-        return TrimResult(self._live_stream(c, stream_id), first, dropped)
+        return TrimOutcome(self._live_stream(c, stream_id), first, dropped)
 
     async def delete_streams(
         self, stream_ids: Sequence[int], now_ms: int
-    ) -> list[DeleteResult | SbpError]:
+    ) -> list[DeleteOutcome | SbpError]:
         if not stream_ids:
             return []
         return await self._run(self._delete_streams, list(stream_ids), now_ms)
 
     def _delete_streams(
         self, stream_ids: list[int], now_ms: int
-    ) -> list[DeleteResult | SbpError]:
+    ) -> list[DeleteOutcome | SbpError]:
         with self._tx() as c:
             return self._per_item(c, stream_ids, lambda c, sid: self._delete_one(c, sid, now_ms))
 
-    def _delete_one(self, c: sqlite3.Connection, stream_id: int, now_ms: int) -> DeleteResult:
+    def _delete_one(self, c: sqlite3.Connection, stream_id: int, now_ms: int) -> DeleteOutcome:
         self._live_stream(c, stream_id)
         ranges = self._stream_ranges(c, stream_id)
         c.execute("DELETE FROM range_replicas WHERE stream_id = ?", (stream_id,))
@@ -670,7 +670,7 @@ class SqliteMetadataStore:
         row = c.execute(
             f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id = ?", (stream_id,)
         ).fetchone()
-        return DeleteResult(_stream(row), tuple(ranges))
+        return DeleteOutcome(_stream(row), tuple(ranges))
 
     # ------------------------------------------------------------------ ranges
     @staticmethod
@@ -776,8 +776,8 @@ class SqliteMetadataStore:
         range_index: int,
         end_offset: int,
         new_replicas: tuple[ReplicaMeta, ...],
-        producers: Sequence[ProducerState],
-    ) -> SealResult:
+        producers: Sequence[ProducerStateMeta],
+    ) -> SealOutcome:
         return await self._run(
             self._seal_and_new, stream_id, range_index, end_offset, new_replicas, list(producers)
         )
@@ -788,8 +788,8 @@ class SqliteMetadataStore:
         range_index: int,
         end_offset: int,
         new_replicas: tuple[ReplicaMeta, ...],
-        producers: list[ProducerState],
-    ) -> SealResult:
+        producers: list[ProducerStateMeta],
+    ) -> SealOutcome:
         with self._tx() as c:
             self._live_stream(c, stream_id)
             cur = self._one_range(c, stream_id, range_index)
@@ -798,7 +798,7 @@ class SqliteMetadataStore:
             if not cur.writable:
                 nxt = self._one_range(c, stream_id, range_index + 1)
                 if nxt is not None:  # any sealed range: its pair and its producer states
-                    return SealResult(cur, nxt, self._producers(c, stream_id, range_index), False)
+                    return SealOutcome(cur, nxt, self._producers(c, stream_id, range_index), False)
                 # A sealed last range (never left by this store): open its successor.
                 end_offset = cur.end_offset
             elif end_offset < cur.start_offset:
@@ -825,25 +825,27 @@ class SqliteMetadataStore:
             sealed = self._one_range(c, stream_id, range_index)
             fresh = self._one_range(c, stream_id, range_index + 1)
             assert sealed is not None and fresh is not None
-            return SealResult(sealed, fresh, self._producers(c, stream_id, range_index), True)
+            return SealOutcome(sealed, fresh, self._producers(c, stream_id, range_index), True)
 
     @staticmethod
     def _producers(
         c: sqlite3.Connection, stream_id: int, range_index: int
-    ) -> tuple[ProducerState, ...]:
+    ) -> tuple[ProducerStateMeta, ...]:
         rows = c.execute(
             "SELECT producer_id, producer_epoch, last_sequence, last_base_offset "
             "FROM seal_producers WHERE stream_id = ? AND range_index = ? ORDER BY producer_id",
             (stream_id, range_index),
         ).fetchall()
-        return tuple(ProducerState(int(a), int(b), int(s), int(o)) for a, b, s, o in rows)
+        return tuple(ProducerStateMeta(int(a), int(b), int(s), int(o)) for a, b, s, o in rows)
 
     async def get_seal_producers(
         self, stream_id: int, range_index: int
-    ) -> tuple[ProducerState, ...]:
+    ) -> tuple[ProducerStateMeta, ...]:
         return await self._run(self._get_seal_producers, stream_id, range_index)
 
-    def _get_seal_producers(self, stream_id: int, range_index: int) -> tuple[ProducerState, ...]:
+    def _get_seal_producers(
+        self, stream_id: int, range_index: int
+    ) -> tuple[ProducerStateMeta, ...]:
         return self._producers(self._c, stream_id, range_index)
 
     async def replace_replica(
