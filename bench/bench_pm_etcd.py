@@ -40,7 +40,7 @@ from bench.common import fmt_ms, free_port, median_spread, percentile
 from sbpstream.cluster import Node
 from sbpstream.net.client import Connection
 from sbpstream.net.loop import run
-from sbpstream.pm.etcd_meta import EtcdMetadataStore
+from sbpstream.pm.etcd import EtcdMetadataStore
 from sbpstream.pm.leader import LeaderElection
 from sbpstream.pm.metadata import CreatedStream, MetadataStore, NewStream, ReplicaMeta
 from sbpstream.pm.sqlite_meta import SqliteMetadataStore

@@ -17,7 +17,7 @@ from etcd_fixture import EtcdServer, require_etcd
 
 from sbpstream.net.client import Connection
 from sbpstream.pm.config import PmConfig
-from sbpstream.pm.etcd_meta import (
+from sbpstream.pm.etcd import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_TXN_OPS,
     EtcdMetadataStore,

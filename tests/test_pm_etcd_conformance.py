@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import pytest
 from etcd_fixture import EtcdServer, require_etcd
 
-from sbpstream.pm.etcd_meta import EtcdMetadataStore
+from sbpstream.pm.etcd import EtcdMetadataStore
 from sbpstream.pm.leader import LeaderElection
 from sbpstream.pm.metadata import (
     CreatedStream,

@@ -2,10 +2,16 @@
 
 Everything the PM knows lives behind :class:`MetadataStore`: streams, their ranges and replica
 placement, data nodes, and id counters. The embedded backend is SQLite
-(:mod:`sbpstream.pm.sqlite_meta`); an etcd backend implements the same protocol for several PMs.
+(:mod:`sbpstream.pm.sqlite_meta`); the etcd backend (:mod:`sbpstream.pm.etcd`) implements the
+same protocol for several PMs.
 
 The records here are plain frozen dataclasses, independent of the wire messages, so a backend
-never imports the codec and the server converts at the edge.
+never imports the codec and the server converts at the edge. Their names never reuse a message
+class's name (``ProducerStateMeta`` beside ``messages.ProducerState``, ``SealOutcome`` beside
+``messages.SealResult``), so a reader always knows which side of that edge a value is on.
+
+Every rule that changes metadata is written once, in :mod:`sbpstream.pm.rules`; a backend only
+makes a batch of staged writes durable. :func:`open_metadata` picks the backend from a URL.
 
 Atomicity contract (every backend):
 
@@ -29,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sbpstream.protocol.errors import InvalidRequestError, RangeNotFoundError, SbpError
+from sbpstream.protocol.errors import SbpError
 
 WRITABLE_END_OFFSET = -1
 """``end_offset`` of a writable (open) range, as the wire says (design.md, "unclear spec")."""
@@ -292,29 +298,19 @@ class MetadataStore(Protocol):
         self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
     ) -> RangeMeta:
         """Sealed range ``range_index``: its replica on ``old_node_id`` is now on
-        ``new_node_id`` (re-replication). Idempotent once done; see :func:`replace_in`."""
+        ``new_node_id`` (re-replication). Idempotent once done."""
 
 
-def replace_in(
-    cur: RangeMeta | None, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
-) -> RangeMeta | None:
-    """The range with ``old_node_id``'s replica moved to ``new_node_id`` (keeping its
-    is_primary flag); None when already done. RangeNotFoundError without the range,
-    InvalidRequestError for a writable range or a replica set that has neither node."""
-    if cur is None:
-        raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
-    if cur.writable:
-        raise InvalidRequestError(f"range {stream_id}/{range_index} is writable: only sealed "
-                                  "ranges are re-replicated")
-    ids = cur.node_ids
-    if old_node_id not in ids:
-        if new_node_id in ids:
-            return None
-        raise InvalidRequestError(f"range {stream_id}/{range_index} has no replica on node "
-                                  f"{old_node_id}")
-    if new_node_id in ids:
-        raise InvalidRequestError(f"range {stream_id}/{range_index} already has a replica on "
-                                  f"node {new_node_id}")
-    reps = tuple(ReplicaMeta(new_node_id, r.is_primary) if r.node_id == old_node_id else r
-                 for r in cur.replicas)
-    return dataclasses.replace(cur, replicas=reps)
+
+def open_metadata(url: str) -> MetadataStore:
+    """The store a ``--metadata`` URL names, not yet opened (``await store.open()``):
+    ``sqlite:PATH`` (the embedded default) or ``etcd://HOST:PORT[,...][/PREFIX][?...]`` (several
+    PMs, one leader; needs the optional aetcd dependency). ValueError for anything else."""
+    if url.startswith("etcd://"):
+        from sbpstream.pm.etcd import EtcdMetadataStore
+
+        return EtcdMetadataStore(url)
+    from sbpstream.pm.config import sqlite_path
+    from sbpstream.pm.sqlite_meta import SqliteMetadataStore
+
+    return SqliteMetadataStore(sqlite_path(url))
