@@ -235,8 +235,12 @@ class _SqlReader:
         return list(self._ranges[sid])
 
     def range(self, sid: int, idx: int) -> RangeMeta | None:
-        if sid in self._ranges:
-            got = next((r for r in self._ranges[sid] if r.range_index == idx), None)
+        known = self._ranges.get(sid)
+        got: RangeMeta | None = None
+        if known is not None:
+            for r in known:
+                if r.range_index == idx:
+                    got = r
         else:
             rows = self.c.execute(
                 f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
@@ -307,13 +311,17 @@ def _apply(c: sqlite3.Connection, layer: Layer, base: _SqlReader) -> None:
     )
     # Replica rows only where they change (a next_offset report or a trim keeps them).
     stored = base.stored
-    moved = [r for r in ranges if r.stream_id in layer.dropped
-             or stored.get((r.stream_id, r.range_index), _UNREAD) != _replica_set(r)]
-    c.executemany(
-        "DELETE FROM range_replicas WHERE stream_id = ? AND range_index = ?",
-        [(r.stream_id, r.range_index) for r in moved
-         if stored.get((r.stream_id, r.range_index), _UNREAD) is not None],
-    )
+    moved: list[RangeMeta] = []
+    stale: list[tuple[int, int]] = []
+    for r in ranges:
+        key = (r.stream_id, r.range_index)
+        was = stored.get(key, _UNREAD)
+        if was is None and r.stream_id not in layer.dropped:
+            moved.append(r)  # a new range: nothing to delete
+        elif r.stream_id in layer.dropped or was != _replica_set(r):
+            moved.append(r)
+            stale.append(key)
+    c.executemany("DELETE FROM range_replicas WHERE stream_id = ? AND range_index = ?", stale)
     c.executemany(
         "INSERT INTO range_replicas (stream_id, range_index, node_id, is_primary) "
         "VALUES (?, ?, ?, ?)",
@@ -390,10 +398,11 @@ class SqliteMetadataStore:
         soft = self._soft
         with self._raw_tx() as c:
             base = _SqlReader(c, soft)
-            chunk = Layer()
+            chunk = Layer(journaled=True)
             flushed = soft.pending()
             for nid in flushed:
                 rules.flush_soft_state(StagedTxn(base, Layer(), chunk), nid)
+            chunk.keep()
             result = body(base, chunk)
             _apply(c, chunk, base)
         soft.forget(flushed)
@@ -407,14 +416,15 @@ class SqliteMetadataStore:
     ) -> list[T | SbpError]:
         """Each item's rule over the items before it; a failed item stages nothing."""
         out: list[T | SbpError] = []
+        tx = StagedTxn(base, Layer(), chunk)
         for item in items:
-            top = Layer()
             try:
-                out.append(plan(StagedTxn(base, chunk, top), item))
+                out.append(plan(tx, item))
             except SbpError as e:
                 out.append(e)
-                continue
-            chunk.merge(top)
+                chunk.undo()
+            else:
+                chunk.keep()
         return out
 
     def _write(
@@ -581,6 +591,7 @@ class SqliteMetadataStore:
     ) -> list[CreatedStream | SbpError]:
         def body(base: _SqlReader, chunk: Layer) -> list[CreatedStream | SbpError]:
             first = rules.reserve_stream_ids(StagedTxn(base, Layer(), chunk), len(items))
+            chunk.keep()
             base.preload(range(first, first + len(items)))
             return self._stage(
                 base, chunk, list(enumerate(items, first)),

@@ -11,14 +11,15 @@ each item is all-or-nothing without savepoints; a merged layer is what the backe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from sbpstream.pm.metadata import NodeMeta, ProducerStateMeta, RangeMeta, StreamMeta
 from sbpstream.protocol.errors import MetadataError
 
 ALL_RANGES: Final = 1 << 62
 """A range-index bound above every real index: "drop every range of the stream"."""
+
+_MISSING: Final = object()
 
 
 class BaseReader(Protocol):
@@ -39,19 +40,28 @@ class BaseReader(Protocol):
     def counter(self, name: str) -> int: ...
 
 
-@dataclass(slots=True)
 class Layer:
-    """Writes staged over committed state: one item's, or several items' merged in order."""
+    """Writes staged over committed state: one item's, or several items' merged in order.
 
-    streams: dict[int, StreamMeta] = field(default_factory=dict)
-    ranges: dict[int, dict[int, RangeMeta]] = field(default_factory=dict)
-    """stream id -> range index -> range, as the rule put it."""
-    dropped: dict[int, int] = field(default_factory=dict)
-    """stream id -> ranges (and their producer states) with index < bound are deleted; the
-    drops of a layer apply before its puts."""
-    producers: dict[int, dict[int, tuple[ProducerStateMeta, ...]]] = field(default_factory=dict)
-    nodes: dict[int, NodeMeta] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=dict)
+    A *journaled* layer records how to undo each write, so items can be staged straight into
+    it and an item whose rule fails is taken back with :meth:`undo` (cheaper than a layer per
+    item when the items need no separate accounting, as in SQLite)."""
+
+    __slots__ = ("counters", "dropped", "journal", "nodes", "producers", "ranges", "streams")
+
+    def __init__(self, journaled: bool = False) -> None:
+        self.streams: dict[int, StreamMeta] = {}
+        self.ranges: dict[int, dict[int, RangeMeta]] = {}
+        """stream id -> range index -> range, as the rule put it."""
+        self.dropped: dict[int, int] = {}
+        """stream id -> ranges (and their producer states) with index < bound are deleted;
+        the drops of a layer apply before its puts."""
+        self.producers: dict[int, dict[int, tuple[ProducerStateMeta, ...]]] = {}
+        self.nodes: dict[int, NodeMeta] = {}
+        self.counters: dict[str, int] = {}
+        self.journal: list[tuple[dict[Any, Any], Any, object]] | None = (
+            [] if journaled else None)
+        """(dict, key, previous value or _MISSING) per write since the last :meth:`keep`."""
 
     @property
     def empty(self) -> bool:
@@ -61,26 +71,74 @@ class Layer:
     def all_ranges(self) -> list[RangeMeta]:
         return [r for per in self.ranges.values() for r in per.values()]
 
+    # --- writes (journaled when asked)
+    def _set(self, d: dict[Any, Any], key: object, value: object) -> None:
+        if self.journal is not None:
+            self.journal.append((d, key, d.get(key, _MISSING)))
+        d[key] = value
+
+    def _per(self, staged: dict[int, dict[int, Any]], sid: int) -> dict[int, Any]:
+        per = staged.get(sid)
+        if per is None:
+            per = {}
+            self._set(staged, sid, per)
+        return per
+
+    def put_range(self, r: RangeMeta) -> None:
+        self._set(self._per(self.ranges, r.stream_id), r.range_index, r)
+
+    def put_producers(self, sid: int, idx: int, ps: tuple[ProducerStateMeta, ...]) -> None:
+        self._set(self._per(self.producers, sid), idx, ps)
+
     def drop(self, sid: int, bound: int) -> None:
         """Ranges of ``sid`` below ``bound`` go, including any this layer put before."""
-        self.dropped[sid] = max(bound, self.dropped.get(sid, 0))
+        self._set(self.dropped, sid, max(bound, self.dropped.get(sid, 0)))
         for staged in (self.ranges, self.producers):
-            per = staged.get(sid)
+            per: dict[int, Any] | None = staged.get(sid)
             if per:
                 for idx in [i for i in per if i < bound]:
+                    if self.journal is not None:
+                        self.journal.append((per, idx, per[idx]))
                     del per[idx]
 
+    def keep(self) -> None:
+        """The writes so far stay (an item succeeded)."""
+        if self.journal is not None:
+            self.journal.clear()
+
+    def undo(self) -> None:
+        """Take back every write since the last :meth:`keep` (an item failed)."""
+        journal = self.journal
+        if journal is None:
+            raise MetadataError("undo on a layer without a journal")
+        for d, key, old in reversed(journal):
+            if old is _MISSING:
+                d.pop(key, None)
+            else:
+                d[key] = old
+        journal.clear()
+
     def merge(self, item: Layer) -> None:
-        """Apply ``item`` (staged after this layer) on top of it."""
-        for sid, bound in item.dropped.items():
-            self.drop(sid, bound)
-        self.streams.update(item.streams)
-        for sid, per in item.ranges.items():
-            self.ranges.setdefault(sid, {}).update(per)
-        for sid, pper in item.producers.items():
-            self.producers.setdefault(sid, {}).update(pper)
-        self.nodes.update(item.nodes)
-        self.counters.update(item.counters)
+        """Apply ``item`` (staged after this layer) on top of it; ``item`` is used up."""
+        if item.dropped:
+            for sid, bound in item.dropped.items():
+                self.drop(sid, bound)
+        if item.streams:
+            self.streams.update(item.streams)
+        if item.ranges:
+            for sid, per in item.ranges.items():
+                mine = self.ranges.get(sid)
+                if mine is None:
+                    self.ranges[sid] = per
+                else:
+                    mine.update(per)
+        if item.producers:
+            for sid, pper in item.producers.items():
+                self.producers.setdefault(sid, {}).update(pper)
+        if item.nodes:
+            self.nodes.update(item.nodes)
+        if item.counters:
+            self.counters.update(item.counters)
 
 
 class StagedTxn:
@@ -95,11 +153,10 @@ class StagedTxn:
 
     # --- reads
     def stream(self, sid: int) -> StreamMeta | None:
-        for layer in (self.top, self.below):
-            s = layer.streams.get(sid)
-            if s is not None:
-                return s
-        return self.base.stream(sid)
+        s = self.top.streams.get(sid)
+        if s is None:
+            s = self.below.streams.get(sid)
+        return self.base.stream(sid) if s is None else s
 
     def ranges(self, sid: int) -> list[RangeMeta]:
         cur = {r.range_index: r for r in self.base.ranges(sid)}
@@ -112,10 +169,10 @@ class StagedTxn:
 
     def range(self, sid: int, idx: int) -> RangeMeta | None:
         for layer in (self.top, self.below):
-            r = layer.ranges.get(sid, {}).get(idx)
-            if r is not None:
-                return r
-            if idx < layer.dropped.get(sid, -1):
+            per = layer.ranges.get(sid)
+            if per is not None and idx in per:
+                return per[idx]
+            if layer.dropped and idx < layer.dropped.get(sid, -1):
                 return None
         return self.base.range(sid, idx)
 
@@ -143,24 +200,25 @@ class StagedTxn:
 
     # --- writes
     def put_stream(self, s: StreamMeta) -> None:
-        self.top.streams[s.stream_id] = s
+        self.top._set(self.top.streams, s.stream_id, s)
 
     def put_range(self, r: RangeMeta) -> None:
-        if len(set(r.node_ids)) != len(r.node_ids):
+        reps = r.replicas
+        if len(reps) > 1 and len({x.node_id for x in reps}) != len(reps):
             raise MetadataError(
                 f"range {r.range_index} of stream {r.stream_id} lists a node twice")
-        self.top.ranges.setdefault(r.stream_id, {})[r.range_index] = r
+        self.top.put_range(r)
 
     def put_producers(self, sid: int, idx: int, ps: tuple[ProducerStateMeta, ...]) -> None:
-        self.top.producers.setdefault(sid, {})[idx] = ps
+        self.top.put_producers(sid, idx, ps)
 
     def put_node(self, n: NodeMeta) -> None:
-        self.top.nodes[n.node_id] = n
+        self.top._set(self.top.nodes, n.node_id, n)
 
     def drop_ranges_below(self, sid: int, bound: int) -> None:
         self.top.drop(sid, bound)
 
     def next_id(self, name: str, n: int = 1) -> int:
         first = self.counter(name)
-        self.top.counters[name] = first + n
+        self.top._set(self.top.counters, name, first + n)
         return first
