@@ -28,6 +28,7 @@ from sbpstream.pm.metadata import (
     StreamMeta,
     StreamUpdate,
     TrimOutcome,
+    open_metadata,
 )
 from sbpstream.pm.sqlite_meta import SqliteMetadataStore
 from sbpstream.protocol.errors import (
@@ -234,7 +235,7 @@ async def test_seal_and_new_idempotent(backend: Backend) -> None:
     assert second.producers == (ProducerStateMeta(2, 0, 3, 11), ProducerStateMeta(4, 1, 9, 20))
     assert (await store.seal_and_new(1, 1, 0, (), ())).producers == second.producers
     old = await store.seal_and_new(1, 0, 10, R1, [])  # an older sealed range: its own pair
-    assert not old.created and old.sealed.range_index == 0 and old.new.range_index == 1
+    assert not old.created and (old.sealed, old.new) == (first.sealed, second.sealed)
     with pytest.raises(RangeNotFoundError):
         await store.seal_and_new(1, 7, 10, R1, [])
     with pytest.raises(InvalidRequestError):
@@ -359,3 +360,70 @@ async def test_items_of_one_call_see_each_other(backend: Backend) -> None:
     assert [s.retention_period_ms for s in await store.get_streams([1, 2]) if s] == [20, 30]
     out = await store.trim_streams([(1, 3), (1, 1), (1, 8)], 6)
     assert [o.stream.start_offset for o in out if isinstance(o, TrimOutcome)] == [3, 3, 8]
+
+
+async def test_replace_replica(backend: Backend) -> None:
+    store = backend.store
+    reps = (ReplicaMeta(1, True), ReplicaMeta(2, False))
+    created(await store.create_streams([NewStream(2, 0, reps)], 1))
+    with pytest.raises(InvalidRequestError):  # writable: not re-replicated
+        await store.replace_replica(1, 0, 2, 3)
+    await store.seal_and_new(1, 0, 5, reps, [])
+    moved = await store.replace_replica(1, 0, 1, 9)
+    assert moved.replicas == (ReplicaMeta(9, True), ReplicaMeta(2, False))
+    assert await store.get_range(1, 0) == moved
+    assert await store.replace_replica(1, 0, 1, 9) == moved  # done already: idempotent
+    assert [r.range_index for r in await store.list_node_ranges(9)] == [0]
+    assert [r.range_index for r in await store.list_node_ranges(1)] == [1]
+    with pytest.raises(InvalidRequestError):
+        await store.replace_replica(1, 0, 7, 8)  # neither node
+    with pytest.raises(InvalidRequestError):
+        await store.replace_replica(1, 0, 2, 9)  # 9 already holds it
+    with pytest.raises(RangeNotFoundError):
+        await store.replace_replica(1, 4, 1, 9)
+    await delete1(store, 1)
+    with pytest.raises(StreamDeletedError):
+        await store.replace_replica(1, 0, 9, 1)
+
+
+async def test_soft_state_reads_before_it_is_persisted(backend: Backend) -> None:
+    store = backend.store
+    nid = await store.allocate_node_id("h", 1)
+    await store.record_heartbeat(nid, 700)
+    await store.record_metrics(nid, NodeMetrics(memory_used=5), 800)
+    await store.record_heartbeat(99, 700)  # an unknown node: ignored, never created
+    node = await store.get_node(nid)
+    assert node is not None and node.last_heartbeat_ms == 700 and node.metrics_ms == 800
+    assert node.metrics == NodeMetrics(memory_used=5)
+    # A durable write keeps it; so does the address update of that very node.
+    moved = await store.update_node_address(nid, "h:1")
+    assert moved.last_heartbeat_ms == 700 and moved.advertise_addr == "h:1"
+    s2 = await backend.reopen()
+    again = await s2.get_node(nid)
+    assert again == moved
+    assert await s2.get_node(99) is None
+
+
+async def test_failed_item_leaves_no_trace(backend: Backend) -> None:
+    store = backend.store
+    twice = (ReplicaMeta(4, True), ReplicaMeta(4, False))
+    out = await store.create_streams([NewStream(1, 0, R1), NewStream(2, 0, twice),
+                                      NewStream(1, 0, R1)], 1)
+    assert isinstance(out[0], CreatedStream) and isinstance(out[2], CreatedStream)
+    assert isinstance(out[1], MetadataError)
+    assert await store.get_streams([2]) == [None]  # its id is burned, never half-written
+    assert await store.list_node_ranges(4) == []
+    assert created(await store.create_streams([NewStream(1, 0, R1)], 1))[0].stream.stream_id == 4
+    # Items of one call see each other: the second delete finds the first's work.
+    dels = await store.delete_streams([1, 1], 2)
+    assert isinstance(dels[0], DeleteOutcome) and isinstance(dels[1], StreamDeletedError)
+    trims = await store.trim_streams([(3, 4), (1, 2)], 3)
+    assert isinstance(trims[0], TrimOutcome) and isinstance(trims[1], StreamDeletedError)
+    assert [r.start_offset for r in (await store.list_ranges([3]))[0]] == [4]
+
+
+def test_open_metadata_picks_the_backend(tmp_path: Path) -> None:
+    assert isinstance(open_metadata(f"sqlite:{tmp_path / 'x.sqlite3'}"), SqliteMetadataStore)
+    assert isinstance(open_metadata("etcd://127.0.0.1:2379/p"), EtcdMetadataStore)
+    with pytest.raises(ValueError):
+        open_metadata("mysql://db")
