@@ -191,24 +191,23 @@ class _SqlReader:
         self.stored: dict[tuple[int, int], _Replicas | None] = {}
         """(stream, index) -> the replicas the file holds for a range read (None: no range)."""
 
-    def preload(self, sids: Sequence[int]) -> None:
-        """Read the streams and ranges of ``sids`` with a few IN queries (a batch's ids)."""
-        for chunk in _chunks(sids):
-            marks = ",".join("?" * len(chunk))
-            self._streams.update((sid, None) for sid in chunk)
-            for row in self.c.execute(
-                f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id IN ({marks})", tuple(chunk)
-            ):
-                self._streams[row[0]] = _stream(row)
-            self._ranges.update((sid, []) for sid in chunk)
-            rows = self.c.execute(
-                f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
-                "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
-                f"WHERE r.stream_id IN ({marks}) ORDER BY r.stream_id, r.range_index",
-                tuple(chunk),
-            ).fetchall()
-            for rng in self._remember(_group_ranges(rows)):
-                self._ranges[rng.stream_id].append(rng)
+    def preload(self, first: int, last: int) -> None:
+        """Read streams ``first..last`` and their ranges with two range scans (a batch's new
+        ids: normally nothing is there, and each item's existence check is then a dict hit)."""
+        self._streams.update(dict.fromkeys(range(first, last + 1)))
+        for row in self.c.execute(
+            f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id BETWEEN ? AND ?", (first, last)
+        ):
+            self._streams[row[0]] = _stream(row)
+        self._ranges.update((sid, []) for sid in range(first, last + 1))
+        rows = self.c.execute(
+            f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
+            "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
+            "WHERE r.stream_id BETWEEN ? AND ? ORDER BY r.stream_id, r.range_index",
+            (first, last),
+        ).fetchall()
+        for rng in self._remember(_group_ranges(rows)):
+            self._ranges[rng.stream_id].append(rng)
 
     def _remember(self, ranges: list[RangeMeta]) -> list[RangeMeta]:
         for r in ranges:
@@ -592,7 +591,7 @@ class SqliteMetadataStore:
         def body(base: _SqlReader, chunk: Layer) -> list[CreatedStream | SbpError]:
             first = rules.reserve_stream_ids(StagedTxn(base, Layer(), chunk), len(items))
             chunk.keep()
-            base.preload(range(first, first + len(items)))
+            base.preload(first, first + len(items) - 1)
             return self._stage(
                 base, chunk, list(enumerate(items, first)),
                 lambda tx, it: rules.create_stream(tx, it[0], it[1], now_ms))

@@ -84,8 +84,23 @@ class Layer:
             self._set(staged, sid, per)
         return per
 
+    def put_stream(self, s: StreamMeta) -> None:
+        if self.journal is not None:
+            self.journal.append((self.streams, s.stream_id,
+                                 self.streams.get(s.stream_id, _MISSING)))
+        self.streams[s.stream_id] = s
+
     def put_range(self, r: RangeMeta) -> None:
-        self._set(self._per(self.ranges, r.stream_id), r.range_index, r)
+        # Inlined _per/_set: one call per created stream on the hot path.
+        journal, sid, idx = self.journal, r.stream_id, r.range_index
+        per = self.ranges.get(sid)
+        if per is None:
+            per = self.ranges[sid] = {}
+            if journal is not None:
+                journal.append((self.ranges, sid, _MISSING))
+        if journal is not None:
+            journal.append((per, idx, per.get(idx, _MISSING)))
+        per[idx] = r
 
     def put_producers(self, sid: int, idx: int, ps: tuple[ProducerStateMeta, ...]) -> None:
         self._set(self._per(self.producers, sid), idx, ps)
@@ -200,7 +215,7 @@ class StagedTxn:
 
     # --- writes
     def put_stream(self, s: StreamMeta) -> None:
-        self.top._set(self.top.streams, s.stream_id, s)
+        self.top.put_stream(s)
 
     def put_range(self, r: RangeMeta) -> None:
         reps = r.replicas
