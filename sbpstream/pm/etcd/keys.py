@@ -72,7 +72,6 @@ class Keys:
         return None
 
 
-
 COUNTER_FIRST: Final = {COUNTER_STREAM: FIRST_STREAM_ID, COUNTER_NODE: FIRST_NODE_ID}
 
 
