@@ -41,7 +41,7 @@ from sbpstream.cluster import Node
 from sbpstream.net.client import Connection
 from sbpstream.net.loop import run
 from sbpstream.net.ports import free_port
-from sbpstream.pm.etcd_meta import EtcdMetadataStore
+from sbpstream.pm.etcd import EtcdMetadataStore
 from sbpstream.pm.leader import LeaderElection
 from sbpstream.pm.metadata import CreatedStream, MetadataStore, NewStream, ReplicaMeta
 from sbpstream.pm.sqlite_meta import SqliteMetadataStore

@@ -15,19 +15,20 @@ from typing import Any, Protocol
 import pytest
 from etcd_fixture import EtcdServer, require_etcd
 
-from sbpstream.pm.etcd_meta import EtcdMetadataStore
+from sbpstream.pm.etcd import EtcdMetadataStore
 from sbpstream.pm.leader import LeaderElection
 from sbpstream.pm.metadata import (
     CreatedStream,
-    DeleteResult,
+    DeleteOutcome,
     MetadataStore,
     NewStream,
     NodeMetrics,
-    ProducerState,
+    ProducerStateMeta,
     ReplicaMeta,
     StreamMeta,
     StreamUpdate,
-    TrimResult,
+    TrimOutcome,
+    open_metadata,
 )
 from sbpstream.pm.sqlite_meta import SqliteMetadataStore
 from sbpstream.protocol.errors import (
@@ -127,14 +128,14 @@ def created(outcomes: list[CreatedStream | SbpError]) -> list[CreatedStream]:
     return out
 
 
-async def trim1(s: MetadataStore, sid: int, off: int) -> TrimResult:
+async def trim1(s: MetadataStore, sid: int, off: int) -> TrimOutcome:
     (out,) = await s.trim_streams([(sid, off)], 1)
     if isinstance(out, SbpError):
         raise out
     return out
 
 
-async def delete1(s: MetadataStore, sid: int) -> DeleteResult:
+async def delete1(s: MetadataStore, sid: int) -> DeleteOutcome:
     (out,) = await s.delete_streams([sid], 1)
     if isinstance(out, SbpError):
         raise out
@@ -162,7 +163,7 @@ async def test_create_and_reopen_keeps_everything(backend: Backend) -> None:
     assert all(c.first_range.range_index == 0 and c.first_range.writable for c in res)
     assert res[0].stream == StreamMeta(1, 1, 0, 0, False, 2000, 2000)
     sealed = await store.seal_and_new(1, 0, 42, (ReplicaMeta(n2, True),),
-                                      [ProducerState(7, 0, 11, 30)])
+                                      [ProducerStateMeta(7, 0, 11, 30)])
     await store.trim_streams([(2, 0)], 3000)
     await store.delete_streams([3], 3000)
 
@@ -175,7 +176,7 @@ async def test_create_and_reopen_keeps_everything(backend: Backend) -> None:
     assert ranges == [sealed.sealed, sealed.new]
     assert ranges[0].end_offset == 42 and ranges[1].start_offset == 42
     assert ranges[1].replicas == (ReplicaMeta(n2, True),)
-    assert await s2.get_seal_producers(1, 0) == (ProducerState(7, 0, 11, 30),)
+    assert await s2.get_seal_producers(1, 0) == (ProducerStateMeta(7, 0, 11, 30),)
     node = await s2.get_node(n1)
     assert node is not None and node.advertise_addr == "127.0.0.1:9001"
     assert node.last_heartbeat_ms == 5000
@@ -227,13 +228,14 @@ async def test_seal_and_new_idempotent(backend: Backend) -> None:
     assert (again.sealed, again.new) == (first.sealed, first.new)
     assert len((await store.list_ranges([1]))[0]) == 2
     second = await store.seal_and_new(1, 1, 25, (ReplicaMeta(1, True),),
-                                      [ProducerState(4, 1, 9, 20), ProducerState(2, 0, 3, 11)])
+                                      [ProducerStateMeta(4, 1, 9, 20),
+                                       ProducerStateMeta(2, 0, 3, 11)])
     assert second.sealed.range_index == 1 and second.new.range_index == 2
     assert second.new.start_offset == 25
-    assert second.producers == (ProducerState(2, 0, 3, 11), ProducerState(4, 1, 9, 20))
+    assert second.producers == (ProducerStateMeta(2, 0, 3, 11), ProducerStateMeta(4, 1, 9, 20))
     assert (await store.seal_and_new(1, 1, 0, (), ())).producers == second.producers
     old = await store.seal_and_new(1, 0, 10, R1, [])  # an older sealed range: its own pair
-    assert not old.created and old.sealed.range_index == 0 and old.new.range_index == 1
+    assert not old.created and (old.sealed, old.new) == (first.sealed, second.sealed)
     with pytest.raises(RangeNotFoundError):
         await store.seal_and_new(1, 7, 10, R1, [])
     with pytest.raises(InvalidRequestError):
@@ -250,8 +252,8 @@ async def test_seal_and_new_idempotent(backend: Backend) -> None:
 async def test_trim(backend: Backend) -> None:
     store = backend.store
     created(await store.create_streams([NewStream(1, 0, R1)], 1))
-    await store.seal_and_new(1, 0, 10, R1, [ProducerState(1, 0, 1, 0)])
-    await store.seal_and_new(1, 1, 20, R1, [ProducerState(1, 0, 2, 10)])
+    await store.seal_and_new(1, 0, 10, R1, [ProducerStateMeta(1, 0, 1, 0)])
+    await store.seal_and_new(1, 1, 20, R1, [ProducerStateMeta(1, 0, 2, 10)])
     # Ranges: [0,10) [10,20) [20,-1)
     t = await trim1(store, 1, 5)
     assert t.dropped == () and t.first_range is not None
@@ -262,7 +264,7 @@ async def test_trim(backend: Backend) -> None:
     assert t.first_range is not None and t.first_range.range_index == 1
     assert t.first_range.start_offset == 10
     assert await store.get_seal_producers(1, 0) == ()
-    assert await store.get_seal_producers(1, 1) == (ProducerState(1, 0, 2, 10),)
+    assert await store.get_seal_producers(1, 1) == (ProducerStateMeta(1, 0, 2, 10),)
     t = await trim1(store, 1, 3)  # never lowers
     assert t.stream.start_offset == 10 and t.dropped == ()
     t = await trim1(store, 1, 27)  # into the writable range
@@ -280,7 +282,7 @@ async def test_trim(backend: Backend) -> None:
 async def test_delete_and_update(backend: Backend) -> None:
     store = backend.store
     created(await store.create_streams([NewStream(1, 0, R1), NewStream(1, 5, R1)], 1))
-    await store.seal_and_new(1, 0, 4, R1, [ProducerState(1, 0, 1, 0)])
+    await store.seal_and_new(1, 0, 4, R1, [ProducerStateMeta(1, 0, 1, 0)])
     u = await update1(store, 2, 1, 777)
     assert u.retention_period_ms == 777 and u.updated_ms == 1
     d = await delete1(store, 1)
@@ -335,13 +337,13 @@ async def test_mixed_batches_per_item(backend: Backend) -> None:
     created(await store.create_streams([NewStream(1, 0, R1)] * 3, 1))
     await delete1(store, 2)
     out = await store.trim_streams([(1, 5), (2, 5), (3, -4), (99, 1), (3, 2)], 2)
-    assert isinstance(out[0], TrimResult) and out[0].stream.start_offset == 5
+    assert isinstance(out[0], TrimOutcome) and out[0].stream.start_offset == 5
     assert isinstance(out[1], StreamDeletedError)
     assert isinstance(out[2], InvalidRequestError)
     assert isinstance(out[3], StreamNotFoundError)
-    assert isinstance(out[4], TrimResult) and out[4].stream.start_offset == 2
+    assert isinstance(out[4], TrimOutcome) and out[4].stream.start_offset == 2
     dels = await store.delete_streams([1, 1, 42], 3)
-    assert isinstance(dels[0], DeleteResult)
+    assert isinstance(dels[0], DeleteOutcome)
     assert isinstance(dels[1], StreamDeletedError)
     assert isinstance(dels[2], StreamNotFoundError)
     ups = await store.update_streams([StreamUpdate(3, 1, 9), StreamUpdate(1, 1, 9)], 4)
@@ -357,4 +359,71 @@ async def test_items_of_one_call_see_each_other(backend: Backend) -> None:
     assert [u.retention_period_ms for u in ups if isinstance(u, StreamMeta)] == [10, 20, 30]
     assert [s.retention_period_ms for s in await store.get_streams([1, 2]) if s] == [20, 30]
     out = await store.trim_streams([(1, 3), (1, 1), (1, 8)], 6)
-    assert [o.stream.start_offset for o in out if isinstance(o, TrimResult)] == [3, 3, 8]
+    assert [o.stream.start_offset for o in out if isinstance(o, TrimOutcome)] == [3, 3, 8]
+
+
+async def test_replace_replica(backend: Backend) -> None:
+    store = backend.store
+    reps = (ReplicaMeta(1, True), ReplicaMeta(2, False))
+    created(await store.create_streams([NewStream(2, 0, reps)], 1))
+    with pytest.raises(InvalidRequestError):  # writable: not re-replicated
+        await store.replace_replica(1, 0, 2, 3)
+    await store.seal_and_new(1, 0, 5, reps, [])
+    moved = await store.replace_replica(1, 0, 1, 9)
+    assert moved.replicas == (ReplicaMeta(9, True), ReplicaMeta(2, False))
+    assert await store.get_range(1, 0) == moved
+    assert await store.replace_replica(1, 0, 1, 9) == moved  # done already: idempotent
+    assert [r.range_index for r in await store.list_node_ranges(9)] == [0]
+    assert [r.range_index for r in await store.list_node_ranges(1)] == [1]
+    with pytest.raises(InvalidRequestError):
+        await store.replace_replica(1, 0, 7, 8)  # neither node
+    with pytest.raises(InvalidRequestError):
+        await store.replace_replica(1, 0, 2, 9)  # 9 already holds it
+    with pytest.raises(RangeNotFoundError):
+        await store.replace_replica(1, 4, 1, 9)
+    await delete1(store, 1)
+    with pytest.raises(StreamDeletedError):
+        await store.replace_replica(1, 0, 9, 1)
+
+
+async def test_soft_state_reads_before_it_is_persisted(backend: Backend) -> None:
+    store = backend.store
+    nid = await store.allocate_node_id("h", 1)
+    await store.record_heartbeat(nid, 700)
+    await store.record_metrics(nid, NodeMetrics(memory_used=5), 800)
+    await store.record_heartbeat(99, 700)  # an unknown node: ignored, never created
+    node = await store.get_node(nid)
+    assert node is not None and node.last_heartbeat_ms == 700 and node.metrics_ms == 800
+    assert node.metrics == NodeMetrics(memory_used=5)
+    # A durable write keeps it; so does the address update of that very node.
+    moved = await store.update_node_address(nid, "h:1")
+    assert moved.last_heartbeat_ms == 700 and moved.advertise_addr == "h:1"
+    s2 = await backend.reopen()
+    again = await s2.get_node(nid)
+    assert again == moved
+    assert await s2.get_node(99) is None
+
+
+async def test_failed_item_leaves_no_trace(backend: Backend) -> None:
+    store = backend.store
+    twice = (ReplicaMeta(4, True), ReplicaMeta(4, False))
+    out = await store.create_streams([NewStream(1, 0, R1), NewStream(2, 0, twice),
+                                      NewStream(1, 0, R1)], 1)
+    assert isinstance(out[0], CreatedStream) and isinstance(out[2], CreatedStream)
+    assert isinstance(out[1], MetadataError)
+    assert await store.get_streams([2]) == [None]  # its id is burned, never half-written
+    assert await store.list_node_ranges(4) == []
+    assert created(await store.create_streams([NewStream(1, 0, R1)], 1))[0].stream.stream_id == 4
+    # Items of one call see each other: the second delete finds the first's work.
+    dels = await store.delete_streams([1, 1], 2)
+    assert isinstance(dels[0], DeleteOutcome) and isinstance(dels[1], StreamDeletedError)
+    trims = await store.trim_streams([(3, 4), (1, 2)], 3)
+    assert isinstance(trims[0], TrimOutcome) and isinstance(trims[1], StreamDeletedError)
+    assert [r.start_offset for r in (await store.list_ranges([3]))[0]] == [4]
+
+
+def test_open_metadata_picks_the_backend(tmp_path: Path) -> None:
+    assert isinstance(open_metadata(f"sqlite:{tmp_path / 'x.sqlite3'}"), SqliteMetadataStore)
+    assert isinstance(open_metadata("etcd://127.0.0.1:2379/p"), EtcdMetadataStore)
+    with pytest.raises(ValueError):
+        open_metadata("mysql://db")

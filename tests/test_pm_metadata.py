@@ -1,7 +1,10 @@
-"""PM metadata (SQLite backend) and placement: no network."""
+"""SQLite-only metadata behaviour, the staging layer the rules run on, and placement: no network.
+
+The rules themselves run on both backends in test_pm_etcd_conformance.py."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,14 +13,12 @@ import pytest
 
 from sbpstream.pm.metadata import (
     CreatedStream,
-    DeleteResult,
     NewStream,
     NodeMetrics,
-    ProducerState,
+    ProducerStateMeta,
+    RangeMeta,
     ReplicaMeta,
     StreamMeta,
-    StreamUpdate,
-    TrimResult,
 )
 from sbpstream.pm.placement import (
     DISK_FREE_MIN_BYTES,
@@ -27,16 +28,8 @@ from sbpstream.pm.placement import (
     choose_nodes,
 )
 from sbpstream.pm.sqlite_meta import SCHEMA_VERSION, SqliteMetadataStore
-from sbpstream.protocol.errors import (
-    DataNodeNotFoundError,
-    InvalidRequestError,
-    MetadataError,
-    NotEnoughDataNodesError,
-    RangeNotFoundError,
-    SbpError,
-    StreamDeletedError,
-    StreamNotFoundError,
-)
+from sbpstream.pm.staging import ALL_RANGES, Layer, StagedTxn
+from sbpstream.protocol.errors import MetadataError, NotEnoughDataNodesError, SbpError
 
 R1 = (ReplicaMeta(1, True),)
 
@@ -49,81 +42,12 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteMetadataStore]:
     await s.close()
 
 
-async def reopen(s: SqliteMetadataStore) -> SqliteMetadataStore:
-    await s.close()
-    s2 = SqliteMetadataStore(s.path)
-    await s2.open()
-    return s2
-
-
-async def trim1(s: SqliteMetadataStore, sid: int, off: int) -> TrimResult:
-    (out,) = await s.trim_streams([(sid, off)], 1)
-    if isinstance(out, SbpError):
-        raise out
-    return out
-
-
-async def delete1(s: SqliteMetadataStore, sid: int) -> DeleteResult:
-    (out,) = await s.delete_streams([sid], 1)
-    if isinstance(out, SbpError):
-        raise out
-    return out
-
-
-async def update1(s: SqliteMetadataStore, sid: int, rn: int, ret: int) -> StreamMeta:
-    (out,) = await s.update_streams([StreamUpdate(sid, rn, ret)], 1)
-    if isinstance(out, SbpError):
-        raise out
-    return out
-
-
 def created(outcomes: list[CreatedStream | SbpError]) -> list[CreatedStream]:
     out = []
     for o in outcomes:
         assert isinstance(o, CreatedStream), o
         out.append(o)
     return out
-
-
-async def test_create_and_restart_keeps_everything(store: SqliteMetadataStore) -> None:
-    n1 = await store.allocate_node_id("host-a", 1000)
-    n2 = await store.allocate_node_id("host-b", 1001)
-    assert (n1, n2) == (1, 2)
-    await store.update_node_address(n1, "127.0.0.1:9001")
-    await store.record_heartbeat(n1, 5000)
-    await store.record_metrics(n1, NodeMetrics(disk_free_space=10**9, range_active_cnt=3), 5000)
-    items = [NewStream(1, 60_000 * i, (ReplicaMeta(n1, True),)) for i in range(5)]
-    res = created(await store.create_streams(items, 2000))
-    ids = [c.stream.stream_id for c in res]
-    assert ids == [1, 2, 3, 4, 5]
-    assert all(c.first_range.range_index == 0 and c.first_range.writable for c in res)
-    sealed = await store.seal_and_new(1, 0, 42, (ReplicaMeta(n2, True),),
-                                      [ProducerState(7, 0, 11, 30)])
-    await store.trim_streams([(2, 0)], 3000)
-    await store.delete_streams([3], 3000)
-
-    s2 = await reopen(store)
-    try:
-        streams = await s2.get_streams([1, 2, 3, 4, 5, 99])
-        assert [s.retention_period_ms if s else None for s in streams] == [
-            0, 60_000, 120_000, 180_000, 240_000, None]
-        assert streams[2] is not None and streams[2].deleted
-        ranges = (await s2.list_ranges([1]))[0]
-        assert ranges == [sealed.sealed, sealed.new]
-        assert ranges[0].end_offset == 42 and ranges[1].start_offset == 42
-        assert ranges[1].replicas == (ReplicaMeta(n2, True),)
-        assert await s2.get_seal_producers(1, 0) == (ProducerState(7, 0, 11, 30),)
-        node = await s2.get_node(n1)
-        assert node is not None and node.advertise_addr == "127.0.0.1:9001"
-        assert node.last_heartbeat_ms == 5000
-        assert node.metrics is not None and node.metrics.range_active_cnt == 3
-        # Counters continue, never reuse an id.
-        assert await s2.allocate_node_id("host-c", 1) == 3
-        more = created(await s2.create_streams([NewStream(1, 0, R1)], 1))
-        assert more[0].stream.stream_id == 6
-        assert [s.stream_id for s in await s2.list_streams(0, 100)] == [1, 2, 4, 5, 6]
-    finally:
-        await s2.close()
 
 
 async def test_schema_versioned(store: SqliteMetadataStore, tmp_path: Path) -> None:
@@ -168,101 +92,100 @@ async def test_batch_create_is_per_item(store: SqliteMetadataStore, tmp_path: Pa
         await s.close()
 
 
-async def test_large_batch_one_call(store: SqliteMetadataStore) -> None:
-    items = [NewStream(1, 1000, (ReplicaMeta(1 + i % 3, True),)) for i in range(1000)]
-    res = created(await store.create_streams(items, 1))
-    assert len({c.stream.stream_id for c in res}) == 1000
-    counts = await store.writable_range_counts()
-    assert counts == {1: 334, 2: 333, 3: 333}
-    node2 = await store.list_node_ranges(2)
-    assert len(node2) == 333 and all(r.node_ids == (2,) for r in node2)
+async def test_rows_on_disk_keep_their_format(store: SqliteMetadataStore,
+                                              tmp_path: Path) -> None:
+    """The rows of schema version 1, as every earlier writer left them: a file written by
+    any earlier sbpstream of this version must still open and read the same."""
+    nid = await store.allocate_node_id("host-a", 1000)
+    await store.record_metrics(nid, NodeMetrics(memory_used=5), 1500)
+    reps = (ReplicaMeta(3, False), ReplicaMeta(2, True))
+    created(await store.create_streams([NewStream(2, 60_000, reps)], 2000))
+    await store.seal_and_new(1, 0, 42, (ReplicaMeta(5, False), ReplicaMeta(4, True)),
+                             [ProducerStateMeta(7, 1, 11, 30)])
+    await store.trim_streams([(1, 3)], 3000)
+    await store.close()
+    c = sqlite3.connect(tmp_path / "pm.sqlite")
+    try:
+        def rows(sql: str) -> list[tuple[object, ...]]:
+            return c.execute(sql).fetchall()
+
+        assert rows("SELECT key, value FROM meta ORDER BY key") == [
+            ("next_node_id", 2), ("next_stream_id", 2), ("schema_version", 1)]
+        assert rows("SELECT * FROM streams") == [(1, 2, 60_000, 3, 0, 2000, 3000)]
+        assert rows("SELECT * FROM ranges ORDER BY range_index") == [
+            (1, 0, 3, 42, 42), (1, 1, 42, -1, 42)]
+        assert rows("SELECT * FROM range_replicas ORDER BY range_index, node_id") == [
+            (1, 0, 2, 1), (1, 0, 3, 0), (1, 1, 4, 1), (1, 1, 5, 0)]
+        assert rows("SELECT * FROM seal_producers") == [(1, 0, 7, 1, 11, 30)]
+        metrics = json.dumps(NodeMetrics(memory_used=5).to_dict(), separators=(",", ":"))
+        assert rows("SELECT * FROM data_nodes") == [(1, "host-a", "", 1000, 0, metrics, 1500)]
+    finally:
+        c.close()
 
 
-async def test_seal_and_new_idempotent(store: SqliteMetadataStore) -> None:
-    created(await store.create_streams([NewStream(1, 0, R1)], 1))
-    first = await store.seal_and_new(1, 0, 10, (ReplicaMeta(2, True),), [])
-    assert first.created
-    again = await store.seal_and_new(1, 0, 999, (ReplicaMeta(3, True),), [])
-    assert not again.created
-    assert (again.sealed, again.new) == (first.sealed, first.new)
-    assert len((await store.list_ranges([1]))[0]) == 2
-    second = await store.seal_and_new(1, 1, 25, (ReplicaMeta(1, True),), [])
-    assert second.sealed.range_index == 1 and second.new.range_index == 2
-    assert second.new.start_offset == 25
-    # Index 0 is an older sealed range: still answered, idempotently, with its own pair.
-    old = await store.seal_and_new(1, 0, 10, R1, [])
-    assert not old.created and (old.sealed, old.new) == (first.sealed, second.sealed)
-    with pytest.raises(RangeNotFoundError):
-        await store.seal_and_new(1, 7, 10, R1, [])
-    with pytest.raises(InvalidRequestError):
-        await store.seal_and_new(1, 2, 3, R1, [])  # end below start 25
-    with pytest.raises(StreamNotFoundError):
-        await store.seal_and_new(42, 0, 0, R1, [])
+# ---------------------------------------------------------------------------- staging
+class _Empty:
+    """A BaseReader with nothing committed but one stream and its two ranges."""
+
+    s1 = StreamMeta(1, 1, 0, 0)
+    r0 = RangeMeta(1, 0, 0, 10, 10, R1)
+    r1 = RangeMeta(1, 1, 10, -1, 10, R1)
+
+    def stream(self, sid: int) -> StreamMeta | None:
+        return self.s1 if sid == 1 else None
+
+    def ranges(self, sid: int) -> list[RangeMeta]:
+        return [self.r0, self.r1] if sid == 1 else []
+
+    def range(self, sid: int, idx: int) -> RangeMeta | None:
+        return next((r for r in self.ranges(sid) if r.range_index == idx), None)
+
+    def producers(self, sid: int, idx: int) -> tuple[ProducerStateMeta, ...]:
+        return (ProducerStateMeta(1, 0, 5),) if (sid, idx) == (1, 0) else ()
+
+    def node(self, nid: int) -> None:
+        return None
+
+    def counter(self, name: str) -> int:
+        return 7
 
 
-async def test_trim(store: SqliteMetadataStore) -> None:
-    created(await store.create_streams([NewStream(1, 0, R1)], 1))
-    await store.seal_and_new(1, 0, 10, R1, [])
-    await store.seal_and_new(1, 1, 20, R1, [])
-    # Ranges: [0,10) [10,20) [20,-1)
-    t = await trim1(store, 1, 5)
-    assert t.dropped == () and t.first_range is not None
-    assert (t.first_range.range_index, t.first_range.start_offset) == (0, 5)
-    assert t.stream.start_offset == 5
-    t = await trim1(store, 1, 10)  # range 0 ends exactly at 10: wholly below
-    assert [r.range_index for r in t.dropped] == [0]
-    assert t.first_range is not None and t.first_range.range_index == 1
-    assert t.first_range.start_offset == 10
-    t = await trim1(store, 1, 3)  # never lowers
-    assert t.stream.start_offset == 10 and t.dropped == ()
-    t = await trim1(store, 1, 27)  # into the writable range
-    assert t.first_range is not None and t.first_range.range_index == 2
-    assert t.first_range.start_offset == 27 and t.first_range.writable
-    assert t.first_range.next_offset == 27
-    assert [r.range_index for r in (await store.list_ranges([1]))[0]] == [2]
-    with pytest.raises(InvalidRequestError):
-        await trim1(store, 1, -1)
-    with pytest.raises(StreamNotFoundError):
-        await trim1(store, 9, 1)
+def test_staged_reads_see_earlier_items_and_drops() -> None:
+    base, chunk = _Empty(), Layer()
+    first = Layer()
+    tx = StagedTxn(base, chunk, first)
+    tx.drop_ranges_below(1, 1)
+    assert tx.ranges(1) == [base.r1] and tx.range(1, 0) is None and tx.producers(1, 0) == ()
+    r2 = RangeMeta(1, 2, 20, -1, 20, R1)
+    tx.put_range(r2)
+    assert tx.next_id("c", 3) == 7 and tx.counter("c") == 10
+    chunk.merge(first)
+    second = StagedTxn(base, chunk, Layer())
+    assert second.ranges(1) == [base.r1, r2] and second.counter("c") == 10
+    second.drop_ranges_below(1, ALL_RANGES)  # a later drop takes the earlier put with it
+    chunk.merge(second.top)
+    assert chunk.ranges == {1: {}} and chunk.dropped == {1: ALL_RANGES}
+    assert StagedTxn(base, chunk, Layer()).ranges(1) == []
+    with pytest.raises(MetadataError, match="twice"):
+        tx.put_range(RangeMeta(1, 3, 0, -1, 0, (ReplicaMeta(4, True), ReplicaMeta(4, False))))
 
 
-async def test_delete_and_update(store: SqliteMetadataStore) -> None:
-    created(await store.create_streams([NewStream(1, 0, R1), NewStream(1, 5, R1)], 1))
-    u = await update1(store, 2, 1, 777)
-    assert u.retention_period_ms == 777
-    d = await delete1(store, 1)
-    assert d.stream.deleted and [r.range_index for r in d.removed] == [0]
-    assert (await store.list_ranges([1]))[0] == []
-    with pytest.raises(StreamDeletedError):
-        await delete1(store, 1)
-    with pytest.raises(StreamDeletedError):
-        await update1(store, 1, 1, 1)
-    with pytest.raises(StreamNotFoundError):
-        await delete1(store, 77)
-    assert [s.stream_id for s in await store.list_streams(0, 10)] == [2]
-    with pytest.raises(DataNodeNotFoundError):
-        await store.update_node_address(55, "x:1")
 
-
-async def test_next_offsets_never_lower(store: SqliteMetadataStore) -> None:
-    created(await store.create_streams([NewStream(1, 0, R1)], 1))
-    await store.record_next_offsets([(1, 0, 50)])
-    await store.record_next_offsets([(1, 0, 20)])
-    r = await store.get_range(1, 0)
-    assert r is not None and r.next_offset == 50
-
-
-async def test_list_streams_pages(store: SqliteMetadataStore) -> None:
-    created(await store.create_streams([NewStream(1, 0, R1)] * 25, 1))
-    seen: list[int] = []
-    after = 0
-    while True:
-        page = await store.list_streams(after, 10)
-        if not page:
-            break
-        seen += [s.stream_id for s in page]
-        after = page[-1].stream_id
-    assert seen == list(range(1, 26))
+def test_journaled_layer_undoes_a_failed_item() -> None:
+    base, chunk = _Empty(), Layer(journaled=True)
+    tx = StagedTxn(base, Layer(), chunk)
+    tx.put_stream(StreamMeta(2, 1, 0, 0))
+    chunk.keep()
+    before = (dict(chunk.streams), {k: dict(v) for k, v in chunk.ranges.items()},
+              dict(chunk.dropped), dict(chunk.counters))
+    tx.put_stream(StreamMeta(2, 1, 5, 9))
+    tx.put_range(RangeMeta(3, 0, 0, -1, 0, R1))
+    tx.drop_ranges_below(1, 5)
+    tx.next_id("c")
+    chunk.undo()
+    after = (chunk.streams, chunk.ranges, chunk.dropped, chunk.counters)
+    assert after == before
+    assert tx.ranges(1) == [base.r0, base.r1] and tx.counter("c") == 7
 
 
 # ---------------------------------------------------------------------------- placement
@@ -317,21 +240,3 @@ def test_registry_grace_after_restart() -> None:
     assert reg.is_dead(1, 105.5)
     assert reg.heartbeat(1, "127.0.0.1:2", 106.0)  # address change reported
     assert reg.is_live(1, 106.0)
-
-
-async def test_mixed_batches_per_item(store: SqliteMetadataStore) -> None:
-    created(await store.create_streams([NewStream(1, 0, R1)] * 3, 1))
-    await delete1(store, 2)
-    out = await store.trim_streams([(1, 5), (2, 5), (3, -4), (99, 1), (3, 2)], 2)
-    assert isinstance(out[0], TrimResult) and out[0].stream.start_offset == 5
-    assert isinstance(out[1], StreamDeletedError)
-    assert isinstance(out[2], InvalidRequestError)
-    assert isinstance(out[3], StreamNotFoundError)
-    assert isinstance(out[4], TrimResult) and out[4].stream.start_offset == 2
-    dels = await store.delete_streams([1, 1, 42], 3)
-    assert isinstance(dels[0], DeleteResult)
-    assert isinstance(dels[1], StreamDeletedError)
-    assert isinstance(dels[2], StreamNotFoundError)
-    ups = await store.update_streams([StreamUpdate(3, 1, 9), StreamUpdate(1, 1, 9)], 4)
-    assert isinstance(ups[0], StreamMeta) and ups[0].retention_period_ms == 9
-    assert isinstance(ups[1], StreamDeletedError)

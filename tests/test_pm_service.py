@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from sbpstream.pm.metadata import CreatedStream, NodeMetrics, ProducerState, RangeMeta, SealResult
+from sbpstream.pm.metadata import (
+    CreatedStream,
+    NodeMetrics,
+    ProducerStateMeta,
+    RangeMeta,
+    SealOutcome,
+)
 from sbpstream.pm.placement import NodeState
 from sbpstream.pm.service import MAX_ITEMS_PER_REQUEST, DnSealReply, PmService
 from sbpstream.pm.sqlite_meta import SqliteMetadataStore
@@ -47,7 +53,7 @@ class FakeDn:
         self.calls.append(("seal", node.node_id, (rng.stream_id, rng.range_index, end_offset)))
         self.seals.append((node.node_id, rng.stream_id, rng.range_index, end_offset))
         end = self.local_end.get(node.node_id, 0) if end_offset < 0 else end_offset
-        return DnSealReply(end, (ProducerState(5, 0, node.node_id, 1),))
+        return DnSealReply(end, (ProducerStateMeta(5, 0, node.node_id, 1),))
 
     async def describe_range(self, node: NodeState, stream_id: int, range_index: int) -> int:
         self._check(node)
@@ -128,14 +134,14 @@ async def test_seal_min_end_idempotent(env: tuple[PmService, FakeDn, Clock]) -> 
     sid, node = c.stream.stream_id, c.first_range.node_ids[0]
     dn.local_end[node] = 17
     (res,) = await svc.seal_ranges([(sid, 0)])
-    assert isinstance(res, SealResult) and res.created
+    assert isinstance(res, SealOutcome) and res.created
     assert res.sealed.end_offset == 17 and res.new.start_offset == 17
     assert res.new.range_index == 1 and res.new.writable
-    assert res.producers == (ProducerState(5, 0, node, 1),)
+    assert res.producers == (ProducerStateMeta(5, 0, node, 1),)
     seals = [c[2] for c in dn.calls if c[0] == "seal"]
     assert seals == [(sid, 0, -1), (sid, 0, 17)]
     (again,) = await svc.seal_ranges([(sid, 0)])
-    assert isinstance(again, SealResult) and not again.created
+    assert isinstance(again, SealOutcome) and not again.created
     assert (again.sealed, again.new, again.producers) == (res.sealed, res.new, res.producers)
     listed = (await svc.list_stream_ranges([sid]))[0]
     assert isinstance(listed, list) and len(listed) == 2
@@ -143,9 +149,9 @@ async def test_seal_min_end_idempotent(env: tuple[PmService, FakeDn, Clock]) -> 
     assert isinstance(errs[0], RangeNotFoundError)
     assert isinstance(errs[1], StreamNotFoundError)
     (_, two) = await svc.seal_ranges([(sid, 1), (sid, 1)])  # concurrent duplicates: one seal
-    assert isinstance(two, SealResult) and two.new.range_index == 2
+    assert isinstance(two, SealOutcome) and two.new.range_index == 2
     (old,) = await svc.seal_ranges([(sid, 0)])  # an older sealed range: its own pair
-    assert isinstance(old, SealResult) and not old.created
+    assert isinstance(old, SealOutcome) and not old.created
     assert old.sealed.range_index == 0 and old.new.range_index == 1 and old.producers
 
 
@@ -244,7 +250,7 @@ async def test_seal_takes_minimum_of_replicas(env: tuple[PmService, FakeDn, Cloc
     first, second = r0.node_ids
     dn.local_end[first], dn.local_end[second] = 30, 25
     (res,) = await svc.seal_ranges([(cs.stream.stream_id, 0)])
-    assert isinstance(res, SealResult)
+    assert isinstance(res, SealOutcome)
     assert res.sealed.end_offset == 25 and res.new.start_offset == 25
     assert len(set(res.new.node_ids)) == 2
     finals = sorted((n, end) for n, _, _, end in dn.seals if end >= 0)
@@ -255,5 +261,5 @@ async def test_seal_takes_minimum_of_replicas(env: tuple[PmService, FakeDn, Cloc
     dn.local_end[n1], dn.local_end[n2] = 40, 44
     dn.down.add(n1)
     (res2,) = await svc.seal_ranges([(sid, 1)])
-    assert isinstance(res2, SealResult) and res2.sealed.end_offset == 44
+    assert isinstance(res2, SealOutcome) and res2.sealed.end_offset == 44
     assert {a, b, c} >= set(res2.new.node_ids)

@@ -58,7 +58,7 @@ class PmConfig:
 def validate_etcd_url(metadata: str) -> None:
     """ValueError for a malformed etcd URL, or when the etcd extra (aetcd) is not installed."""
     try:
-        from sbpstream.pm.etcd_meta import parse_etcd_url  # the optional etcd dependency
+        from sbpstream.pm.etcd import parse_etcd_url  # the optional etcd dependency
     except ImportError as e:
         raise ValueError(
             f"--metadata {metadata!r}: the etcd backend needs aetcd (pip install "

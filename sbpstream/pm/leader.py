@@ -3,7 +3,7 @@
 A PM campaigns by granting a lease of ``lease_ttl_s`` and creating ``P/leader`` with it in a
 transaction that succeeds only if the key is absent (``create_revision == 0``). The winner's
 **token** is the key's ``create_revision`` (the revision of that transaction): unique and
-increasing across terms. Every metadata write compares it (:mod:`sbpstream.pm.etcd_meta`), so a
+increasing across terms. Every metadata write compares it (:mod:`sbpstream.pm.etcd`), so a
 deposed leader cannot write even if it still believes it leads.
 
 The leader refreshes its lease every ``ttl / KEEPALIVE_DIVISOR``. It believes itself leader only
@@ -25,7 +25,7 @@ from typing import Final
 
 from aetcd import rpc
 
-from sbpstream.pm.etcd_meta import EtcdMetadataStore, decode_leader, encode_leader
+from sbpstream.pm.etcd import EtcdMetadataStore, decode_leader, encode_leader
 from sbpstream.protocol.errors import MetadataError, PmNotLeaderError, SbpError
 
 log = logging.getLogger("sbpstream.pm.leader")

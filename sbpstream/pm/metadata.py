@@ -2,10 +2,16 @@
 
 Everything the PM knows lives behind :class:`MetadataStore`: streams, their ranges and replica
 placement, data nodes, and id counters. The embedded backend is SQLite
-(:mod:`sbpstream.pm.sqlite_meta`); an etcd backend implements the same protocol for several PMs.
+(:mod:`sbpstream.pm.sqlite_meta`); the etcd backend (:mod:`sbpstream.pm.etcd`) implements the
+same protocol for several PMs.
 
 The records here are plain frozen dataclasses, independent of the wire messages, so a backend
-never imports the codec and the server converts at the edge.
+never imports the codec and the server converts at the edge. Their names never reuse a message
+class's name (``ProducerStateMeta`` beside ``messages.ProducerState``, ``SealOutcome`` beside
+``messages.SealResult``), so a reader always knows which side of that edge a value is on.
+
+Every rule that changes metadata is written once, in :mod:`sbpstream.pm.rules`; a backend only
+makes a batch of staged writes durable. :func:`open_metadata` picks the backend from a URL.
 
 Atomicity contract (every backend):
 
@@ -29,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sbpstream.protocol.errors import InvalidRequestError, RangeNotFoundError, SbpError
+from sbpstream.protocol.errors import SbpError
 from sbpstream.protocol.limits import MAX_STREAM_ID as MAX_STREAM_ID  # stream ids are int64
 
 WRITABLE_END_OFFSET = -1
@@ -136,7 +142,7 @@ class NodeMeta:
 
 
 @dataclass(frozen=True, slots=True)
-class ProducerState:
+class ProducerStateMeta:
     """Highest sequence stored per idempotent producer in a sealed range (design.md section 5)."""
 
     producer_id: int
@@ -171,16 +177,16 @@ class CreatedStream:
 
 
 @dataclass(frozen=True, slots=True)
-class SealResult:
+class SealOutcome:
     sealed: RangeMeta
     new: RangeMeta
-    producers: tuple[ProducerState, ...]
+    producers: tuple[ProducerStateMeta, ...]
     created: bool
     """True when this call sealed the range; False when it was already sealed (idempotent)."""
 
 
 @dataclass(frozen=True, slots=True)
-class TrimResult:
+class TrimOutcome:
     stream: StreamMeta
     first_range: RangeMeta | None
     """The smallest range left after the trim (None only if the stream has no ranges)."""
@@ -188,7 +194,7 @@ class TrimResult:
 
 
 @dataclass(frozen=True, slots=True)
-class DeleteResult:
+class DeleteOutcome:
     stream: StreamMeta
     removed: tuple[RangeMeta, ...]
 
@@ -241,14 +247,14 @@ class MetadataStore(Protocol):
 
     async def trim_streams(
         self, items: Sequence[tuple[int, int]], now_ms: int
-    ) -> list[TrimResult | SbpError]:
+    ) -> list[TrimOutcome | SbpError]:
         """(stream_id, trim_offset) items, one transaction. Per item: drop sealed ranges wholly
         below the offset, raise the start of the first remaining one, set the stream's start.
         Never lowers the start (a smaller offset is a no-op); a negative one is invalid."""
 
     async def delete_streams(
         self, stream_ids: Sequence[int], now_ms: int
-    ) -> list[DeleteResult | SbpError]:
+    ) -> list[DeleteOutcome | SbpError]:
         """One transaction; per item mark the stream deleted and remove its ranges
         (StreamDeletedError if already deleted)."""
 
@@ -275,8 +281,8 @@ class MetadataStore(Protocol):
         range_index: int,
         end_offset: int,
         new_replicas: tuple[ReplicaMeta, ...],
-        producers: Sequence[ProducerState],
-    ) -> SealResult:
+        producers: Sequence[ProducerStateMeta],
+    ) -> SealOutcome:
         """Seal writable range ``range_index`` at ``end_offset`` and open ``range_index + 1`` there
         on ``new_replicas``, atomically. Already sealed (any sealed range with a successor): that
         range, its successor and the producer states stored at its seal, ``created=False`` (a
@@ -285,35 +291,25 @@ class MetadataStore(Protocol):
 
     async def get_seal_producers(
         self, stream_id: int, range_index: int
-    ) -> tuple[ProducerState, ...]: ...
+    ) -> tuple[ProducerStateMeta, ...]: ...
 
     async def replace_replica(
         self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
     ) -> RangeMeta:
         """Sealed range ``range_index``: its replica on ``old_node_id`` is now on
-        ``new_node_id`` (re-replication). Idempotent once done; see :func:`replace_in`."""
+        ``new_node_id`` (re-replication). Idempotent once done."""
 
 
-def replace_in(
-    cur: RangeMeta | None, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
-) -> RangeMeta | None:
-    """The range with ``old_node_id``'s replica moved to ``new_node_id`` (keeping its
-    is_primary flag); None when already done. RangeNotFoundError without the range,
-    InvalidRequestError for a writable range or a replica set that has neither node."""
-    if cur is None:
-        raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
-    if cur.writable:
-        raise InvalidRequestError(f"range {stream_id}/{range_index} is writable: only sealed "
-                                  "ranges are re-replicated")
-    ids = cur.node_ids
-    if old_node_id not in ids:
-        if new_node_id in ids:
-            return None
-        raise InvalidRequestError(f"range {stream_id}/{range_index} has no replica on node "
-                                  f"{old_node_id}")
-    if new_node_id in ids:
-        raise InvalidRequestError(f"range {stream_id}/{range_index} already has a replica on "
-                                  f"node {new_node_id}")
-    reps = tuple(ReplicaMeta(new_node_id, r.is_primary) if r.node_id == old_node_id else r
-                 for r in cur.replicas)
-    return dataclasses.replace(cur, replicas=reps)
+
+def open_metadata(url: str) -> MetadataStore:
+    """The store a ``--metadata`` URL names, not yet opened (``await store.open()``):
+    ``sqlite:PATH`` (the embedded default) or ``etcd://HOST:PORT[,...][/PREFIX][?...]`` (several
+    PMs, one leader; needs the optional aetcd dependency). ValueError for anything else."""
+    if url.startswith("etcd://"):
+        from sbpstream.pm.etcd import EtcdMetadataStore
+
+        return EtcdMetadataStore(url)
+    from sbpstream.pm.config import sqlite_path
+    from sbpstream.pm.sqlite_meta import SqliteMetadataStore
+
+    return SqliteMetadataStore(sqlite_path(url))

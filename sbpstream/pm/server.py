@@ -21,7 +21,7 @@ from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.pm import metadata as md
-from sbpstream.pm.config import PmConfig, sqlite_path
+from sbpstream.pm.config import PmConfig
 from sbpstream.pm.placement import NodeState
 from sbpstream.pm.repair import Repairer
 from sbpstream.pm.service import (
@@ -30,7 +30,6 @@ from sbpstream.pm.service import (
     DnSealReply,
     PmService,
 )
-from sbpstream.pm.sqlite_meta import SqliteMetadataStore
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     DataNodeNotFoundError,
@@ -121,7 +120,8 @@ class WireDataNodeApi:
         r = item.ranges[0]
         end = r.end_offset if r.end_offset >= 0 else r.next_offset
         producers = tuple(
-            md.ProducerState(p.producer_id, p.producer_epoch, p.last_sequence, p.last_base_offset)
+            md.ProducerStateMeta(p.producer_id, p.producer_epoch, p.last_sequence,
+                                 p.last_base_offset)
             for p in item.producers
         )
         return DnSealReply(end, producers)
@@ -177,18 +177,16 @@ class PmServer:
     def __init__(self, config: PmConfig) -> None:
         config.validate()
         self.config = config
-        self.meta: md.MetadataStore
+        self.meta: md.MetadataStore = md.open_metadata(config.metadata)
         self.election: LeaderElection | None = None
         if config.metadata.startswith("etcd://"):
             # Several PMs share etcd; one leads (docs/etcd.md). aetcd is an optional dependency.
-            from sbpstream.pm.etcd_meta import EtcdMetadataStore
+            from sbpstream.pm.etcd import EtcdMetadataStore
             from sbpstream.pm.leader import LeaderElection
 
-            etcd = EtcdMetadataStore(config.metadata)
-            self.meta = etcd
-            self.election = LeaderElection(etcd, config.advertise, on_elected=self._on_elected)
-        else:
-            self.meta = SqliteMetadataStore(sqlite_path(config.metadata))
+            assert isinstance(self.meta, EtcdMetadataStore)
+            self.election = LeaderElection(self.meta, config.advertise,
+                                           on_elected=self._on_elected)
         self.dn = WireDataNodeApi(lambda nid: self.service.node_address(nid))
         self.service = PmService(self.meta, self.dn, node_timeout_ms=config.node_timeout_ms)
         handlers: dict[int, Handler] = {

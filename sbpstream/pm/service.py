@@ -21,16 +21,16 @@ from typing import Final, Protocol, TypeVar
 
 from sbpstream.pm.metadata import (
     CreatedStream,
-    DeleteResult,
+    DeleteOutcome,
     MetadataStore,
     NewStream,
     NodeMetrics,
-    ProducerState,
+    ProducerStateMeta,
     RangeMeta,
-    SealResult,
+    SealOutcome,
     StreamMeta,
     StreamUpdate,
-    TrimResult,
+    TrimOutcome,
 )
 from sbpstream.pm.placement import NodeRegistry, NodeState, Placer
 from sbpstream.protocol.errors import (
@@ -93,7 +93,7 @@ class DnSealReply:
     and the highest sequence per idempotent producer below it."""
 
     end_offset: int
-    producers: tuple[ProducerState, ...] = ()
+    producers: tuple[ProducerStateMeta, ...] = ()
 
 
 class DataNodeApi(Protocol):
@@ -344,7 +344,7 @@ class PmService:
         forward: dict[int, list[int]] = {}
         out: list[StreamMeta | SbpError] = []
         for res in results:
-            if not isinstance(res, DeleteResult):
+            if not isinstance(res, DeleteOutcome):
                 out.append(res)
                 continue
             out.append(res.stream)
@@ -363,12 +363,12 @@ class PmService:
 
     async def trim_streams(
         self, items: Sequence[tuple[int, int]], from_data_node: bool
-    ) -> list[TrimResult | SbpError]:
+    ) -> list[TrimOutcome | SbpError]:
         """(stream_id, trim_offset). From users: checked against the stream's end, then forwarded
         to every data node that held a range of the stream. From data nodes (retention): only
         the metadata moves."""
         check_batch(len(items))
-        out: list[TrimResult | SbpError | None] = [None] * len(items)
+        out: list[TrimOutcome | SbpError | None] = [None] * len(items)
         async with self._locks.hold(sid for sid, _ in items):
             todo: list[tuple[int, tuple[int, int]]] = []
             for i, (sid, off) in enumerate(items):
@@ -384,10 +384,10 @@ class PmService:
             results = await self._guarded(
                 self.meta.trim_streams([it for _, it in todo], self.wall_ms()), len(todo)
             )
-        trimmed: list[TrimResult] = []
+        trimmed: list[TrimOutcome] = []
         for (i, (sid, _)), res in zip(todo, results, strict=True):
             out[i] = res
-            if isinstance(res, TrimResult):
+            if isinstance(res, TrimOutcome):
                 trimmed.append(res)
                 log.info("event=stream_trimmed stream_id=%d start_offset=%d dropped=%d "
                          "source=%s", sid, res.stream.start_offset, len(res.dropped),
@@ -396,7 +396,7 @@ class PmService:
             await self._forward_trims(trimmed)
         return [o for o in out if o is not None]
 
-    async def _forward_trims(self, trimmed: Sequence[TrimResult]) -> None:
+    async def _forward_trims(self, trimmed: Sequence[TrimOutcome]) -> None:
         """Every node that held a range of the stream (dropped or left) drops what is below."""
         left = await self.meta.list_ranges([t.stream.stream_id for t in trimmed])
         forward: dict[int, list[tuple[int, int]]] = {}
@@ -478,12 +478,12 @@ class PmService:
             return checked
         return RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
 
-    async def seal_ranges(self, items: Sequence[tuple[int, int]]) -> list[SealResult | SbpError]:
+    async def seal_ranges(self, items: Sequence[tuple[int, int]]) -> list[SealOutcome | SbpError]:
         """SEAL_AND_NEW for (stream_id, range_index) items, concurrently per stream."""
         check_batch(len(items))
         sem = asyncio.Semaphore(SWEEP_CONCURRENCY)
 
-        async def one(sid: int, idx: int) -> SealResult | SbpError:
+        async def one(sid: int, idx: int) -> SealOutcome | SbpError:
             async with sem:
                 try:
                     return await self.seal_and_new(sid, idx, reason="writer")
@@ -494,7 +494,7 @@ class PmService:
 
         return list(await asyncio.gather(*(one(s, i) for s, i in items)))
 
-    async def seal_and_new(self, stream_id: int, range_index: int, reason: str) -> SealResult:
+    async def seal_and_new(self, stream_id: int, range_index: int, reason: str) -> SealOutcome:
         async with self._locks.hold((stream_id,)):
             cur = await self.meta.get_range(stream_id, range_index)
             if cur is None:
@@ -542,7 +542,7 @@ class PmService:
 
     async def _finish_seal(
         self, rng: RangeMeta, first: list[tuple[NodeState, DnSealReply]]
-    ) -> tuple[int, tuple[ProducerState, ...]]:
+    ) -> tuple[int, tuple[ProducerStateMeta, ...]]:
         """Seal at the minimum end the stopped replicas reported and tell them."""
         if not first:
             # No replica answered. Sealing at the last *reported* next offset could cut off
@@ -684,9 +684,9 @@ class PmService:
         return len(ranges) - len(errors)
 
 
-def _merge_producers(replies: Sequence[DnSealReply]) -> tuple[ProducerState, ...]:
+def _merge_producers(replies: Sequence[DnSealReply]) -> tuple[ProducerStateMeta, ...]:
     """Highest sequence per producer across the replicas' answers (they agree below the end)."""
-    best: dict[int, ProducerState] = {}
+    best: dict[int, ProducerStateMeta] = {}
     for reply in replies:
         for p in reply.producers:
             cur = best.get(p.producer_id)

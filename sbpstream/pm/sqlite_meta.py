@@ -6,9 +6,10 @@
   instead of handing out duplicate ids.
 - One thread owns the connection (a single-worker executor), so the event loop never blocks on
   disk and no two transactions interleave.
-- Batches are one transaction: CREATE_STREAMS of 1,000 items costs one fsync. Items stay
-  all-or-nothing through a savepoint (a fast path inserts the whole batch under one savepoint;
-  if any row fails, the batch is retried item by item, each under its own savepoint).
+- Batches are one transaction: CREATE_STREAMS of 1,000 items costs one fsync. Each item runs
+  its rule (:mod:`sbpstream.pm.rules`) against a staged view of the file inside the write
+  transaction (:mod:`sbpstream.pm.staging`); an item whose rule fails leaves nothing staged, so
+  items stay all-or-nothing. The staged rows are then written with a few ``executemany``.
 - Soft state (heartbeat times, metrics) is kept in memory and written lazily: with the next
   durable transaction, or at most every ``SOFT_STATE_FLUSH_INTERVAL_S``, or at close.
 """
@@ -26,48 +27,34 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from sbpstream.pm import rules
 from sbpstream.pm.metadata import (
     FIRST_NODE_ID,
     FIRST_STREAM_ID,
-    MAX_NODE_ID,
-    MAX_STREAM_ID,
-    WRITABLE_END_OFFSET,
     CreatedStream,
-    DeleteResult,
+    DeleteOutcome,
     NewStream,
     NodeMeta,
     NodeMetrics,
-    ProducerState,
+    ProducerStateMeta,
     RangeMeta,
     ReplicaMeta,
-    SealResult,
+    SealOutcome,
     StreamMeta,
     StreamUpdate,
-    TrimResult,
-    replace_in,
+    TrimOutcome,
 )
-from sbpstream.protocol.errors import (
-    DataNodeNotFoundError,
-    InvalidRequestError,
-    LimitExceededError,
-    MetadataError,
-    RangeNotFoundError,
-    SbpError,
-    StreamDeletedError,
-    StreamNotFoundError,
-)
+from sbpstream.pm.rules import COUNTER_NODE, COUNTER_STREAM, MetaTxn
+from sbpstream.pm.staging import Layer, StagedTxn
+from sbpstream.protocol.errors import MetadataError, SbpError
 
 log = logging.getLogger("sbpstream.pm.sqlite")
 
 T = TypeVar("T")
-U = TypeVar("U")
+ItemT = TypeVar("ItemT")
 
 SCHEMA_VERSION: Final = 1
 """Bumped by every schema change; ``_MIGRATIONS[v]`` upgrades a file from version ``v``."""
-
-SOFT_STATE_FLUSH_INTERVAL_S: Final = 5.0
-"""Heartbeat times and metrics reach the file at most this late. They only inform placement and
-operators; liveness after a restart restarts from a fresh grace period, so losing them is safe."""
 
 SQL_IN_CHUNK: Final = 500
 """Ids per ``IN (...)`` clause: well under SQLite's default 999 bound-parameter limit of old
@@ -179,6 +166,183 @@ _STREAM_COLS: Final = (
 )
 
 
+_NODE_COLS: Final = (
+    "node_id, host, advertise_addr, registered_ms, last_heartbeat_ms, metrics, metrics_ms"
+)
+
+_Replicas = frozenset[tuple[int, bool]]
+_UNREAD: Final = frozenset({(-1, False)})
+"""Marker of a range this transaction never read (its stored replicas are unknown)."""
+
+
+def _replica_set(r: RangeMeta) -> _Replicas:
+    return frozenset((x.node_id, x.is_primary) for x in r.replicas)
+
+
+class _SqlReader:
+    """:class:`~sbpstream.pm.staging.BaseReader` inside one write transaction. Nothing is written
+    before the staged layer is applied at the end, so every read may be remembered."""
+
+    def __init__(self, c: sqlite3.Connection, soft: rules.SoftState) -> None:
+        self.c = c
+        self.soft = soft
+        self._streams: dict[int, StreamMeta | None] = {}
+        self._ranges: dict[int, list[RangeMeta]] = {}
+        self.stored: dict[tuple[int, int], _Replicas | None] = {}
+        """(stream, index) -> the replicas the file holds for a range read (None: no range)."""
+
+    def preload(self, first: int, last: int) -> None:
+        """Read streams ``first..last`` and their ranges with two range scans (a batch's new
+        ids: normally nothing is there, and each item's existence check is then a dict hit)."""
+        self._streams.update(dict.fromkeys(range(first, last + 1)))
+        for row in self.c.execute(
+            f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id BETWEEN ? AND ?", (first, last)
+        ):
+            self._streams[row[0]] = _stream(row)
+        self._ranges.update((sid, []) for sid in range(first, last + 1))
+        rows = self.c.execute(
+            f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
+            "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
+            "WHERE r.stream_id BETWEEN ? AND ? ORDER BY r.stream_id, r.range_index",
+            (first, last),
+        ).fetchall()
+        for rng in self._remember(_group_ranges(rows)):
+            self._ranges[rng.stream_id].append(rng)
+
+    def _remember(self, ranges: list[RangeMeta]) -> list[RangeMeta]:
+        for r in ranges:
+            self.stored[(r.stream_id, r.range_index)] = _replica_set(r)
+        return ranges
+
+    def stream(self, sid: int) -> StreamMeta | None:
+        if sid not in self._streams:
+            row = self.c.execute(
+                f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id = ?", (sid,)
+            ).fetchone()
+            self._streams[sid] = None if row is None else _stream(row)
+        return self._streams[sid]
+
+    def ranges(self, sid: int) -> list[RangeMeta]:
+        if sid not in self._ranges:
+            rows = self.c.execute(
+                f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
+                "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
+                "WHERE r.stream_id = ? ORDER BY r.range_index",
+                (sid,),
+            ).fetchall()
+            self._ranges[sid] = self._remember(_group_ranges(rows))
+        return list(self._ranges[sid])
+
+    def range(self, sid: int, idx: int) -> RangeMeta | None:
+        known = self._ranges.get(sid)
+        got: RangeMeta | None = None
+        if known is not None:
+            for r in known:
+                if r.range_index == idx:
+                    got = r
+        else:
+            rows = self.c.execute(
+                f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
+                "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
+                "WHERE r.stream_id = ? AND r.range_index = ?",
+                (sid, idx),
+            ).fetchall()
+            one = self._remember(_group_ranges(rows))
+            got = one[0] if one else None
+        if got is None:
+            self.stored[(sid, idx)] = None
+        return got
+
+    def producers(self, sid: int, idx: int) -> tuple[ProducerStateMeta, ...]:
+        return _producers(self.c, sid, idx)
+
+    def node(self, nid: int) -> NodeMeta | None:
+        row = self.c.execute(
+            f"SELECT {_NODE_COLS} FROM data_nodes WHERE node_id = ?", (nid,)
+        ).fetchone()
+        return None if row is None else _node(row, self.soft)
+
+    def counter(self, name: str) -> int:
+        row = self.c.execute("SELECT value FROM meta WHERE key = ?", (name,)).fetchone()
+        if row is None:
+            raise MetadataError(f"metadata counter {name!r} missing")
+        return int(row[0])
+
+
+def _producers(c: sqlite3.Connection, sid: int, idx: int) -> tuple[ProducerStateMeta, ...]:
+    rows = c.execute(
+        "SELECT producer_id, producer_epoch, last_sequence, last_base_offset "
+        "FROM seal_producers WHERE stream_id = ? AND range_index = ? ORDER BY producer_id",
+        (sid, idx),
+    ).fetchall()
+    return tuple(ProducerStateMeta(int(a), int(b), int(s), int(o)) for a, b, s, o in rows)
+
+
+def _node(row: Sequence[Any], soft: rules.SoftState) -> NodeMeta:
+    metrics = NodeMetrics.from_dict(json.loads(row[5])) if isinstance(row[5], str) else None
+    n = NodeMeta(int(row[0]), str(row[1]), str(row[2]), int(row[3]), int(row[4]), metrics,
+                 int(row[6]))
+    return soft.applied(n)
+
+
+def _metrics_json(m: NodeMetrics | None) -> str | None:
+    return None if m is None else json.dumps(m.to_dict(), separators=(",", ":"))
+
+
+def _apply(c: sqlite3.Connection, layer: Layer, base: _SqlReader) -> None:
+    """Write a staged layer: drops first, then every put as a whole row."""
+    c.executemany("UPDATE meta SET value = ? WHERE key = ?",
+                  [(v, name) for name, v in layer.counters.items()])
+    for table in ("range_replicas", "ranges", "seal_producers"):
+        c.executemany(f"DELETE FROM {table} WHERE stream_id = ? AND range_index < ?",
+                      list(layer.dropped.items()))
+    c.executemany(
+        f"INSERT OR REPLACE INTO streams ({_STREAM_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(s.stream_id, s.replica_nums, s.retention_period_ms, s.start_offset, int(s.deleted),
+          s.created_ms, s.updated_ms) for s in layer.streams.values()],
+    )
+    ranges = layer.all_ranges()
+    c.executemany(
+        "INSERT OR REPLACE INTO ranges (stream_id, range_index, start_offset, end_offset, "
+        "next_offset) VALUES (?, ?, ?, ?, ?)",
+        [(r.stream_id, r.range_index, r.start_offset, r.end_offset, r.next_offset)
+         for r in ranges],
+    )
+    # Replica rows only where they change (a next_offset report or a trim keeps them).
+    stored = base.stored
+    moved: list[RangeMeta] = []
+    stale: list[tuple[int, int]] = []
+    for r in ranges:
+        key = (r.stream_id, r.range_index)
+        was = stored.get(key, _UNREAD)
+        if was is None and r.stream_id not in layer.dropped:
+            moved.append(r)  # a new range: nothing to delete
+        elif r.stream_id in layer.dropped or was != _replica_set(r):
+            moved.append(r)
+            stale.append(key)
+    c.executemany("DELETE FROM range_replicas WHERE stream_id = ? AND range_index = ?", stale)
+    c.executemany(
+        "INSERT INTO range_replicas (stream_id, range_index, node_id, is_primary) "
+        "VALUES (?, ?, ?, ?)",
+        [(r.stream_id, r.range_index, x.node_id, int(x.is_primary)) for r in moved
+         for x in r.replicas],
+    )
+    staged = [(sid, idx, ps) for sid, per in layer.producers.items() for idx, ps in per.items()]
+    c.executemany("DELETE FROM seal_producers WHERE stream_id = ? AND range_index = ?",
+                  [(sid, idx) for sid, idx, _ in staged])
+    c.executemany(
+        "INSERT INTO seal_producers (stream_id, range_index, producer_id, producer_epoch, "
+        "last_sequence, last_base_offset) VALUES (?, ?, ?, ?, ?, ?)",
+        [(sid, idx, p.producer_id, p.producer_epoch, p.last_sequence, p.last_base_offset)
+         for sid, idx, ps in staged for p in ps],
+    )
+    c.executemany(
+        f"INSERT OR REPLACE INTO data_nodes ({_NODE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(n.node_id, n.host, n.advertise_addr, n.registered_ms, n.last_heartbeat_ms,
+          _metrics_json(n.metrics), n.metrics_ms) for n in layer.nodes.values()],
+    )
+
+
 class SqliteMetadataStore:
     """:class:`~sbpstream.pm.metadata.MetadataStore` on one SQLite file."""
 
@@ -186,10 +350,8 @@ class SqliteMetadataStore:
         self._path = str(path)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
-        # Soft state, touched only on the executor thread.
-        self._pending_heartbeats: dict[int, int] = {}
-        self._pending_metrics: dict[int, tuple[NodeMetrics, int]] = {}
-        self._last_flush = time.monotonic()
+        self._soft = rules.SoftState()
+        """Touched only on the executor thread."""
 
     @property
     def path(self) -> str:
@@ -219,26 +381,68 @@ class SqliteMetadataStore:
         return self._conn
 
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One durable write transaction; carries pending soft state along for free."""
+    def _raw_tx(self) -> Iterator[sqlite3.Connection]:
         c = self._c
         c.execute("BEGIN IMMEDIATE")
         try:
-            self._write_soft_state(c)
             yield c
         except BaseException:
             c.execute("ROLLBACK")
             raise
         c.execute("COMMIT")
 
-    def _counter(self, c: sqlite3.Connection, key: str) -> int:
-        row = c.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            raise MetadataError(f"metadata counter {key!r} missing")
-        return int(row[0])
+    def _transaction(self, body: Callable[[_SqlReader, Layer], T]) -> T:
+        """One durable write transaction: ``body`` stages writes into the layer it is given,
+        which is then applied. Pending soft state is carried along for free."""
+        soft = self._soft
+        with self._raw_tx() as c:
+            base = _SqlReader(c, soft)
+            chunk = Layer(journaled=True)
+            flushed = soft.pending()
+            for nid in flushed:
+                rules.flush_soft_state(StagedTxn(base, Layer(), chunk), nid)
+            chunk.keep()
+            result = body(base, chunk)
+            _apply(c, chunk, base)
+        soft.forget(flushed)
+        soft.last_flush = time.monotonic()
+        return result
 
-    def _set_counter(self, c: sqlite3.Connection, key: str, value: int) -> None:
-        c.execute("UPDATE meta SET value = ? WHERE key = ?", (value, key))
+    @staticmethod
+    def _stage(
+        base: _SqlReader, chunk: Layer, items: Sequence[ItemT],
+        plan: Callable[[MetaTxn, ItemT], T],
+    ) -> list[T | SbpError]:
+        """Each item's rule over the items before it; a failed item stages nothing."""
+        out: list[T | SbpError] = []
+        tx = StagedTxn(base, Layer(), chunk)
+        for item in items:
+            try:
+                out.append(plan(tx, item))
+            except SbpError as e:
+                out.append(e)
+                chunk.undo()
+            else:
+                chunk.keep()
+        return out
+
+    def _write(
+        self, items: Sequence[ItemT], plan: Callable[[MetaTxn, ItemT], T]
+    ) -> list[T | SbpError]:
+        return self._transaction(lambda base, chunk: self._stage(base, chunk, items, plan))
+
+    def _write_one(self, plan: Callable[[MetaTxn, None], T]) -> T:
+        (out,) = self._write([None], plan)
+        if isinstance(out, SbpError):
+            raise out
+        return out
+
+    async def _write_async(
+        self, items: Sequence[ItemT], plan: Callable[[MetaTxn, ItemT], T]
+    ) -> list[T | SbpError]:
+        if not items:
+            return []
+        return await self._run(self._write, list(items), plan)
 
     # ------------------------------------------------------------------ open / close
     async def open(self) -> None:
@@ -286,7 +490,7 @@ class SqliteMetadataStore:
             raise
 
     def _init_schema(self, c: sqlite3.Connection) -> None:
-        with self._tx():
+        with self._raw_tx():
             c.execute(_SCHEMA[0])
             row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
@@ -296,8 +500,8 @@ class SqliteMetadataStore:
                     "INSERT INTO meta (key, value) VALUES (?, ?)",
                     [
                         ("schema_version", SCHEMA_VERSION),
-                        ("next_stream_id", FIRST_STREAM_ID),
-                        ("next_node_id", FIRST_NODE_ID),
+                        (COUNTER_STREAM, FIRST_STREAM_ID),
+                        (COUNTER_NODE, FIRST_NODE_ID),
                     ],
                 )
                 log.info("event=metadata_created path=%s schema_version=%d", self._path,
@@ -313,7 +517,7 @@ class SqliteMetadataStore:
                 for stmt in _MIGRATIONS[version]:
                     c.execute(stmt)
                 version += 1
-                self._set_counter(c, "schema_version", version)
+                c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
                 log.info("event=metadata_migrated path=%s schema_version=%d", self._path, version)
 
     async def close(self) -> None:
@@ -329,123 +533,49 @@ class SqliteMetadataStore:
         if self._conn is None:
             return
         try:
-            if self._pending_heartbeats or self._pending_metrics:
-                with self._tx():
-                    pass
+            if self._soft.pending():
+                self._transaction(lambda base, chunk: None)
         finally:
             self._conn.close()
             self._conn = None
 
     # ------------------------------------------------------------------ soft state
-    def _write_soft_state(self, c: sqlite3.Connection) -> None:
-        if self._pending_heartbeats:
-            c.executemany(
-                "UPDATE data_nodes SET last_heartbeat_ms = ? WHERE node_id = ?",
-                [(ms, nid) for nid, ms in self._pending_heartbeats.items()],
-            )
-        if self._pending_metrics:
-            c.executemany(
-                "UPDATE data_nodes SET metrics = ?, metrics_ms = ? WHERE node_id = ?",
-                [
-                    (json.dumps(m.to_dict(), separators=(",", ":")), ms, nid)
-                    for nid, (m, ms) in self._pending_metrics.items()
-                ],
-            )
-        self._pending_heartbeats.clear()
-        self._pending_metrics.clear()
-        self._last_flush = time.monotonic()
-
-    def _maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush >= SOFT_STATE_FLUSH_INTERVAL_S:
-            with self._tx():
-                pass
-
     async def record_heartbeat(self, node_id: int, now_ms: int) -> None:
-        await self._run(self._record_heartbeat, node_id, now_ms)
-
-    def _record_heartbeat(self, node_id: int, now_ms: int) -> None:
-        self._pending_heartbeats[node_id] = now_ms
-        self._maybe_flush()
+        await self._run(self._soft_changed, self._soft.heartbeat, node_id, now_ms)
 
     async def record_metrics(self, node_id: int, metrics: NodeMetrics, now_ms: int) -> None:
-        await self._run(self._record_metrics, node_id, metrics, now_ms)
+        await self._run(self._soft_changed, self._soft.report, node_id, metrics, now_ms)
 
-    def _record_metrics(self, node_id: int, metrics: NodeMetrics, now_ms: int) -> None:
-        self._pending_metrics[node_id] = (metrics, now_ms)
-        self._maybe_flush()
+    def _soft_changed(self, record: Callable[..., None], *args: object) -> None:
+        record(*args)
+        if self._soft.due():
+            self._transaction(lambda base, chunk: None)
 
     # ------------------------------------------------------------------ data nodes
     async def allocate_node_id(self, host: str, now_ms: int) -> int:
-        return await self._run(self._allocate_node_id, host, now_ms)
-
-    def _allocate_node_id(self, host: str, now_ms: int) -> int:
-        with self._tx() as c:
-            node_id = self._counter(c, "next_node_id")
-            if node_id > MAX_NODE_ID:
-                raise LimitExceededError("node ids exhausted (int32)")
-            self._set_counter(c, "next_node_id", node_id + 1)
-            c.execute(
-                "INSERT INTO data_nodes (node_id, host, advertise_addr, registered_ms) "
-                "VALUES (?, ?, '', ?)",
-                (node_id, host, now_ms),
-            )
-        return node_id
-
-    def _node_from_row(self, row: Sequence[Any]) -> NodeMeta:
-        node_id = int(row[0])
-        hb = self._pending_heartbeats.get(node_id, int(row[4]))
-        metrics: NodeMetrics | None = None
-        metrics_ms = int(row[6])
-        if node_id in self._pending_metrics:
-            metrics, metrics_ms = self._pending_metrics[node_id]
-        elif isinstance(row[5], str):
-            metrics = NodeMetrics.from_dict(json.loads(row[5]))
-        return NodeMeta(
-            node_id=node_id,
-            host=str(row[1]),
-            advertise_addr=str(row[2]),
-            registered_ms=int(row[3]),
-            last_heartbeat_ms=hb,
-            metrics=metrics,
-            metrics_ms=metrics_ms,
-        )
-
-    _NODE_COLS: Final = (
-        "node_id, host, advertise_addr, registered_ms, last_heartbeat_ms, metrics, metrics_ms"
-    )
+        return await self._run(
+            self._write_one, lambda tx, _: rules.allocate_node_id(tx, host, now_ms))
 
     async def get_node(self, node_id: int) -> NodeMeta | None:
         return await self._run(self._get_node, node_id)
 
     def _get_node(self, node_id: int) -> NodeMeta | None:
         row = self._c.execute(
-            f"SELECT {self._NODE_COLS} FROM data_nodes WHERE node_id = ?", (node_id,)
+            f"SELECT {_NODE_COLS} FROM data_nodes WHERE node_id = ?", (node_id,)
         ).fetchone()
-        return None if row is None else self._node_from_row(row)
+        return None if row is None else _node(row, self._soft)
 
     async def list_nodes(self) -> list[NodeMeta]:
         return await self._run(self._list_nodes)
 
     def _list_nodes(self) -> list[NodeMeta]:
-        rows = self._c.execute(
-            f"SELECT {self._NODE_COLS} FROM data_nodes ORDER BY node_id"
-        ).fetchall()
-        return [self._node_from_row(r) for r in rows]
+        rows = self._c.execute(f"SELECT {_NODE_COLS} FROM data_nodes ORDER BY node_id").fetchall()
+        return [_node(r, self._soft) for r in rows]
 
     async def update_node_address(self, node_id: int, advertise_addr: str) -> NodeMeta:
-        return await self._run(self._update_node_address, node_id, advertise_addr)
-
-    def _update_node_address(self, node_id: int, advertise_addr: str) -> NodeMeta:
-        with self._tx() as c:
-            cur = c.execute(
-                "UPDATE data_nodes SET advertise_addr = ? WHERE node_id = ?",
-                (advertise_addr, node_id),
-            )
-            if cur.rowcount == 0:
-                raise DataNodeNotFoundError(f"data node {node_id} was never allocated here")
-        node = self._get_node(node_id)
-        assert node is not None
-        return node
+        return await self._run(
+            self._write_one,
+            lambda tx, _: rules.update_node_address(tx, node_id, advertise_addr))
 
     # ------------------------------------------------------------------ streams
     async def create_streams(
@@ -458,70 +588,15 @@ class SqliteMetadataStore:
     def _create_streams(
         self, items: list[NewStream], now_ms: int
     ) -> list[CreatedStream | SbpError]:
-        with self._tx() as c:
-            first_id = self._counter(c, "next_stream_id")
-            if first_id + len(items) - 1 > MAX_STREAM_ID:
-                raise LimitExceededError("stream ids exhausted (int64)")
-            self._set_counter(c, "next_stream_id", first_id + len(items))
-            created = [self._created(first_id + i, item, now_ms) for i, item in enumerate(items)]
-            c.execute("SAVEPOINT batch")
-            try:
-                self._insert_created(c, created)
-                c.execute("RELEASE batch")
-                return list(created)
-            except sqlite3.IntegrityError:
-                c.execute("ROLLBACK TO batch")
-                c.execute("RELEASE batch")
-            # Slow path: some row failed; give every item its own outcome.
-            outcomes: list[CreatedStream | SbpError] = []
-            for cs in created:
-                c.execute("SAVEPOINT item")
-                try:
-                    self._insert_created(c, [cs])
-                    c.execute("RELEASE item")
-                    outcomes.append(cs)
-                except sqlite3.IntegrityError as e:
-                    c.execute("ROLLBACK TO item")
-                    c.execute("RELEASE item")
-                    log.error("event=create_stream_failed stream_id=%d error=%r",
-                              cs.stream.stream_id, e)
-                    outcomes.append(MetadataError(f"could not create stream: {e}"))
-            return outcomes
+        def body(base: _SqlReader, chunk: Layer) -> list[CreatedStream | SbpError]:
+            first = rules.reserve_stream_ids(StagedTxn(base, Layer(), chunk), len(items))
+            chunk.keep()
+            base.preload(first, first + len(items) - 1)
+            return self._stage(
+                base, chunk, list(enumerate(items, first)),
+                lambda tx, it: rules.create_stream(tx, it[0], it[1], now_ms))
 
-    @staticmethod
-    def _created(stream_id: int, item: NewStream, now_ms: int) -> CreatedStream:
-        stream = StreamMeta(
-            stream_id, item.replica_nums, item.retention_period_ms, 0, False, now_ms, now_ms
-        )
-        rng = RangeMeta(stream_id, 0, 0, WRITABLE_END_OFFSET, 0, item.replicas)
-        return CreatedStream(stream, rng)
-
-    @staticmethod
-    def _insert_created(c: sqlite3.Connection, created: Sequence[CreatedStream]) -> None:
-        c.executemany(
-            f"INSERT INTO streams ({_STREAM_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                (s.stream_id, s.replica_nums, s.retention_period_ms, s.start_offset,
-                 int(s.deleted), s.created_ms, s.updated_ms)
-                for s in (cs.stream for cs in created)
-            ],
-        )
-        SqliteMetadataStore._insert_ranges(c, [cs.first_range for cs in created])
-
-    @staticmethod
-    def _insert_ranges(c: sqlite3.Connection, ranges: Sequence[RangeMeta]) -> None:
-        c.executemany(
-            "INSERT INTO ranges (stream_id, range_index, start_offset, end_offset, next_offset) "
-            "VALUES (?, ?, ?, ?, ?)",
-            [(r.stream_id, r.range_index, r.start_offset, r.end_offset, r.next_offset)
-             for r in ranges],
-        )
-        c.executemany(
-            "INSERT INTO range_replicas (stream_id, range_index, node_id, is_primary) "
-            "VALUES (?, ?, ?, ?)",
-            [(r.stream_id, r.range_index, rep.node_id, int(rep.is_primary))
-             for r in ranges for rep in r.replicas],
-        )
+        return self._transaction(body)
 
     async def get_streams(self, stream_ids: Sequence[int]) -> list[StreamMeta | None]:
         if not stream_ids:
@@ -550,158 +625,24 @@ class SqliteMetadataStore:
         ).fetchall()
         return [_stream(r) for r in rows]
 
-    def _live_stream(self, c: sqlite3.Connection, stream_id: int) -> StreamMeta:
-        row = c.execute(
-            f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id = ?", (stream_id,)
-        ).fetchone()
-        if row is None:
-            raise StreamNotFoundError(f"stream {stream_id} does not exist")
-        s = _stream(row)
-        if s.deleted:
-            raise StreamDeletedError(f"stream {stream_id} was deleted")
-        return s
-
-    def _per_item(
-        self, c: sqlite3.Connection, items: Sequence[U], fn: Callable[[sqlite3.Connection, U], T]
-    ) -> list[T | SbpError]:
-        """Run ``fn`` per item under its own savepoint: an item that fails leaves no trace."""
-        out: list[T | SbpError] = []
-        for item in items:
-            c.execute("SAVEPOINT item")
-            try:
-                out.append(fn(c, item))
-            except (SbpError, sqlite3.IntegrityError) as e:
-                c.execute("ROLLBACK TO item")
-                c.execute("RELEASE item")
-                out.append(e if isinstance(e, SbpError) else MetadataError(f"sqlite: {e}"))
-                continue
-            c.execute("RELEASE item")
-        return out
-
     async def update_streams(
         self, items: Sequence[StreamUpdate], now_ms: int
     ) -> list[StreamMeta | SbpError]:
-        if not items:
-            return []
-        return await self._run(self._update_streams, list(items), now_ms)
-
-    def _update_streams(
-        self, items: list[StreamUpdate], now_ms: int
-    ) -> list[StreamMeta | SbpError]:
-        def one(c: sqlite3.Connection, u: StreamUpdate) -> StreamMeta:
-            self._live_stream(c, u.stream_id)
-            c.execute(
-                "UPDATE streams SET replica_nums = ?, retention_period_ms = ?, updated_ms = ? "
-                "WHERE stream_id = ?",
-                (u.replica_nums, u.retention_period_ms, now_ms, u.stream_id),
-            )
-            return self._live_stream(c, u.stream_id)
-
-        with self._tx() as c:
-            return self._per_item(c, items, one)
+        return await self._write_async(items, lambda tx, u: rules.update_stream(tx, u, now_ms))
 
     async def trim_streams(
         self, items: Sequence[tuple[int, int]], now_ms: int
-    ) -> list[TrimResult | SbpError]:
-        if not items:
-            return []
-        return await self._run(self._trim_streams, list(items), now_ms)
-
-    def _trim_streams(
-        self, items: list[tuple[int, int]], now_ms: int
-    ) -> list[TrimResult | SbpError]:
-        with self._tx() as c:
-            return self._per_item(c, items, lambda c, it: self._trim_one(c, it[0], it[1], now_ms))
-
-    def _trim_one(
-        self, c: sqlite3.Connection, stream_id: int, trim_offset: int, now_ms: int
-    ) -> TrimResult:
-        if trim_offset < 0:
-            raise InvalidRequestError(f"trim offset {trim_offset} is negative")
-        stream = self._live_stream(c, stream_id)
-        ranges = self._stream_ranges(c, stream_id)
-        if trim_offset <= stream.start_offset:
-            return TrimResult(stream, ranges[0] if ranges else None, ())
-        dropped = tuple(r for r in ranges if not r.writable and r.end_offset <= trim_offset)
-        for r in dropped:
-            self._delete_range(c, r.stream_id, r.range_index)
-        remaining = ranges[len(dropped):]
-        first: RangeMeta | None = None
-        if remaining:
-            r0 = remaining[0]
-            start = max(r0.start_offset, trim_offset)
-            nxt = max(r0.next_offset, start)
-            c.execute(
-                "UPDATE ranges SET start_offset = ?, next_offset = ? "
-                "WHERE stream_id = ? AND range_index = ?",
-                (start, nxt, stream_id, r0.range_index),
-            )
-            first = RangeMeta(r0.stream_id, r0.range_index, start, r0.end_offset, nxt,
-                              r0.replicas)
-        c.execute(
-            "UPDATE streams SET start_offset = ?, updated_ms = ? WHERE stream_id = ?",
-            (trim_offset, now_ms, stream_id),
-        )
-        return TrimResult(self._live_stream(c, stream_id), first, dropped)
+    ) -> list[TrimOutcome | SbpError]:
+        return await self._write_async(
+            items, lambda tx, it: rules.trim_stream(tx, it[0], it[1], now_ms))
 
     async def delete_streams(
         self, stream_ids: Sequence[int], now_ms: int
-    ) -> list[DeleteResult | SbpError]:
-        if not stream_ids:
-            return []
-        return await self._run(self._delete_streams, list(stream_ids), now_ms)
-
-    def _delete_streams(
-        self, stream_ids: list[int], now_ms: int
-    ) -> list[DeleteResult | SbpError]:
-        with self._tx() as c:
-            return self._per_item(c, stream_ids, lambda c, sid: self._delete_one(c, sid, now_ms))
-
-    def _delete_one(self, c: sqlite3.Connection, stream_id: int, now_ms: int) -> DeleteResult:
-        self._live_stream(c, stream_id)
-        ranges = self._stream_ranges(c, stream_id)
-        c.execute("DELETE FROM range_replicas WHERE stream_id = ?", (stream_id,))
-        c.execute("DELETE FROM ranges WHERE stream_id = ?", (stream_id,))
-        c.execute("DELETE FROM seal_producers WHERE stream_id = ?", (stream_id,))
-        c.execute(
-            "UPDATE streams SET deleted = 1, updated_ms = ? WHERE stream_id = ?",
-            (now_ms, stream_id),
-        )
-        row = c.execute(
-            f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id = ?", (stream_id,)
-        ).fetchone()
-        return DeleteResult(_stream(row), tuple(ranges))
+    ) -> list[DeleteOutcome | SbpError]:
+        return await self._write_async(
+            stream_ids, lambda tx, sid: rules.delete_stream(tx, sid, now_ms))
 
     # ------------------------------------------------------------------ ranges
-    @staticmethod
-    def _delete_range(c: sqlite3.Connection, stream_id: int, range_index: int) -> None:
-        for table in ("range_replicas", "ranges", "seal_producers"):
-            c.execute(
-                f"DELETE FROM {table} WHERE stream_id = ? AND range_index = ?",
-                (stream_id, range_index),
-            )
-
-    @staticmethod
-    def _stream_ranges(c: sqlite3.Connection, stream_id: int) -> list[RangeMeta]:
-        rows = c.execute(
-            f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
-            "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
-            "WHERE r.stream_id = ? ORDER BY r.range_index",
-            (stream_id,),
-        ).fetchall()
-        return _group_ranges(rows)
-
-    @staticmethod
-    def _one_range(c: sqlite3.Connection, stream_id: int, range_index: int) -> RangeMeta | None:
-        rows = c.execute(
-            f"SELECT {_RANGE_COLS} FROM ranges r LEFT JOIN range_replicas rr "
-            "ON rr.stream_id = r.stream_id AND rr.range_index = r.range_index "
-            "WHERE r.stream_id = ? AND r.range_index = ?",
-            (stream_id, range_index),
-        ).fetchall()
-        got = _group_ranges(rows)
-        return got[0] if got else None
-
     async def list_ranges(self, stream_ids: Sequence[int]) -> list[list[RangeMeta]]:
         if not stream_ids:
             return []
@@ -742,10 +683,10 @@ class SqliteMetadataStore:
         return _group_ranges(rows)
 
     async def get_range(self, stream_id: int, range_index: int) -> RangeMeta | None:
-        return await self._run(self._one_range_read, stream_id, range_index)
+        return await self._run(self._get_range, stream_id, range_index)
 
-    def _one_range_read(self, stream_id: int, range_index: int) -> RangeMeta | None:
-        return self._one_range(self._c, stream_id, range_index)
+    def _get_range(self, stream_id: int, range_index: int) -> RangeMeta | None:
+        return _SqlReader(self._c, self._soft).range(stream_id, range_index)
 
     async def writable_range_counts(self) -> dict[int, int]:
         return await self._run(self._writable_range_counts)
@@ -759,16 +700,8 @@ class SqliteMetadataStore:
         return {int(n): int(k) for n, k in rows}
 
     async def record_next_offsets(self, updates: Sequence[tuple[int, int, int]]) -> None:
-        if updates:
-            await self._run(self._record_next_offsets, list(updates))
-
-    def _record_next_offsets(self, updates: list[tuple[int, int, int]]) -> None:
-        with self._tx() as c:
-            c.executemany(
-                "UPDATE ranges SET next_offset = MAX(next_offset, ?) "
-                "WHERE stream_id = ? AND range_index = ? AND end_offset = -1",
-                [(nxt, sid, idx) for sid, idx, nxt in updates],
-            )
+        await self._write_async(
+            updates, lambda tx, u: rules.record_next_offset(tx, u[0], u[1], u[2]))
 
     async def seal_and_new(
         self,
@@ -776,98 +709,18 @@ class SqliteMetadataStore:
         range_index: int,
         end_offset: int,
         new_replicas: tuple[ReplicaMeta, ...],
-        producers: Sequence[ProducerState],
-    ) -> SealResult:
-        return await self._run(
-            self._seal_and_new, stream_id, range_index, end_offset, new_replicas, list(producers)
-        )
-
-    def _seal_and_new(
-        self,
-        stream_id: int,
-        range_index: int,
-        end_offset: int,
-        new_replicas: tuple[ReplicaMeta, ...],
-        producers: list[ProducerState],
-    ) -> SealResult:
-        with self._tx() as c:
-            self._live_stream(c, stream_id)
-            cur = self._one_range(c, stream_id, range_index)
-            if cur is None:
-                raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
-            if not cur.writable:
-                nxt = self._one_range(c, stream_id, range_index + 1)
-                if nxt is not None:  # any sealed range: its pair and its producer states
-                    return SealResult(cur, nxt, self._producers(c, stream_id, range_index), False)
-                # A sealed last range (never left by this store): open its successor.
-                end_offset = cur.end_offset
-            elif end_offset < cur.start_offset:
-                raise InvalidRequestError(
-                    f"seal end {end_offset} is below range start {cur.start_offset}"
-                )
-            if not new_replicas:
-                raise InvalidRequestError("a new range needs at least one replica")
-            c.execute(
-                "UPDATE ranges SET end_offset = ?, next_offset = ? "
-                "WHERE stream_id = ? AND range_index = ?",
-                (end_offset, end_offset, stream_id, range_index),
-            )
-            new = RangeMeta(stream_id, range_index + 1, end_offset, WRITABLE_END_OFFSET,
-                            end_offset, tuple(new_replicas))
-            self._insert_ranges(c, [new])
-            c.executemany(
-                "INSERT OR REPLACE INTO seal_producers "
-                "(stream_id, range_index, producer_id, producer_epoch, last_sequence, "
-                "last_base_offset) VALUES (?, ?, ?, ?, ?, ?)",
-                [(stream_id, range_index, p.producer_id, p.producer_epoch, p.last_sequence,
-                  p.last_base_offset) for p in producers],
-            )
-            sealed = self._one_range(c, stream_id, range_index)
-            fresh = self._one_range(c, stream_id, range_index + 1)
-            assert sealed is not None and fresh is not None
-            return SealResult(sealed, fresh, self._producers(c, stream_id, range_index), True)
-
-    @staticmethod
-    def _producers(
-        c: sqlite3.Connection, stream_id: int, range_index: int
-    ) -> tuple[ProducerState, ...]:
-        rows = c.execute(
-            "SELECT producer_id, producer_epoch, last_sequence, last_base_offset "
-            "FROM seal_producers WHERE stream_id = ? AND range_index = ? ORDER BY producer_id",
-            (stream_id, range_index),
-        ).fetchall()
-        return tuple(ProducerState(int(a), int(b), int(s), int(o)) for a, b, s, o in rows)
+        producers: Sequence[ProducerStateMeta],
+    ) -> SealOutcome:
+        return await self._run(self._write_one, lambda tx, _: rules.seal_and_new(
+            tx, stream_id, range_index, end_offset, new_replicas, producers))
 
     async def get_seal_producers(
         self, stream_id: int, range_index: int
-    ) -> tuple[ProducerState, ...]:
-        return await self._run(self._get_seal_producers, stream_id, range_index)
-
-    def _get_seal_producers(self, stream_id: int, range_index: int) -> tuple[ProducerState, ...]:
-        return self._producers(self._c, stream_id, range_index)
+    ) -> tuple[ProducerStateMeta, ...]:
+        return await self._run(_producers, self._c, stream_id, range_index)
 
     async def replace_replica(
         self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
     ) -> RangeMeta:
-        return await self._run(
-            self._replace_replica, stream_id, range_index, old_node_id, new_node_id
-        )
-
-    def _replace_replica(
-        self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int
-    ) -> RangeMeta:
-        with self._tx() as c:
-            self._live_stream(c, stream_id)
-            cur = self._one_range(c, stream_id, range_index)
-            new = replace_in(cur, stream_id, range_index, old_node_id, new_node_id)
-            if new is None:
-                assert cur is not None
-                return cur
-            c.execute(
-                "UPDATE range_replicas SET node_id = ? "
-                "WHERE stream_id = ? AND range_index = ? AND node_id = ?",
-                (new_node_id, stream_id, range_index, old_node_id),
-            )
-            got = self._one_range(c, stream_id, range_index)
-            assert got is not None
-            return got
+        return await self._run(self._write_one, lambda tx, _: rules.replace_replica(
+            tx, stream_id, range_index, old_node_id, new_node_id))

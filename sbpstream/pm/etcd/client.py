@@ -1,0 +1,150 @@
+"""The few etcd v3 calls sbpstream needs, over aetcd's generated gRPC bindings (grpc.aio)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+from aetcd import rpc
+
+from sbpstream.pm.etcd.url import EtcdSettings
+from sbpstream.protocol.errors import MetadataError, SbpError
+
+GRPC_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+"""gRPC receive limit. A watch response carries whole transactions (up to etcd's 1.5 MiB request
+limit each) and may batch several when catching up; gRPC's 4 MiB default is too tight."""
+
+
+def rpc_error(e: Exception, what: str) -> SbpError:
+    code = e.code() if isinstance(e, rpc.AioRpcError) else None
+    details = e.details() if isinstance(e, rpc.AioRpcError) else str(e)
+    return MetadataError(f"etcd {what} failed: {getattr(code, 'name', code)}: {details}")
+
+
+class EtcdClient:
+    """The few etcd v3 calls sbpstream needs, over aetcd's generated gRPC bindings (grpc.aio).
+
+    With several endpoints, a call that finds its endpoint unavailable moves the client to the
+    next one (the failed call still reports MetadataError: a write's outcome is unknown)."""
+
+    def __init__(self, settings: EtcdSettings) -> None:
+        self.settings = settings
+        self._index = 0
+        self._channel: Any = None
+        self.kv: Any = None
+        self.lease: Any = None
+        self.watch_stub: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        h, p = self.settings.endpoints[self._index % len(self.settings.endpoints)]
+        return f"{h}:{p}"
+
+    def _open(self) -> None:
+        opts = [("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES)]
+        self._channel = rpc.insecure_channel(self.endpoint, options=opts)
+        self.kv = rpc.KVStub(self._channel)
+        self.lease = rpc.LeaseStub(self._channel)
+        self.watch_stub = rpc.WatchStub(self._channel)
+
+    async def connect(self) -> None:
+        """Open a channel to the first endpoint that answers."""
+        errors: list[str] = []
+        for _ in self.settings.endpoints:
+            if self._channel is None:
+                self._open()
+            try:
+                await self.kv.Range(rpc.RangeRequest(key=b"\0", count_only=True),
+                                    timeout=self.settings.request_timeout_s)
+                return
+            except rpc.AioRpcError as e:
+                errors.append(f"{self.endpoint}: {e.code().name}")
+                await self.rotate()
+        raise MetadataError(f"no etcd endpoint answered ({'; '.join(errors)})")
+
+    async def rotate(self) -> None:
+        ch, self._channel = self._channel, None
+        if ch is not None:
+            await ch.close()
+        self._index += 1
+        self._open()
+
+    async def close(self) -> None:
+        ch, self._channel = self._channel, None
+        if ch is not None:
+            await ch.close()
+
+    async def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        if self._channel is None:
+            raise MetadataError("etcd client is closed")
+        try:
+            return await fn()
+        except rpc.AioRpcError as e:
+            if e.code() == rpc.StatusCode.UNAVAILABLE and len(self.settings.endpoints) > 1:
+                await self.rotate()
+            raise rpc_error(e, what) from e
+
+    async def txn(self, req: Any) -> Any:
+        t = self.settings.request_timeout_s
+        return await self._call("txn", lambda: self.kv.Txn(req, timeout=t))
+
+    async def range(self, key: bytes, range_end: bytes = b"", *, limit: int = 0,
+                    revision: int = 0) -> Any:
+        req = rpc.RangeRequest(key=key, range_end=range_end, limit=limit, revision=revision)
+        t = self.settings.request_timeout_s
+        return await self._call("range", lambda: self.kv.Range(req, timeout=t))
+
+    async def grant(self, ttl_s: int) -> tuple[int, int]:
+        t = self.settings.request_timeout_s
+        r = await self._call(
+            "lease grant", lambda: self.lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl_s),
+                                                          timeout=t))
+        if r.error:
+            raise MetadataError(f"etcd lease grant failed: {r.error}")
+        return int(r.ID), int(r.TTL)
+
+    async def revoke(self, lease_id: int) -> None:
+        t = self.settings.request_timeout_s
+        await self._call("lease revoke", lambda: self.lease.LeaseRevoke(
+            rpc.LeaseRevokeRequest(ID=lease_id), timeout=t))
+
+    async def keepalive(self, lease_id: int, timeout_s: float) -> int:
+        """One keepalive round trip: the lease's new TTL in seconds (<= 0: the lease is gone)."""
+
+        async def one() -> int:
+            call = self.lease.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
+                                             timeout=timeout_s)
+            try:
+                async for reply in call:
+                    return int(reply.TTL)
+            finally:
+                call.cancel()
+            return 0
+
+        result: int = await self._call("lease keepalive", one)
+        return result
+
+    def watch(self, requests: AsyncIterator[Any]) -> Any:
+        if self._channel is None:
+            raise MetadataError("etcd client is closed")
+        return self.watch_stub.Watch(requests)
+
+
+
+def cmp_create(key: bytes, create_revision: int) -> Any:
+    return rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key,
+                       create_revision=create_revision)
+
+
+def cmp_mod(key: bytes, mod_revision: int) -> Any:
+    return rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.MOD, key=key,
+                       mod_revision=mod_revision)
+
+
+def put_op(key: bytes, value: bytes, lease: int = 0) -> Any:
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
+
+
+def get_op(key: bytes) -> Any:
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=key))
