@@ -25,9 +25,9 @@ are written by a fixed-layout fast path (``fixed=True``, see :class:`.fbtable.Fi
 from __future__ import annotations
 
 import enum
+import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
 from sbpstream.protocol.errors import LimitExceededError, SbpError, error_for
@@ -61,7 +61,11 @@ far above real batches (an SDK batches tens to hundreds), and it is checked on d
 item is built, and on encode, so a sender learns of it before the peer does.
 """
 
-_CODEC: Final = Codec(parse_schema((Path(__file__).parent / "schema" / "sbp.fbs").read_text()))
+# The schema ships as package data: read once at import (pkgutil: also from a zip or wheel),
+# never afterwards; encoding and decoding do no I/O.
+_SCHEMA_TEXT: Final = pkgutil.get_data("sbpstream.protocol", "schema/sbp.fbs")
+assert _SCHEMA_TEXT is not None, "sbpstream/protocol/schema/sbp.fbs is missing from the package"
+_CODEC: Final = Codec(parse_schema(_SCHEMA_TEXT.decode()))
 
 
 def _check_items(n: int) -> None:
