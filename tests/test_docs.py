@@ -58,11 +58,15 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        return f"{_name(self.page)}:{self.line}"
 
     @property
     def runs(self) -> bool:
         return self.lang in SHELL | PYTHON and not self.no_run
+
+
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else str(page)
 
 
 def blocks(page: Path) -> list[Block]:
@@ -127,13 +131,13 @@ def run_page(page: Path, pm: str) -> None:
                            check=False)
         assert r.returncode == 0, (f"{b.where}: exit {r.returncode}\n{b.source}\n"
                                    f"stdout:\n{r.stdout.decode()}\nstderr:\n{r.stderr.decode()}")
-    session = [{"where": str(b.page.relative_to(ROOT)), "line": b.line, "source": subst(b.source)}
+    session = [{"where": _name(b.page), "line": b.line, "source": subst(b.source)}
                for b in runnable if b.lang in PYTHON]
     if session:
         r = subprocess.run([sys.executable, "-c", SESSION], input=json.dumps(session).encode(),
                            cwd=ROOT, env=env, capture_output=True, timeout=BLOCK_TIMEOUT_S,
                            check=False)
-        assert r.returncode == 0, (f"{page.relative_to(ROOT)}: python blocks failed\n"
+        assert r.returncode == 0, (f"{_name(page)}: python blocks failed\n"
                                    f"stdout:\n{r.stdout.decode()}\nstderr:\n{r.stderr.decode()}")
 
 
@@ -150,6 +154,17 @@ def test_the_collector_reads_fences_and_markers() -> None:
     assert [b.lang for b in found] == ["sh", "sh", "sh"]
     assert [b.runs for b in found] == [False, True, False]
     assert found[1].source.startswith("source .venv/bin/activate\n")
+
+
+def test_a_broken_example_fails_and_names_its_line(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# t\n\n```python\nx = 1\n```\n\n```python\nprint(Record)\n```\n\n"
+                    "<!-- no-run: would fail -->\n```sh\nfalse\n```\n")
+    with pytest.raises(AssertionError, match=r"(?s)page\.md\", line 8.*NameError: name 'Record'"):
+        run_page(page, DEFAULT_PM)
+    page.write_text("```sh\necho ok $SBPSTREAM_PM\nfalse\necho unreachable\n```\n")
+    with pytest.raises(AssertionError, match=r"page\.md:2: exit 1"):
+        run_page(page, DEFAULT_PM)
 
 
 RUNNABLE_PAGES = [p for p in PAGES if any(b.runs for b in blocks(p))]
