@@ -315,41 +315,63 @@ def up(
         "--heartbeat-interval-ms", help="Data node heartbeat period.")] = 1000,
     node_timeout_ms: Annotated[int, typer.Option(
         "--node-timeout-ms", help="A data node silent this long is dead.")] = 5000,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Serve Prometheus /metrics: the PM on this port, data node i on "
+        "this port + 1 + i.")] = None,
 ) -> None:
-    """Run a whole local cluster (PM on SQLite + N data nodes) in the foreground.
+    """Run a whole local cluster (PM on SQLite + N data nodes) in the foreground, supervised.
 
-    Prints the addresses and how to produce and consume from a second terminal; Ctrl-C or
-    SIGTERM shuts every process down gracefully.
+    Prints the addresses, pids and how to produce and consume from a second terminal. A server
+    that dies is restarted (same port and data) after a growing backoff, and said so on stderr.
+    Ctrl-C stops every process gracefully and exits 130; SIGTERM does the same and exits 0.
     """
-    from sbpstream.cluster import LocalCluster
+    from sbpstream.cluster import LocalCluster, Supervisor
 
     if fsync not in ("always", "interval", "none"):
         fail(f"--fsync {fsync!r}: expected always, interval or none", EXIT_USAGE)
     cluster = LocalCluster(
         directory, datanodes=datanodes, pm_port=pm_port, dn_port=dn_port, host=host,
         fsync=fsync, heartbeat_interval_ms=heartbeat_interval_ms, node_timeout_ms=node_timeout_ms,
+        metrics_port=metrics_port, pid_files=True,
     )
+    ports = [n.port for n in cluster.nodes]
+    ports += [n.metrics_port for n in cluster.nodes if n.metrics_port is not None]
     with _stop_on_sigterm():
         try:
-            _busy_ports(host, [pm_port, *(dn_port + i for i in range(datanodes))])
+            _busy_ports(host, ports)
             err_console.print(f"starting PM and {datanodes} data node(s) under {directory} ...")
             cluster.start()
         except (RuntimeError, TimeoutError, OSError, CliError) as exc:
             cluster.stop()
             first = str(exc).splitlines()[0]
-            fail(f"cluster did not start: {first} (logs: {directory / 'logs'})")
+            logs = directory / "logs"
+            fail(f"cluster did not start: {first}" + (f" (logs: {logs})" if logs.is_dir() else ""))
         except KeyboardInterrupt:
-            cluster.stop()
+            _shut_down(cluster)
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        _print_banner(cluster.pm_address, [dn.address for dn in cluster.datanodes], directory)
+        _print_banner(cluster)
+        supervisor = Supervisor(
+            cluster, lambda line: err_console.print(line, markup=False, soft_wrap=True))
         try:
-            _watch(cluster)
-        except KeyboardInterrupt:
-            pass
-        finally:
+            supervisor.run()
+        except _Stop:  # SIGTERM: a requested stop, exit 0
             err_console.print("stopping the cluster ...")
-            cluster.stop()
+            _shut_down(cluster)
             err_console.print("stopped.")
+        except KeyboardInterrupt:  # Ctrl-C: one line, exit 130
+            err_console.print("sbpstream: interrupted; stopping the cluster ...", end="")
+            _shut_down(cluster)
+            err_console.print(" stopped.", markup=False)
+            _said["interrupted"] = True
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def _shut_down(cluster: Any) -> None:
+    """Stop every process gracefully; a second Ctrl-C (or SIGTERM) kills what is left."""
+    try:
+        cluster.stop()
+    except KeyboardInterrupt:
+        cluster.kill_all()
 
 
 def _busy_ports(host: str, ports: list[int]) -> None:
@@ -379,12 +401,22 @@ class _stop_on_sigterm:
         signal.signal(signal.SIGTERM, self._old)
 
 
-def _print_banner(pm: str, dns: list[str], directory: Path) -> None:
+def _print_banner(cluster: Any) -> None:
     exe = "sbpstream"
+    pm = cluster.pm_address
+
+    def row(label: str, node: Any) -> str:
+        metrics = (f"  metrics http://{node.host}:{node.metrics_port}/metrics"
+                   if node.metrics_port is not None else "")
+        pid = node.proc.pid if node.proc is not None else "?"
+        return f"  {label:<19}{node.address}  pid {pid}{metrics}"
+
     lines = [
-        f"sbpstream cluster is up (data and logs under {directory}).",
-        f"  placement manager: {pm}",
-        *[f"  data node {i}:       {a}" for i, a in enumerate(dns)],
+        f"sbpstream cluster is up (data under {cluster.directory}, logs under "
+        f"{cluster.directory / 'logs'}, pid files under {cluster.pid_dir}).",
+        row("placement manager:", cluster.pm),
+        *[row(f"data node {i}:", dn) for i, dn in enumerate(cluster.datanodes)],
+        "A server that dies is restarted on the same port with the same data.",
         "",
         "From a second terminal:",
         f"  export {PM_ENV}={pm}",
@@ -397,19 +429,6 @@ def _print_banner(pm: str, dns: list[str], directory: Path) -> None:
     ]
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
-
-
-def _watch(cluster: Any) -> None:
-    """Wait for Ctrl-C/SIGTERM; report a server that exits on its own, once."""
-    reported: set[str] = set()
-    nodes = [cluster.pm, *cluster.datanodes]
-    while True:
-        time.sleep(0.5)
-        for n in nodes:
-            if n.proc is not None and n.proc.poll() is not None and n.name not in reported:
-                reported.add(n.name)
-                err_console.print(f"warning: {n.name} exited with status {n.proc.returncode}; "
-                                  f"see {n.log_path}", markup=False)
 
 
 @app.command("pm")

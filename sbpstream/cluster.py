@@ -4,6 +4,10 @@ Used by ``sbpstream up`` (foreground), the test suite and the benchmarks. Every 
 child started with ``python -m sbpstream.pm`` / ``python -m sbpstream.datanode``; a node is
 ready when it answers PING (a data node listens only once it has registered with the PM).
 ``stop()`` sends SIGTERM (graceful: GOAWAY and drain), then SIGKILL after a bound.
+
+:class:`Supervisor` is what makes ``up`` a supervisor: it restarts a node that exits without
+being asked to (same arguments, so the same port and data directory), after an exponential
+backoff, and reports each exit and restart in one line.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -25,6 +30,15 @@ from sbpstream.protocol.opcodes import Opcode
 
 READY_TIMEOUT_S = 30.0  # a cold Python start plus registration; generous for a loaded 2-core box
 STOP_TIMEOUT_S = 10.0  # graceful drain bound before SIGKILL
+
+# Supervisor: the first restart of a node that died waits RESTART_BACKOFF_INITIAL_S; each
+# further death of the same node multiplies the wait by RESTART_BACKOFF_FACTOR, up to
+# RESTART_BACKOFF_MAX_S. A node that stayed up RESTART_STABLE_S starts again from the first wait.
+RESTART_BACKOFF_INITIAL_S = 0.5
+RESTART_BACKOFF_FACTOR = 2.0
+RESTART_BACKOFF_MAX_S = 30.0
+RESTART_STABLE_S = 60.0
+SUPERVISE_POLL_S = 0.2  # how often the supervisor looks at its children
 
 
 def ping(address: str, timeout_s: float = 1.0) -> bool:
@@ -57,6 +71,8 @@ class Node:
     host: str = "127.0.0.1"
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    pid_path: Path | None = None  # written at each start, removed at stop/kill
+    metrics_port: int | None = None  # its Prometheus /metrics port, when serving one
 
     @property
     def address(self) -> str:
@@ -80,6 +96,13 @@ class Node:
             env=env,
         )
         log.close()
+        if self.pid_path is not None:
+            self.pid_path.parent.mkdir(parents=True, exist_ok=True)
+            self.pid_path.write_text(f"{self.proc.pid}\n")
+
+    def _forget_pid(self) -> None:
+        if self.pid_path is not None:
+            self.pid_path.unlink(missing_ok=True)
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -113,6 +136,7 @@ class Node:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
+        self._forget_pid()
 
     def kill(self) -> None:
         """SIGKILL: the crash case."""
@@ -122,6 +146,7 @@ class Node:
             self.proc.kill()
         self.proc.wait(5)
         self.proc = None
+        self._forget_pid()
 
     def pause(self) -> None:
         if self.proc is not None:
@@ -133,7 +158,12 @@ class Node:
 
 
 class LocalCluster:
-    """A PM on SQLite and ``datanodes`` data nodes under ``directory``."""
+    """A PM on SQLite and ``datanodes`` data nodes under ``directory``.
+
+    ``metrics_port``: the PM serves Prometheus /metrics on it and data node ``i`` on
+    ``metrics_port + 1 + i``. ``pid_files``: each process's pid is kept in
+    ``directory/run/NAME.pid`` while it runs.
+    """
 
     def __init__(
         self,
@@ -149,10 +179,15 @@ class LocalCluster:
         extra_pm_args: list[str] | None = None,
         extra_dn_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        metrics_port: int | None = None,
+        pid_files: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.host = host
         self.env = env or {}
+        self.metrics_port = metrics_port
+        self.pid_dir = self.directory / "run" if pid_files else None
+        metrics_args = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
         self._ports: set[int] = set()  # handed out here: free_port only probes, never reserves
         port = pm_port or self._free_port(host)
         self.pm = Node(
@@ -170,11 +205,14 @@ class LocalCluster:
                 str(heartbeat_interval_ms),
                 "--node-timeout-ms",
                 str(node_timeout_ms),
+                *metrics_args,
                 *(extra_pm_args or []),
             ],
             self.directory / "logs" / "pm.log",
             host,
             env=self.env,
+            pid_path=self._pid_path("pm"),
+            metrics_port=metrics_port,
         )
         self.datanodes: list[Node] = []
         self._dn_args = list(extra_dn_args or [])
@@ -191,6 +229,14 @@ class LocalCluster:
             if port not in self._ports:
                 self._ports.add(port)
                 return port
+
+    def _pid_path(self, name: str) -> Path | None:
+        return self.pid_dir / f"{name}.pid" if self.pid_dir is not None else None
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The PM, then the data nodes."""
+        return [self.pm, *self.datanodes]
 
     @property
     def pm_address(self) -> str:
@@ -214,9 +260,13 @@ class LocalCluster:
         args = ["--host", self.host, "--port", str(port), "--dir", str(self.directory / f"dn{i}")]
         args += ["--pm", pm_address or self.pm.address]
         args += ["--heartbeat-interval-ms", str(self.heartbeat_interval_ms), *extra]
+        metrics_port = self.metrics_port + 1 + i if self.metrics_port is not None else None
+        if metrics_port is not None:
+            args += ["--metrics-port", str(metrics_port)]
         node = Node(
             "datanode", f"dn{i}", port, [*args, *self._dn_args],
             self.directory / "logs" / f"dn{i}.log", self.host, env=self.env,
+            pid_path=self._pid_path(f"dn{i}"), metrics_port=metrics_port,
         )
         self.datanodes.append(node)
         return node
@@ -248,3 +298,103 @@ class LocalCluster:
         self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def exit_status(code: int) -> str:
+    """``status 1`` or ``signal SIGKILL``: how a child ended, from its return code."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"status {code}"
+
+
+def restart_backoff_s(deaths: int) -> float:
+    """The wait before restarting a node that has died ``deaths`` times in a row (1, 2, ...)."""
+    wait = RESTART_BACKOFF_INITIAL_S * RESTART_BACKOFF_FACTOR ** max(0, deaths - 1)
+    return min(RESTART_BACKOFF_MAX_S, wait)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT/SIGTERM held back while a child is being started, so that Ctrl-C cannot land
+    between the fork and the bookkeeping that lets a stop find the child (then delivered)."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@dataclass
+class _Watched:
+    node: Node
+    started_at: float
+    deaths: int = 0  # consecutive deaths, each within RESTART_STABLE_S of its start
+    restart_at: float | None = None  # set while the node is dead and waiting for its restart
+
+
+class Supervisor:
+    """Restarts the nodes of a started :class:`LocalCluster` that exit on their own.
+
+    A node stopped through :meth:`Node.stop` / :meth:`Node.kill` (``proc`` is None) is left
+    alone; any other exit, whatever its status, is a death. The node is started again with its
+    own arguments (same port, same data directory) after :func:`restart_backoff_s`. ``report``
+    gets one line per event. Call :meth:`poll` periodically from one thread (:meth:`run` does).
+    """
+
+    def __init__(self, cluster: LocalCluster, report: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cluster = cluster
+        self.report = report
+        self.clock = clock
+        now = clock()
+        self._watched = [_Watched(n, now) for n in cluster.nodes]
+        self.restarts = 0
+
+    def poll(self) -> None:
+        now = self.clock()
+        for w in self._watched:
+            node = w.node
+            if w.restart_at is not None:
+                if now >= w.restart_at:
+                    self._restart(w, now)
+                continue
+            if node.proc is None:
+                continue  # stopped by us
+            code = node.proc.poll()
+            if code is None:
+                continue
+            if now - w.started_at >= RESTART_STABLE_S:
+                w.deaths = 0
+            w.deaths += 1
+            wait = restart_backoff_s(w.deaths)
+            w.restart_at = now + wait
+            pid = node.proc.pid
+            node.proc = None
+            self.report(f"{node.name} (pid {pid}) exited with {exit_status(code)}; restart "
+                        f"{w.deaths} in {wait:g} s (log: {node.log_path})")
+
+    def _restart(self, w: _Watched, now: float) -> None:
+        node = w.node
+        try:
+            with _signals_deferred():
+                node.start()
+                w.started_at, w.restart_at = now, None
+        except OSError as exc:  # e.g. the interpreter gone: a death like any other
+            w.deaths += 1
+            wait = restart_backoff_s(w.deaths)
+            w.restart_at = now + wait
+            self.report(f"{node.name} could not be started ({exc}); retrying in {wait:g} s")
+            return
+        self.restarts += 1
+        pid = node.proc.pid if node.proc is not None else "?"
+        self.report(f"{node.name} restarted: pid {pid} on {node.address}")
+
+    def run(self) -> None:
+        """Supervise until interrupted (KeyboardInterrupt or any exception from a signal)."""
+        while True:
+            self.poll()
+            time.sleep(SUPERVISE_POLL_S)

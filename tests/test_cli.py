@@ -120,7 +120,8 @@ def test_expected_errors_are_one_line(pm: str) -> None:
 
 COMMANDS = {
     (): ["up", "produce", "consume", "stream", "bench", "--version"],
-    ("up",): ["--dir", "--datanodes", "--pm-port", "--dn-port", "--host", "--fsync"],
+    ("up",): ["--dir", "--datanodes", "--pm-port", "--dn-port", "--host", "--fsync",
+              "--metrics-port"],
     ("pm",): ["--port", "--host", "--metadata", "--node-timeout-ms"],
     ("datanode",): ["--dir", "--pm", "--port", "--fsync"],
     ("stream",): ["create", "describe", "list", "delete", "trim", "ranges", "update"],
