@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from sbpstream.client import producer as client_producer
 from sbpstream.client import types as client_types
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.client.consumer import AsyncConsumer
@@ -41,9 +42,11 @@ RETURN_MAP: dict[str, tuple[str, str]] = {
     "AsyncConsumer": ("Consumer", "Consumer._wrap(self._runner, {})"),
     "asyncio.Future[int]": ("concurrent.futures.Future[int]", "to_cf({})"),
     "list[asyncio.Future[int]]": ("list[concurrent.futures.Future[int]]", "to_cf_list({})"),
+    # send_batch: one cross-thread future per call, whatever its record count
+    "asyncio.Future[Offsets]": ("concurrent.futures.Future[Offsets]", "to_cf({})"),
 }
 # names annotations may use, and where they come from
-NAME_SOURCES = [collections.abc, client_types]
+NAME_SOURCES = [collections.abc, client_types, client_producer]
 
 
 def public_members(cls: type) -> list[tuple[str, Any]]:
@@ -195,7 +198,8 @@ def _header(annotations: list[str]) -> str:
         names.update(re.findall(r"(?<![.\w])([A-Za-z_]\w*)(?![\w])", ann))
     imports: dict[str, set[str]] = {}
     for n in sorted(names):
-        if hasattr(builtins, n) or n in {"Producer", "Consumer", "Client", "concurrent"}:
+        if hasattr(builtins, n) or n in {"Producer", "Consumer", "Client", "concurrent",
+                                         "AsyncProducer"}:
             continue
         for mod in NAME_SOURCES:
             if n in getattr(mod, "__all__", ()) or (mod is collections.abc and hasattr(mod, n)):
@@ -217,7 +221,8 @@ def _header(annotations: list[str]) -> str:
         ")",
         "from sbpstream.client.aclient import AsyncClient",
         "from sbpstream.client.consumer import AsyncConsumer",
-        "from sbpstream.client.producer import AsyncProducer",
+        "from sbpstream.client.producer import "
+        + ", ".join(sorted({"AsyncProducer"} | imports.pop(client_producer.__name__, set()))),
     ]
     for m, ns in sorted(imports.items()):
         if m.startswith("sbpstream"):

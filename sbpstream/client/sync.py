@@ -19,7 +19,7 @@ from sbpstream.client._sync_support import (
 )
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.client.consumer import AsyncConsumer
-from sbpstream.client.producer import AsyncProducer
+from sbpstream.client.producer import AsyncProducer, Offsets
 from sbpstream.client.types import (
     ColumnBatch,
     Compression,
@@ -247,6 +247,23 @@ class Producer(ProducerBase):
     ) -> list[concurrent.futures.Future[int]]:
         """Queue many records of one stream (values, or :class:`Record` objects); their futures."""
         return self._runner.run(to_cf_list(self._async.send_many(stream_id, records)))
+
+    def send_batch(
+        self,
+        stream_id: int,
+        records: Sequence[bytes | Record],
+        *,
+        key: bytes | None = None,
+    ) -> concurrent.futures.Future[Offsets]:
+        """Queue many records of one stream; return one future of their :class:`Offsets`.
+
+        The bulk path: one future for the call, not one per record (each record's offset is
+        derived from its batch's). Values share ``key`` (a :class:`Record` keeps its own key,
+        headers and timestamp) and the call's timestamp. The future resolves once every record
+        is acknowledged or failed: check :attr:`Offsets.error`. Awaits while the buffer is full
+        (checked per batch filled, so the buffer may exceed its bound by one batch).
+        """
+        return self._runner.run(to_cf(self._async.send_batch(stream_id, records, key=key)))
 
     def flush(self) -> None:
         """Send every queued record now and wait until each is acknowledged or failed."""

@@ -190,6 +190,85 @@ class BatchBuilder:
         self._size = size
         return True
 
+    def add_values(
+        self,
+        values: Sequence[bytes | None],
+        start: int,
+        key: bytes | None,
+        timestamp_ms: int,
+    ) -> int:
+        """Encode ``values[start:]`` (same key, no headers, one timestamp) until the batch is full;
+        return the index of the first value not added (``start`` when none fitted).
+
+        The bulk path of the producer: the same records as ``add`` per value, with the record
+        prefix (length, timestamp delta, key, value length) computed once per run of equal value
+        lengths. Raises RecordTooLargeError when the first value does not fit an empty batch.
+        """
+        count = self._count
+        ts = timestamp_ms
+        if count:
+            delta = ts - self._first_ts
+            if SMALL_MIN <= delta < SMALL_MAX and ts >= 0:
+                d = VARINT_TABLE[delta - SMALL_MIN]
+            else:
+                _check_timestamp(ts)
+                d = encode_varint_slow(delta)
+        else:
+            _check_timestamp(ts)
+            d = _ZERO
+        if key is None:
+            dk = d + _NULL
+        else:
+            klen = len(key)
+            dk = b"".join((d, VARINT_TABLE[klen - SMALL_MIN] if klen < SMALL_MAX
+                           else encode_varint_slow(klen), key))
+        fixed = len(dk) + 1  # + the headers count, varint(0)
+        size = self._size
+        limit = self._batch_bytes_max
+        end = min(len(values), start + MAX_RECORDS_PER_BATCH - count)
+        append = self._parts.append
+        zero = _ZERO
+        last_len = -2  # the value length the cached prefix is for (-1: null value)
+        head = b""
+        rec = 0
+        i = start
+        while i < end:
+            v = values[i]
+            vlen = -1 if v is None else len(v)
+            if vlen != last_len:
+                if vlen < 0:
+                    vl, n = _NULL, 0
+                else:
+                    vl = VARINT_TABLE[vlen - SMALL_MIN] if vlen < SMALL_MAX \
+                        else encode_varint_slow(vlen)
+                    n = vlen
+                body = fixed + len(vl) + n
+                ln = VARINT_TABLE[body - SMALL_MIN] if body < SMALL_MAX \
+                    else encode_varint_slow(body)
+                head = b"".join((ln, dk, vl))
+                rec = len(ln) + body
+                last_len = vlen
+            if size + rec > limit:
+                break
+            append(head)
+            if v is not None:
+                append(v)
+            append(zero)
+            size += rec
+            i += 1
+        if i == start:
+            if count == 0 and start < len(values):
+                raise RecordTooLargeError(
+                    f"record of {rec} bytes exceeds the batch bound {limit} on its own")
+            return i
+        if count == 0:
+            self._first_ts = ts
+        if ts > self._max_ts:
+            self._max_ts = ts
+        self._count = count + i - start
+        self._size = size
+        return i
+
     def build(self) -> bytes:
         """The batch, base_offset -1; stored uncompressed if compression does not shrink it."""
         if not self._count:
