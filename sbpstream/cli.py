@@ -429,15 +429,15 @@ def stream_ranges(
 # ----------------------------------------------------------------------------- produce / consume
 
 
-def _stdin_lines() -> Iterator[list[bytes]]:
+def _stdin_lines(chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[list[bytes]]:
     """Lines of stdin as bytes without their newline, a chunk's worth at a time."""
     fd = sys.stdin.fileno()
     rest = b""
     while True:
-        chunk = os.read(fd, READ_CHUNK_BYTES)
+        chunk = os.read(fd, chunk_bytes)
         if not chunk:
             break
-        lines = (rest + chunk).split(b"\n")
+        lines = (rest + chunk if rest else chunk).split(b"\n")
         rest = lines.pop()
         if lines:
             yield lines
@@ -462,6 +462,9 @@ def produce(
 
     Binary-safe. Exits 0 only when every record was acknowledged.
     """
+    # stdin is read 1 MiB at a time; the lines of a read go to the producer in one send_batch
+    # call: one call into the client's loop thread and one future per read, not per line
+    produce_chunk_bytes = 1 << 20
     try:
         codec_of(compression)
     except ValueError as exc:
@@ -471,27 +474,26 @@ def produce(
     try:
         with Client(pm, retry_deadline_ms=timeout_ms) as c:
             c.describe_stream(stream)  # a clear error before reading any input
-            n, first, last = 0, -1, -1
             p = c.producer(compression=_compression(compression), linger_ms=linger_ms)
-            futs = []
-            for lines in _stdin_lines():
-                if key_bytes is None:
-                    futs += p.send_many(stream, lines)
-                else:
-                    futs += [p.send(stream, ln, key=key_bytes) for ln in lines]
+            futs = [p.send_batch(stream, lines, key=key_bytes)
+                    for lines in _stdin_lines(produce_chunk_bytes)]
             p.close()
-            failed = 0
+            n = failed = 0
+            first = last = -1
             first_error: BaseException | None = None
             for f in futs:
-                error = f.exception()
-                if error is not None:
-                    failed += 1
-                    first_error = first_error or error
-                else:
-                    off = f.result()
-                    first = off if first < 0 else first
-                    last = off
-                n += 1
+                offsets = f.result()
+                n += len(offsets)
+                if offsets.error is not None:
+                    failed += offsets.failed
+                    first_error = first_error or offsets.error
+                for i in (0, len(offsets) - 1) if len(offsets) else ():
+                    try:
+                        off = offsets[i]
+                    except SbpError:  # a failed record has no offset
+                        continue
+                    first = off if first < 0 else min(first, off)
+                    last = max(last, off)
     except SbpError as exc:
         fail(str(exc))
     except RecordTooLargeError as exc:
