@@ -417,4 +417,8 @@ def test_add_values_is_add_per_value(values: list[bytes | None], key: bytes | No
     assert stop == k and len(bulk) == len(one) and bulk.size_bytes == one.size_bytes
     if len(one):
         assert bulk.build() == one.build()
-        assert [r.value for r in iter_records(one.build())] == [b"x"] * before + values[:k]
+        recs = list(iter_records(one.build()))
+        assert [r.value for r in recs] == [b"x"] * before + values[:k]
+        assert [r.key for r in recs[before:]] == [key] * k
+        assert {r.timestamp_ms for r in recs[before:]} <= {ts}
+        assert {r.timestamp_ms for r in recs[:before]} <= {max(0, ts - 5)}

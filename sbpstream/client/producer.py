@@ -293,12 +293,33 @@ class AsyncProducer:
         timestamp_ms: int | None = None,
     ) -> asyncio.Future[int]:
         """Queue one record; return a future of its offset. Awaits while the buffer is full."""
-        size = RECORD_OVERHEAD_BYTES + len(value or b"") + len(key or b"")
+        # the per-record hot path of the async SDK: kept in one function (no helper calls
+        # unless a batch opens or closes)
+        size = RECORD_OVERHEAD_BYTES + (len(value) if value is not None else 0)
+        if key is not None:
+            size += len(key)
         if headers:
             size += sum(len(k) + len(v) for k, v in headers)
         if self._buffered + size > self.buffer_max_bytes:
             await self._wait_for_space(size)
-        return self._add(stream_id, value, key, headers, timestamp_ms, size)
+        loop = self._loop
+        if loop is None or self._closed:
+            loop = self._loop_or_start()
+        st = self._streams.get(stream_id)
+        if st is None:
+            st = self._streams[stream_id] = _Stream(stream_id)
+        b = st.builder
+        if b is None:
+            b = self._open_builder(st)
+        if not b.add(value, key, headers, timestamp_ms):
+            self._close_builder(st)
+            b = self._open_builder(st)
+            b.add(value, key, headers, timestamp_ms)  # RecordTooLargeError if it never fits
+        fut: asyncio.Future[int] = loop.create_future()
+        st.futures.append(fut)
+        st.pending_bytes += size
+        self._buffered += size
+        return fut
 
     async def send_many(
         self, stream_id: int, records: Sequence[bytes | Record]
@@ -419,23 +440,6 @@ class AsyncProducer:
             t.cancel()
 
     # ----------------------------------------------------------------------------- queueing
-
-    def _add(
-        self,
-        stream_id: int,
-        value: bytes | None,
-        key: bytes | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-        size: int,
-    ) -> asyncio.Future[int]:
-        loop = self._loop_or_start()
-        st = self._streams.get(stream_id)
-        if st is None:
-            st = self._streams[stream_id] = _Stream(stream_id)
-        fut: asyncio.Future[int] = loop.create_future()
-        self._queue(st, value, key, headers, timestamp_ms, size, fut)
-        return fut
 
     def _loop_or_start(self) -> asyncio.AbstractEventLoop:
         """The producer's loop (raises once closed); the first call starts the sender."""

@@ -42,6 +42,9 @@ MAX_RECORDS_PER_BATCH: Final = (1 << 31) - 1  # record_count is an int32
 
 _NULL: Final = VARINT_TABLE[-1 - SMALL_MIN]  # varint(-1): null key or value
 _ZERO: Final = VARINT_TABLE[0 - SMALL_MIN]  # varint(0): no headers
+# (timestamp delta, value length) -> (record prefix, record size) of plain records, all builders
+PREFIX_CACHE_MAX: Final = 4096
+_PREFIXES: dict[tuple[int, int], tuple[bytes, int]] = {}
 
 
 class RecordTooLargeError(ValueError):
@@ -71,8 +74,11 @@ class Record:
     timestamp_ms: int = 0
 
 
+_time_ns = time.time_ns
+
+
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return _time_ns() // 1_000_000
 
 
 class BatchBuilder:
@@ -86,6 +92,10 @@ class BatchBuilder:
     __slots__ = (
         "_base_sequence",
         "_batch_bytes_max",
+        "_c_head",
+        "_c_rec",
+        "_c_ts",
+        "_c_vlen",
         "_codec",
         "_count",
         "_first_ts",
@@ -119,6 +129,13 @@ class BatchBuilder:
         self._size = HEADER_SIZE
         self._first_ts = 0
         self._max_ts = INT64_MIN
+        # The prefix (length, timestamp delta, null key, value length) of the last plain record
+        # (no key, no headers), for its timestamp and value length: records sent in the same
+        # millisecond with the same size (the common case) reuse it.
+        self._c_ts = -1
+        self._c_vlen = -1
+        self._c_head = b""
+        self._c_rec = 0
 
     def __len__(self) -> int:
         return self._count
@@ -139,8 +156,32 @@ class BatchBuilder:
         timestamp_ms: int | None = None,
     ) -> bool:
         """Encode one record; return False (and change nothing) if it does not fit."""
+        ts = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
+        if key is None and value is not None and not headers:  # the plain record: fast path
+            vlen = len(value)
+            if ts != self._c_ts or vlen != self._c_vlen:
+                self._plain_prefix(ts, vlen)
+            count = self._count
+            size = self._size + self._c_rec
+            if size > self._batch_bytes_max or count == MAX_RECORDS_PER_BATCH:
+                if count == 0:
+                    raise RecordTooLargeError(
+                        f"record of {size - HEADER_SIZE} bytes exceeds the batch bound "
+                        f"{self._batch_bytes_max} on its own"
+                    )
+                return False
+            parts = self._parts
+            parts.append(self._c_head)
+            parts.append(value)
+            parts.append(_ZERO)
+            if count == 0:
+                self._first_ts = ts
+            if ts > self._max_ts:
+                self._max_ts = ts
+            self._count = count + 1
+            self._size = size
+            return True
         table = VARINT_TABLE
-        ts = now_ms() if timestamp_ms is None else timestamp_ms
         if self._count:
             delta = ts - self._first_ts
             if not SMALL_MIN <= delta < SMALL_MAX or ts < 0:
@@ -189,6 +230,31 @@ class BatchBuilder:
         self._count += 1
         self._size = size
         return True
+
+    def _plain_prefix(self, ts: int, vlen: int) -> None:
+        """Cache the prefix of a record with no key and no headers (``add``'s fast path).
+
+        Prefixes are shared by every builder through ``_PREFIXES``, keyed by (timestamp delta,
+        value length): a producer writing to many streams adds each builder's records
+        milliseconds apart (a per-builder miss), but the same few deltas and sizes recur.
+        """
+        if not 0 <= ts <= INT64_MAX:
+            _check_timestamp(ts)
+        delta = ts - self._first_ts if self._count else 0
+        cached = _PREFIXES.get((delta, vlen))
+        if cached is None:
+            d = VARINT_TABLE[delta - SMALL_MIN] if SMALL_MIN <= delta < SMALL_MAX \
+                else encode_varint_slow(delta)
+            vl = VARINT_TABLE[vlen - SMALL_MIN] if vlen < SMALL_MAX else encode_varint_slow(vlen)
+            body = len(d) + 1 + len(vl) + vlen + 1  # + null key, + no headers
+            ln = VARINT_TABLE[body - SMALL_MIN] if body < SMALL_MAX else encode_varint_slow(body)
+            cached = (b"".join((ln, d, _NULL, vl)), len(ln) + body)
+            if len(_PREFIXES) >= PREFIX_CACHE_MAX:
+                _PREFIXES.clear()
+            _PREFIXES[(delta, vlen)] = cached
+        self._c_head, self._c_rec = cached
+        self._c_ts = ts
+        self._c_vlen = vlen
 
     def add_values(
         self,
