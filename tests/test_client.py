@@ -4,6 +4,7 @@ producer's flow table on its own (pure)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from sbpstream.client import AsyncClient, Client, ConsumedRecord, Record, iter_columns
+from sbpstream.client import (
+    AsyncClient,
+    Client,
+    ConsumedRecord,
+    Record,
+    _sync_support,
+    iter_columns,
+)
 from sbpstream.client.flow import TRANSITIONS, Flow, FlowEvent, FlowMachine, ProducerFlowError
 from sbpstream.client.producer import Offsets
 from sbpstream.cluster import LocalCluster
@@ -28,6 +36,7 @@ from sbpstream.protocol.errors import (
 )
 from sbpstream.protocol.messages import Status, SystemErrorResponse
 from sbpstream.protocol.opcodes import Opcode
+from sbpstream.records import RecordTooLargeError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -185,6 +194,54 @@ def test_sync_send_batch(cluster: LocalCluster) -> None:
         offs = [f.result() for f in futs]
         assert [o for batch in offs for o in batch] == list(range(5000))
         assert c.end_offset(sid) == 5000
+
+
+def test_sync_send_is_queued_in_order(cluster: LocalCluster,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sync send hands records over in chunks: order per stream holds across send, send_batch
+    and send_many; a small queue bound makes send wait for the hand-over; errors reach the
+    record's future."""
+    monkeypatch.setattr(_sync_support, "SYNC_QUEUE_MAX_BYTES", 4096)
+    with Client(cluster.pm_address) as c:
+        a, b = c.create_streams(2)
+        done: list[int] = []
+        with c.producer(batch_max_bytes=2048) as p:
+            fa = [p.send(a, b"a%d" % i) for i in range(500)]
+            fb = [p.send(b, b"b%d" % i, key=b"k", timestamp_ms=1234) for i in range(300)]
+            mid = p.send_batch(a, [b"batch"])
+            fa.append(p.send(a, b"after"))
+            fa[0].add_done_callback(lambda f: done.append(f.result()))
+            p.send_many(b, [b"many"])
+            lost = p.send(987_654, b"nowhere")
+            with pytest.raises(RecordTooLargeError):
+                p.send(a, b"x" * 4096)
+        assert [f.result() for f in fa[:500]] == list(range(500))
+        assert mid.result()[0] == 500 and fa[500].result() == 501
+        assert [f.result() for f in fb] == list(range(300)) and fb[0].exception() is None
+        assert done == [0] and fa[0].done() and not fa[0].cancelled()
+        assert isinstance(lost.exception(timeout=60), StreamNotFoundError)
+        with pytest.raises(StreamNotFoundError):
+            lost.result()
+        got = list(c.consumer(b, end=301))
+        assert got[0].key == b"k" and got[0].timestamp_ms == 1234 and got[-1].value == b"many"
+
+
+def test_sync_send_from_two_threads(cluster: LocalCluster) -> None:
+    with Client(cluster.pm_address) as c:
+        sids = c.create_streams(2)
+        with c.producer() as p:
+            futs: dict[int, list[Any]] = {}
+
+            def worker(sid: int) -> None:
+                futs[sid] = [p.send(sid, b"%d" % i) for i in range(3000)]
+
+            threads = [threading.Thread(target=worker, args=(s,)) for s in sids]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        for s in sids:
+            assert [f.result(timeout=60) for f in futs[s]] == list(range(3000))
 
 
 def test_sync_and_async_agree(cluster: LocalCluster) -> None:

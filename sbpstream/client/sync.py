@@ -24,7 +24,6 @@ from sbpstream.client.types import (
     ColumnBatch,
     Compression,
     ConsumedRecord,
-    Headers,
     Range,
     Record,
     StartPosition,
@@ -215,6 +214,7 @@ class Producer(ProducerBase):
         self = cls.__new__(cls)
         self._runner = runner
         self._async = obj
+        self._setup()
         return self
 
     @property
@@ -222,30 +222,13 @@ class Producer(ProducerBase):
         """Bytes of records sent but not yet acknowledged."""
         return self._async.buffered_bytes
 
-    def send(
-        self,
-        stream_id: int,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        headers: Headers = (),
-        timestamp_ms: int | None = None,
-    ) -> concurrent.futures.Future[int]:
-        """Queue one record; return a future of its offset. Awaits while the buffer is full."""
-        return self._runner.run(to_cf(self._async.send(
-            stream_id,
-            value,
-            key=key,
-            headers=headers,
-            timestamp_ms=timestamp_ms,
-        )))
-
     def send_many(
         self,
         stream_id: int,
         records: Sequence[bytes | Record],
     ) -> list[concurrent.futures.Future[int]]:
         """Queue many records of one stream (values, or :class:`Record` objects); their futures."""
+        self._before_call()
         return self._runner.run(to_cf_list(self._async.send_many(stream_id, records)))
 
     def send_batch(
@@ -263,16 +246,19 @@ class Producer(ProducerBase):
         is acknowledged or failed: check :attr:`Offsets.error`. Awaits while the buffer is full
         (checked per batch filled, so the buffer may exceed its bound by one batch).
         """
+        self._before_call()
         return self._runner.run(to_cf(self._async.send_batch(stream_id, records, key=key)))
 
     def flush(self) -> None:
         """Send every queued record now and wait until each is acknowledged or failed."""
+        self._before_call()
         self._runner.run(self._async.flush())
 
     def close(self) -> None:
         """Flush, then stop the sender. Idempotent."""
         if self._runner.closed:
             return
+        self._before_call()
         self._runner.run(self._async.close())
         self._after_close()
 
@@ -287,6 +273,7 @@ class Consumer(ConsumerBase):
         self = cls.__new__(cls)
         self._runner = runner
         self._async = obj
+        self._setup()
         return self
 
     @property
