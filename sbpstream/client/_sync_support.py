@@ -233,6 +233,8 @@ class ProducerBase(SyncBase):
         self._feeder: asyncio.Task[None] | None = None
         self._loop = self._runner.loop
         self._batch_max = self._async.batch_max_bytes
+        # a record of at most this many counted bytes surely fits an empty batch
+        self._surely_fits = self._batch_max - HEADER_SIZE - VARINTS_MAX_BYTES
 
     def send(
         self,
@@ -257,11 +259,11 @@ class ProducerBase(SyncBase):
                 size += len(key)
             if headers:
                 size += sum(len(k) + len(v) for k, v in headers)
-        if size + HEADER_SIZE + VARINTS_MAX_BYTES > self._batch_max:
+        if size > self._surely_fits:
             # RecordTooLargeError now, as the async send raises it (exact: encode it)
             BatchBuilder(batch_bytes_max=self._batch_max).add(value, key, headers, timestamp_ms)
         with self._lock:
-            if self._runner.closed:
+            if self._runner._closed:
                 raise ClientClosedError("the client is closed")
             while self._queued_bytes and self._queued_bytes + size > SYNC_QUEUE_MAX_BYTES:
                 self._kick_locked()
