@@ -159,9 +159,16 @@ class BatchBuilder:
         ts = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
         if key is None and value is not None and not headers:  # the plain record: fast path
             vlen = len(value)
-            if ts != self._c_ts or vlen != self._c_vlen:
-                self._plain_prefix(ts, vlen)
             count = self._count
+            if ts != self._c_ts or vlen != self._c_vlen:
+                # another millisecond or size: the shared prefix cache, inline when it hits
+                cached = _PREFIXES.get((ts - self._first_ts if count else 0, vlen))
+                if cached is None or not 0 <= ts <= INT64_MAX:
+                    self._plain_prefix(ts, vlen)
+                else:
+                    self._c_head, self._c_rec = cached
+                    self._c_ts = ts
+                    self._c_vlen = vlen
             size = self._size + self._c_rec
             if size > self._batch_bytes_max or count == MAX_RECORDS_PER_BATCH:
                 if count == 0:
