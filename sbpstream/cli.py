@@ -437,7 +437,9 @@ def _stdin_lines(chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[list[bytes]]:
         chunk = os.read(fd, chunk_bytes)
         if not chunk:
             break
-        lines = (rest + chunk if rest else chunk).split(b"\n")
+        lines = chunk.split(b"\n")
+        if rest:  # the line cut at the end of the previous chunk (only it is copied again)
+            lines[0] = rest + lines[0]
         rest = lines.pop()
         if lines:
             yield lines
