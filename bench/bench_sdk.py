@@ -3,9 +3,9 @@
 For each record size (100 B and 1 KiB by default):
 
 - **throughput**: produce N records (sbpstream: the batching idempotent producer, futures per
-  record; Redis: XADD in redis-py pipelines of 1000), then read them all back (sbpstream: the
-  consumer's columns path; Redis: XRANGE pages of 10,000). Records/s and MB/s, median of
-  ``--runs`` (3) runs, with the spread.
+  record; Redis: XADD in redis-py pipelines of 1000, hiredis parser), then read them all back
+  (sbpstream: the consumer's columns path; Redis: XRANGE pages of 10,000). Records/s and MB/s,
+  median of ``--runs`` (3) runs, with the spread.
 - **latency**: closed loop, one record at a time (send, wait for the acknowledgement), so the
   figure is the round trip of one durable append, not time spent queued behind a flood.
   Percentiles over ``--latency-samples`` appends.
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.peers import redis_parser
 from sbpstream.client import AsyncClient
 from sbpstream.client.loadgen import consume_load, produce_load
 from sbpstream.cluster import LocalCluster
@@ -113,6 +114,7 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (Debian: apt-get install redis)")
+        print(f"redis-py reply parser: {redis_parser()}", file=sys.stderr)  # hiredis or refuse
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
              "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",

@@ -10,12 +10,15 @@ also runs from ``atexit``). The workloads, identical for every system:
 * ``latency``: records sent at a fixed rate while a consumer follows; latency is from the
   record's *scheduled* send time (so a stalled sender cannot hide its stalls) to its delivery.
 
-Redis: one key per stream, pipelined XADD (``PIPELINE_DEPTH`` commands per round trip), XRANGE
+Every peer runs at its best idiomatic client setup. Redis: redis-py with the hiredis parser
+(``redis[hiredis]``, the setup redis-py recommends; :func:`redis_parser` refuses to run without
+it), one key per stream, pipelined XADD (``PIPELINE_DEPTH`` commands per round trip), XRANGE
 pages of ``READ_PAGE`` per key (pipelined across keys), XREAD BLOCK for latency. NATS: one
 JetStream file stream holding one subject per logical stream (subjects are how JetStream
-addresses data inside a stream), ``publish_async`` with up to ``NATS_MAX_PENDING`` acks in
-flight, a pull consumer (``fetch`` of ``READ_PAGE``, ack policy none) for catch-up and an
-ordered push consumer for latency.
+addresses data inside a stream); nats-py's fastest publish, ``publish_async`` (pipelined: up to
+``NATS_MAX_PENDING`` acks in flight; nats-py has no batch publish, and JetStream's batch
+publishing needs nats-server 2.12+), a pull consumer fetching ``NATS_FETCH_BATCH`` messages per
+request (ack policy none) for catch-up and an ordered push consumer for latency.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 PIPELINE_DEPTH = 1000  # XADDs per redis-py pipeline round trip
 READ_PAGE = 1000  # records per XRANGE page / JetStream fetch
-NATS_MAX_PENDING = 4000  # JetStream acks in flight (nats-py's default publish_async bound)
+NATS_MAX_PENDING = 16_000  # JetStream acks in flight (nats-py's default bound is 4,000)
+NATS_FETCH_BATCH = 10_000  # messages per pull-consumer fetch request
 LATENCY_STAMP = struct.Struct(">Q")  # record index, at the front of each latency record
 
 # Set by the runner on Ctrl-C / SIGTERM: worker-thread loops (the Redis workloads) stop at once
@@ -252,6 +256,19 @@ def version_of(argv: Sequence[str]) -> str:
 # -------------------------------------------------------------------------------- Redis
 
 
+def redis_parser(require_hiredis: bool = True) -> str:
+    """The parser redis-py will use ("hiredis" or "python"); raises when hiredis is required and
+    missing (the benchmark compares against redis-py at its best: ``pip install redis[hiredis]``).
+    """
+    from redis.connection import DefaultParser
+
+    name = "hiredis" if "Hiredis" in DefaultParser.__name__ else "python"
+    if require_hiredis and name != "hiredis":
+        raise RuntimeError("redis-py runs without hiredis here (pip install 'redis[hiredis]'): "
+                           "the Redis figures would understate redis-py")
+    return name
+
+
 class RedisSystem:
     name = "Redis Streams"
     acks = (
@@ -274,10 +291,26 @@ class RedisSystem:
             self.port,
         )
         self.version = version_of(["redis-server", "--version"]).split(" sha=")[0]
+        self.parser = redis_parser()
         self._seq = 0
 
     def start(self) -> None:
         self.server.start()
+        with self._client() as r:  # the parser a live connection really uses
+            conn = r.connection_pool.get_connection()
+            try:
+                used = type(conn._parser).__name__
+            finally:
+                r.connection_pool.release(conn)
+        if "Hiredis" not in used:
+            raise RuntimeError(f"redis-py connection parser is {used}, not hiredis")
+        print(f"redis-py {self._redis_py_version()} with parser {used}", flush=True)
+
+    @staticmethod
+    def _redis_py_version() -> str:
+        import redis
+
+        return str(redis.__version__)
 
     def stop(self) -> None:
         self.server.stop()
@@ -489,7 +522,7 @@ class NatsSystem:
             deadline = t0 + spec.time_cap_s
             while got < expected and time.perf_counter() < deadline:
                 try:
-                    msgs = await sub.fetch(batch=READ_PAGE, timeout=2)
+                    msgs = await sub.fetch(batch=NATS_FETCH_BATCH, timeout=2)
                 except NatsTimeout:
                     continue
                 for m in msgs:  # application code sees each record

@@ -146,6 +146,7 @@ def versions(redis: RedisSystem, nats: NatsSystem) -> dict[str, str]:
         "nats-server": nats.version,
         "redis-py": pkg("redis"),
         "hiredis": pkg("hiredis"),
+        "redis-py parser": redis.parser,
         "nats-py": pkg("nats-py"),
         "sbpstream": pkg("sbpstream"),
         "uvloop": pkg("uvloop"),

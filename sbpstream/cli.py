@@ -31,7 +31,9 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 from sbpstream.client import AsyncClient, Client, Range, Stream
+from sbpstream.client._sync_support import RecordFuture
 from sbpstream.client.loadgen import PhaseResult, consume_load, produce_load
+from sbpstream.client.producer import Offsets
 from sbpstream.client.retry import backoff_observers
 from sbpstream.client.types import (
     DEFAULT_PM,
@@ -697,15 +699,17 @@ def stream_ranges(
 # ----------------------------------------------------------------------------- produce / consume
 
 
-def _stdin_lines() -> Iterator[list[bytes]]:
+def _stdin_lines(chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[list[bytes]]:
     """Lines of stdin as bytes without their newline, a chunk's worth at a time."""
     fd = sys.stdin.fileno()
     rest = b""
     while True:
-        chunk = os.read(fd, READ_CHUNK_BYTES)
+        chunk = os.read(fd, chunk_bytes)
         if not chunk:
             break
-        lines = (rest + chunk).split(b"\n")
+        lines = chunk.split(b"\n")
+        if rest:  # the line cut at the end of the previous chunk (only it is copied again)
+            lines[0] = rest + lines[0]
         rest = lines.pop()
         if lines:
             yield lines
@@ -733,6 +737,9 @@ def produce(
 
     Binary-safe. Exits 0 only when every record was acknowledged.
     """
+    # stdin is read 1 MiB at a time; the lines of a read go to the producer in one send_batch
+    # call: one call into the client's loop thread and one future per read, not per line
+    produce_chunk_bytes = 1 << 20
     try:
         codec_of(compression)
     except ValueError as exc:
@@ -747,33 +754,45 @@ def produce(
     try:
         with Client(pm, retry_deadline_ms=timeout_ms) as c:
             c.describe_stream(stream)  # a clear error before reading any input
-            n, first, last = 0, -1, -1
             p = c.producer(compression=_compression(compression), linger_ms=linger_ms)
-            futs: list[concurrent.futures.Future[int]] = []
+            batches: list[concurrent.futures.Future[Offsets]] = []
+            singles: list[RecordFuture] = []
             live = LiveCount("produced")
-            for lines in _stdin_lines():
+            for lines in _stdin_lines(produce_chunk_bytes):
                 live.add(len(lines))
-                if sep is not None:
-                    pairs = _split_keys(lines, sep, len(futs))
-                    futs += [p.send(stream, v, key=k) for k, v in pairs]
-                elif key_bytes is None:
-                    futs += p.send_many(stream, lines)
-                else:
-                    futs += [p.send(stream, ln, key=key_bytes) for ln in lines]
+                if sep is not None:  # a key per line: records one at a time
+                    pairs = _split_keys(lines, sep, len(singles))
+                    singles += [p.send(stream, v, key=k) for k, v in pairs]
+                else:  # one call (one cross-thread hop) per chunk of stdin
+                    batches.append(p.send_batch(stream, lines, key=key_bytes))
             p.close()
             live.clear()
-            failed = 0
+            n = failed = 0
+            first = last = -1
             first_error: BaseException | None = None
-            for f in futs:
-                error = f.exception()
+            for single in singles:
+                n += 1
+                error = single.exception()
                 if error is not None:
                     failed += 1
                     first_error = first_error or error
                 else:
-                    off = f.result()
-                    first = off if first < 0 else first
-                    last = off
-                n += 1
+                    off = single.result()
+                    first = off if first < 0 else min(first, off)
+                    last = max(last, off)
+            for f in batches:
+                offsets = f.result()
+                n += len(offsets)
+                if offsets.error is not None:
+                    failed += offsets.failed
+                    first_error = first_error or offsets.error
+                for i in (0, len(offsets) - 1) if len(offsets) else ():
+                    try:
+                        off = offsets[i]
+                    except SbpError:  # a failed record has no offset
+                        continue
+                    first = off if first < 0 else min(first, off)
+                    last = max(last, off)
     except SbpError as exc:
         fail(explain(exc, pm))
     except CliError as exc:

@@ -4,6 +4,7 @@ producer's flow table on its own (pure)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from sbpstream.client import AsyncClient, Client, ConsumedRecord, Record, iter_columns
+from sbpstream.client import (
+    AsyncClient,
+    Client,
+    ConsumedRecord,
+    Record,
+    _sync_support,
+    iter_columns,
+)
 from sbpstream.client.flow import TRANSITIONS, Flow, FlowEvent, FlowMachine, ProducerFlowError
+from sbpstream.client.producer import Offsets
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.server import Request, Responder, Server
 from sbpstream.protocol.errors import (
@@ -27,6 +36,7 @@ from sbpstream.protocol.errors import (
 )
 from sbpstream.protocol.messages import Status, SystemErrorResponse
 from sbpstream.protocol.opcodes import Opcode
+from sbpstream.records import RecordTooLargeError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,6 +141,107 @@ async def test_admin(client: AsyncClient) -> None:
         await client.describe_stream(b)
     with pytest.raises(StreamNotFoundError):
         await client.list_ranges(987_654)
+
+
+async def test_send_batch_offsets(client: AsyncClient) -> None:
+    """One future per call; offsets derived per record across many batches and buffer waits."""
+    sid = await client.create_stream()
+    values = [b"v%d" % i for i in range(3000)]
+    async with client.producer(batch_max_bytes=4096, buffer_max_bytes=8192) as p:
+        solo = await p.send(sid, b"solo")
+        fut = await p.send_batch(sid, values, key=b"k")
+        mixed = await p.send_batch(sid, [b"a", Record(b"b", key=b"kb"), None])
+        empty = await p.send_batch(sid, [])
+    offs = await fut
+    assert await solo == 0
+    assert offs.done and offs.error is None and offs.failed == 0 and len(offs) == 3000
+    assert list(offs) == list(range(1, 3001)) and offs[-1] == 3000 and offs[10:12] == [11, 12]
+    assert list(await mixed) == [3001, 3002, 3003]
+    assert len(await empty) == 0
+    got = await _read_all(client, sid)
+    assert [r.value for r in got] == [b"solo", *values, b"a", b"b", None]
+    assert {r.key for r in got[1:3001]} == {b"k"} and got[3002].key == b"kb"
+
+
+async def test_send_batch_failure_is_in_the_offsets(client: AsyncClient) -> None:
+    async with client.producer() as p:
+        fut = await p.send_batch(987_654, [b"x", b"y"])
+        offs = await asyncio.wait_for(fut, 60)
+    assert offs.failed == 2 and isinstance(offs.error, StreamNotFoundError)
+    with pytest.raises(StreamNotFoundError):
+        offs[1]
+
+
+def test_offsets_out_of_order_runs_and_errors() -> None:
+    offs = Offsets(6)
+    offs._acked(3, 100, 2)  # a later piece settles first
+    assert not offs.done
+    offs._acked(0, 40, 3)
+    offs._failed(5, 1, StreamNotFoundError("gone"))
+    assert offs.done and offs.failed == 1 and list(offs[:5]) == [40, 41, 42, 100, 101]
+    with pytest.raises(StreamNotFoundError):
+        offs[5]
+    with pytest.raises(IndexError):
+        offs[6]
+
+
+def test_sync_send_batch(cluster: LocalCluster) -> None:
+    with Client(cluster.pm_address) as c:
+        sid = c.create_stream()
+        with c.producer() as p:
+            futs = [p.send_batch(sid, [b"%d" % (i * 100 + j) for j in range(100)])
+                    for i in range(50)]
+        offs = [f.result() for f in futs]
+        assert [o for batch in offs for o in batch] == list(range(5000))
+        assert c.end_offset(sid) == 5000
+
+
+def test_sync_send_is_queued_in_order(cluster: LocalCluster,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sync send hands records over in chunks: order per stream holds across send, send_batch
+    and send_many; a small queue bound makes send wait for the hand-over; errors reach the
+    record's future."""
+    monkeypatch.setattr(_sync_support, "SYNC_QUEUE_MAX_BYTES", 4096)
+    with Client(cluster.pm_address) as c:
+        a, b = c.create_streams(2)
+        done: list[int] = []
+        with c.producer(batch_max_bytes=2048) as p:
+            fa = [p.send(a, b"a%d" % i) for i in range(500)]
+            fb = [p.send(b, b"b%d" % i, key=b"k", timestamp_ms=1234) for i in range(300)]
+            mid = p.send_batch(a, [b"batch"])
+            fa.append(p.send(a, b"after"))
+            fa[0].add_done_callback(lambda f: done.append(f.result()))
+            p.send_many(b, [b"many"])
+            lost = p.send(987_654, b"nowhere")
+            with pytest.raises(RecordTooLargeError):
+                p.send(a, b"x" * 4096)
+        assert [f.result() for f in fa[:500]] == list(range(500))
+        assert mid.result()[0] == 500 and fa[500].result() == 501
+        assert [f.result() for f in fb] == list(range(300)) and fb[0].exception() is None
+        assert done == [0] and fa[0].done() and not fa[0].cancelled()
+        assert isinstance(lost.exception(timeout=60), StreamNotFoundError)
+        with pytest.raises(StreamNotFoundError):
+            lost.result()
+        got = list(c.consumer(b, end=301))
+        assert got[0].key == b"k" and got[0].timestamp_ms == 1234 and got[-1].value == b"many"
+
+
+def test_sync_send_from_two_threads(cluster: LocalCluster) -> None:
+    with Client(cluster.pm_address) as c:
+        sids = c.create_streams(2)
+        with c.producer() as p:
+            futs: dict[int, list[Any]] = {}
+
+            def worker(sid: int) -> None:
+                futs[sid] = [p.send(sid, b"%d" % i) for i in range(3000)]
+
+            threads = [threading.Thread(target=worker, args=(s,)) for s in sids]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        for s in sids:
+            assert [f.result(timeout=60) for f in futs[s]] == list(range(3000))
 
 
 def test_sync_and_async_agree(cluster: LocalCluster) -> None:

@@ -387,3 +387,38 @@ def test_iter_all_records_bytes_matches_views() -> None:
     assert got == views
     assert [g[0] for g in got] == list(range(11, 17))
     assert all(isinstance(g[3], bytes) for g in got)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.none(), st.binary(max_size=300)), min_size=1, max_size=60),
+    key=st.one_of(st.none(), st.binary(max_size=200)),
+    ts=st.sampled_from([0, 1_700_000_000_000, 2**62]),
+    limit=st.sampled_from([300, 2000, 1 << 20]),
+    before=st.integers(0, 3),
+)
+def test_add_values_is_add_per_value(values: list[bytes | None], key: bytes | None, ts: int,
+                                     limit: int, before: int) -> None:
+    """The bulk path encodes exactly what ``add`` does value by value, and stops where it does."""
+    bulk = BatchBuilder(batch_bytes_max=limit, producer_id=7, producer_epoch=1, base_sequence=3)
+    one = BatchBuilder(batch_bytes_max=limit, producer_id=7, producer_epoch=1, base_sequence=3)
+    for _ in range(before):  # an earlier record with another timestamp: deltas are exercised
+        assert bulk.add(b"x", None, (), max(0, ts - 5)) == one.add(b"x", None, (), max(0, ts - 5))
+    try:
+        stop = bulk.add_values(values, 0, key, ts)
+    except RecordTooLargeError:
+        assert before == 0
+        with pytest.raises(RecordTooLargeError):
+            one.add(values[0], key, (), ts)
+        return
+    k = 0
+    while k < len(values) and one.add(values[k], key, (), ts):
+        k += 1
+    assert stop == k and len(bulk) == len(one) and bulk.size_bytes == one.size_bytes
+    if len(one):
+        assert bulk.build() == one.build()
+        recs = list(iter_records(one.build()))
+        assert [r.value for r in recs] == [b"x"] * before + values[:k]
+        assert [r.key for r in recs[before:]] == [key] * k
+        assert {r.timestamp_ms for r in recs[before:]} <= {ts}
+        assert {r.timestamp_ms for r in recs[:before]} <= {max(0, ts - 5)}

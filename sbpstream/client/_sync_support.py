@@ -3,6 +3,16 @@
 A :class:`LoopThread` owns a private event loop (uvloop) in a daemon thread; sync methods submit
 the async client's coroutines to it and block on the result. Every sync object made by one
 :class:`~sbpstream.client.sync.Client` shares its loop thread.
+
+The sync producer's ``send`` is the one hand-written method (the generator skips what a base
+class here defines): it does not cross threads per record. Records are queued on the caller's
+thread in *chunks* (one per stream, open until the loop thread takes it); the first record of
+a chunk schedules the loop thread's feeder with one ``call_soon_threadsafe``, and the feeder
+hands each chunk to ``AsyncProducer.send_batch`` in one call. A record's
+:class:`RecordFuture` is derived from its chunk's single future (the chunk's
+:class:`~sbpstream.client.producer.Offsets`). Every other (generated) producer method first
+waits until the feeder has handed over everything queued before it (``_before_call``), so the
+order of one thread's calls is the order of the records.
 """
 
 from __future__ import annotations
@@ -11,15 +21,18 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+from sbpstream.client.types import Headers, Record
 from sbpstream.net.loop import new_event_loop
-from sbpstream.protocol.errors import ClientClosedError
+from sbpstream.protocol.errors import ClientClosedError, ProducerClosedError
+from sbpstream.records import HEADER_SIZE, BatchBuilder
 
 if TYPE_CHECKING:
     from sbpstream.client.consumer import AsyncConsumer
-    from sbpstream.client.producer import AsyncProducer
+    from sbpstream.client.producer import AsyncProducer, Offsets
     from sbpstream.client.types import ConsumedRecord
 
 T = TypeVar("T")
@@ -124,6 +137,12 @@ class SyncBase:
 
     _runner: LoopThread
 
+    def _setup(self) -> None:
+        """Called by the generated ``_wrap`` once ``_runner`` and ``_async`` are set."""
+
+    def _before_call(self) -> None:
+        """Called first by every generated method."""
+
 
 class ClientBase(SyncBase):
     """Context manager and close() of the sync client; closing stops its loop thread."""
@@ -139,17 +158,213 @@ class ClientBase(SyncBase):
         close()
 
 
+# Bytes of records queued on the caller's thread, not yet handed to the async producer, beyond
+# which send() blocks (the async producer's own buffer bound applies after the hand-over).
+SYNC_QUEUE_MAX_BYTES = 16 * 1024 * 1024
+SEND_OVERHEAD_BYTES = 16  # per record, counted against SYNC_QUEUE_MAX_BYTES
+VARINTS_MAX_BYTES = 40  # bound on a record's varints (length, timestamp, key, value, headers)
+
+
+class _Chunk:
+    """Records of one stream queued by sync ``send`` calls, handed over in one send_batch."""
+
+    __slots__ = ("future", "nbytes", "records", "stream_id")
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
+        self.records: list[bytes | Record] = []
+        self.nbytes = 0
+        self.future: concurrent.futures.Future[Offsets] = concurrent.futures.Future()
+
+
+class RecordFuture:
+    """The offset of one record sent by the sync ``Producer.send``: a view of its chunk's one
+    future (a :class:`concurrent.futures.Future` of the chunk's Offsets), not a future of its
+    own. ``result()`` returns the offset or raises the record's error."""
+
+    __slots__ = ("_chunk", "_index")
+
+    def __init__(self, chunk: _Chunk, index: int) -> None:
+        self._chunk = chunk
+        self._index = index
+
+    def result(self, timeout: float | None = None) -> int:
+        return self._chunk.future.result(timeout)[self._index]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        exc = self._chunk.future.exception(timeout)
+        if exc is not None:
+            return exc
+        try:
+            self._chunk.future.result()[self._index]
+        except Exception as e:
+            return e
+        return None
+
+    def done(self) -> bool:
+        return self._chunk.future.done()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        """A queued record cannot be taken back: always False."""
+        return False
+
+    def add_done_callback(self, fn: Callable[[RecordFuture], object]) -> None:
+        self._chunk.future.add_done_callback(lambda _f: fn(self))
+
+
 class ProducerBase(SyncBase):
+    """The sync producer's send queue (see the module docstring) and context manager."""
+
     _async: AsyncProducer
 
+    def _setup(self) -> None:
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # signalled when queued bytes drop
+        self._open: dict[int, _Chunk] = {}  # stream -> its chunk still taking records
+        self._queue: deque[_Chunk] = deque()  # chunks not yet taken by the feeder
+        self._queued_bytes = 0
+        self._kicked = False  # a feeder wake-up is scheduled and has not run yet
+        self._feeding = 0  # chunks taken by the feeder and not yet handed over
+        self._wake: asyncio.Event | None = None  # loop side, made by the feeder
+        self._idle: asyncio.Event | None = None
+        self._feeder: asyncio.Task[None] | None = None
+        self._loop = self._runner.loop
+        self._batch_max = self._async.batch_max_bytes
+        # a record of at most this many counted bytes surely fits an empty batch
+        self._surely_fits = self._batch_max - HEADER_SIZE - VARINTS_MAX_BYTES
+
+    def send(
+        self,
+        stream_id: int,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Headers = (),
+        timestamp_ms: int | None = None,
+    ) -> RecordFuture:
+        """Queue one record; return a future of its offset (a :class:`RecordFuture`).
+
+        Does not wait for the loop thread: records are handed over in chunks, one
+        ``send_batch`` per stream per hand-over. Blocks while more than SYNC_QUEUE_MAX_BYTES
+        wait for the hand-over. A record too large for an empty batch raises
+        RecordTooLargeError here. ``timestamp_ms`` 0 means "now", as for :class:`Record`.
+        """
+        size = SEND_OVERHEAD_BYTES + (len(value) if value is not None else 0)
+        plain = key is None and not headers and timestamp_ms is None and value is not None
+        if not plain:
+            if key is not None:
+                size += len(key)
+            if headers:
+                size += sum(len(k) + len(v) for k, v in headers)
+        if size > self._surely_fits:
+            # RecordTooLargeError now, as the async send raises it (exact: encode it)
+            BatchBuilder(batch_bytes_max=self._batch_max).add(value, key, headers, timestamp_ms)
+        with self._lock:
+            if self._runner._closed:
+                raise ClientClosedError("the client is closed")
+            while self._queued_bytes and self._queued_bytes + size > SYNC_QUEUE_MAX_BYTES:
+                self._kick_locked()
+                self._room.wait()
+            chunk = self._open.get(stream_id)
+            if chunk is None:
+                chunk = self._open[stream_id] = _Chunk(stream_id)
+                self._queue.append(chunk)
+                self._kick_locked()
+            records = chunk.records
+            records.append(value if plain else  # type: ignore[arg-type]
+                           Record(value, key, headers, timestamp_ms or 0))
+            chunk.nbytes += size
+            self._queued_bytes += size
+            return RecordFuture(chunk, len(records) - 1)
+
+    def _kick_locked(self) -> None:
+        if not self._kicked:
+            self._kicked = True
+            self._loop.call_soon_threadsafe(self._wake_feeder)
+
+    # ---------------------------------------------------------------------- loop thread side
+
+    def _wake_feeder(self) -> None:
+        if self._feeder is None:
+            self._wake, self._idle = asyncio.Event(), asyncio.Event()
+            self._feeder = self._loop.create_task(self._feed())
+        assert self._wake is not None
+        self._wake.set()
+
+    async def _feed(self) -> None:
+        """Hand the queued chunks over, in order, one send_batch each."""
+        assert self._wake is not None and self._idle is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                self._kicked = False
+                chunks = list(self._queue)
+                self._queue.clear()
+                for c in chunks:
+                    if self._open.get(c.stream_id) is c:
+                        del self._open[c.stream_id]
+                self._feeding += len(chunks)
+            for c in chunks:
+                try:
+                    fut = await self._async.send_batch(c.stream_id, c.records)
+                    fut.add_done_callback(_settle(c))
+                except BaseException as exc:
+                    c.future.set_exception(exc)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                finally:
+                    with self._lock:
+                        self._feeding -= 1
+                        self._queued_bytes -= c.nbytes
+                        self._room.notify_all()
+            self._idle.set()  # a round is over: _handed_over checks again
+
+    async def _handed_over(self) -> None:
+        """Wait until every chunk queued so far was handed to the async producer."""
+        while True:
+            with self._lock:
+                if not self._queue and not self._feeding:
+                    return
+            if self._feeder is not None and self._feeder.done():
+                raise ProducerClosedError("the sync producer's feeder stopped")
+            self._wake_feeder()
+            assert self._idle is not None
+            self._idle.clear()
+            await self._idle.wait()
+
+    def _before_call(self) -> None:
+        with self._lock:
+            if not self._queue and not self._feeding:
+                return
+        self._runner.run(self._handed_over())
+
     def _after_close(self) -> None:
-        pass
+        feeder = self._feeder
+        if feeder is not None and not self._runner.closed:
+            self._runner.call(feeder.cancel)
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._runner.run(self._async.close())
+        close: Callable[[], None] = getattr(self, "close")  # noqa: B009 - generated method
+        close()
+
+
+def _settle(chunk: _Chunk) -> Callable[[asyncio.Future[Offsets]], None]:
+    def done(f: asyncio.Future[Offsets]) -> None:
+        if f.cancelled():
+            chunk.future.cancel()
+        elif (exc := f.exception()) is not None:
+            chunk.future.set_exception(exc)
+        else:
+            chunk.future.set_result(f.result())
+
+    return done
 
 
 class ConsumerBase(SyncBase):

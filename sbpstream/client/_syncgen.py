@@ -21,6 +21,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from sbpstream.client import _sync_support
+from sbpstream.client import producer as client_producer
 from sbpstream.client import types as client_types
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.client.consumer import AsyncConsumer
@@ -41,9 +43,11 @@ RETURN_MAP: dict[str, tuple[str, str]] = {
     "AsyncConsumer": ("Consumer", "Consumer._wrap(self._runner, {})"),
     "asyncio.Future[int]": ("concurrent.futures.Future[int]", "to_cf({})"),
     "list[asyncio.Future[int]]": ("list[concurrent.futures.Future[int]]", "to_cf_list({})"),
+    # send_batch: one cross-thread future per call, whatever its record count
+    "asyncio.Future[Offsets]": ("concurrent.futures.Future[Offsets]", "to_cf({})"),
 }
 # names annotations may use, and where they come from
-NAME_SOURCES = [collections.abc, client_types]
+NAME_SOURCES = [collections.abc, client_types, client_producer]
 
 
 def public_members(cls: type) -> list[tuple[str, Any]]:
@@ -116,7 +120,7 @@ def _doc(obj: Any) -> list[str]:
     return [f'        """{body[0]}', *[ln.rstrip() for ln in body[1:]], '        """']
 
 
-def _method(name: str, fn: Any) -> list[str]:
+def _method(name: str, fn: Any, before: bool) -> list[str]:
     decls, args = _params(fn)
     ret_async = str(inspect.signature(fn).return_annotation)
     ret, wrap = RETURN_MAP.get(ret_async, (ret_async, "{}"))
@@ -127,6 +131,8 @@ def _method(name: str, fn: Any) -> list[str]:
         open_, close_ = f"{pre}self._runner.call(", f"){post}"
         args = [f"self._async.{name}", *args]
     body = _call(("return " if ret != "None" else "") + open_, args, close_)
+    if before:
+        body = ["        self._before_call()", *body]
     if name == "close" and ret == "None":
         body = ["        if self._runner.closed:", "            return", *body,
                 "        self._after_close()"]
@@ -167,14 +173,22 @@ def render() -> str:
                 "        self = cls.__new__(cls)",
                 "        self._runner = runner",
                 "        self._async = obj",
+                "        self._setup()",
                 "        return self",
                 "",
             ]
+        base_cls = getattr(_sync_support, base)
+        # a public method the base class defines is hand-written there: not generated; a base
+        # that overrides _before_call has it called first by every generated method
+        hand_written = {n for n in vars(base_cls) if not n.startswith("_")}
+        before = "_before_call" in vars(base_cls)
         for name, member in public_members(cls):
+            if name in hand_written:
+                continue
             if isinstance(member, property):
                 lines += _property(name, member)
             else:
-                lines += _method(name, member)
+                lines += _method(name, member, before)
                 sig = inspect.signature(member)
                 annotations += [str(p.annotation) for p in sig.parameters.values()
                                 if p.annotation is not inspect.Parameter.empty]
@@ -195,7 +209,8 @@ def _header(annotations: list[str]) -> str:
         names.update(re.findall(r"(?<![.\w])([A-Za-z_]\w*)(?![\w])", ann))
     imports: dict[str, set[str]] = {}
     for n in sorted(names):
-        if hasattr(builtins, n) or n in {"Producer", "Consumer", "Client", "concurrent"}:
+        if hasattr(builtins, n) or n in {"Producer", "Consumer", "Client", "concurrent",
+                                         "AsyncProducer"}:
             continue
         for mod in NAME_SOURCES:
             if n in getattr(mod, "__all__", ()) or (mod is collections.abc and hasattr(mod, n)):
@@ -217,7 +232,8 @@ def _header(annotations: list[str]) -> str:
         ")",
         "from sbpstream.client.aclient import AsyncClient",
         "from sbpstream.client.consumer import AsyncConsumer",
-        "from sbpstream.client.producer import AsyncProducer",
+        "from sbpstream.client.producer import "
+        + ", ".join(sorted({"AsyncProducer"} | imports.pop(client_producer.__name__, set()))),
     ]
     for m, ns in sorted(imports.items()):
         if m.startswith("sbpstream"):

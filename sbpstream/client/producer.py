@@ -26,6 +26,7 @@ for ``primary_retry_ms`` (a resend is deduplicated) before asking for a seal aga
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import random
@@ -33,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from sbpstream.client.flow import Flow, FlowEvent, FlowMachine, ProducerFlowError
 from sbpstream.client.retry import MOVE_CODES, Attempts, is_connection_error
@@ -60,6 +61,8 @@ from sbpstream.records import BatchBuilder, iter_batches, read_header
 if TYPE_CHECKING:
     from sbpstream.client.aclient import AsyncClient
 
+__all__ = ["AsyncProducer", "Offsets", "as_sbp_error"]
+
 log = logging.getLogger("sbpstream.client.producer")
 
 RECORD_OVERHEAD_BYTES = 16  # varints and bookkeeping counted per record against the buffer
@@ -82,13 +85,113 @@ def _seq_le(a: int, b: int) -> bool:
     return (b - a) % SEQUENCE_WRAP < SEQUENCE_WRAP // 2
 
 
+class Offsets(Sequence[int]):
+    """The offsets of the records of one :meth:`AsyncProducer.send_batch` call, in call order.
+
+    One object (and one future) for the whole call instead of one future per record: the
+    records travel in one or more batches, and each record's offset is derived from its batch's
+    base offset. ``offsets[i]`` is the offset of the call's record ``i``, or raises that
+    record's error; :attr:`error` is the first error (None when every record was acknowledged)
+    and :attr:`failed` counts the records that were not.
+    """
+
+    __slots__ = ("_count", "_errors", "_future", "_pending", "_runs", "_sorted")
+
+    def __init__(self, count: int, future: asyncio.Future[Offsets] | None = None) -> None:
+        self._count = count
+        self._runs: list[tuple[int, int, int]] = []  # (first index, first offset, records)
+        self._errors: list[tuple[int, int, SbpError]] = []  # (first index, records, error)
+        self._pending = count
+        self._future = future
+        self._sorted = True
+        if not count and future is not None and not future.done():
+            future.set_result(self)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError("record index out of range")
+        if not self._sorted:
+            self._runs.sort()
+            self._sorted = True
+        k = bisect.bisect_right(self._runs, (i, 1 << 63, 0)) - 1
+        if k >= 0:
+            start, offset, n = self._runs[k]
+            if i < start + n:
+                return offset + i - start
+        for start, n, err in self._errors:
+            if start <= i < start + n:
+                raise err
+        raise InvalidRequestError(f"record {i} of the batch is not settled yet")
+
+    @property
+    def done(self) -> bool:
+        """True once every record is acknowledged or failed."""
+        return not self._pending
+
+    @property
+    def failed(self) -> int:
+        """Records that were not acknowledged."""
+        return sum(n for _, n, _ in self._errors)
+
+    @property
+    def error(self) -> SbpError | None:
+        """The error of the first failed record (in call order), None if none failed."""
+        return min(self._errors, key=lambda e: e[0])[2] if self._errors else None
+
+    def _acked(self, start: int, offset: int, n: int) -> None:
+        runs = self._runs
+        if runs and runs[-1][0] > start:
+            self._sorted = False
+        runs.append((start, offset, n))
+        self._settled(n)
+
+    def _failed(self, start: int, n: int, err: SbpError) -> None:
+        self._errors.append((start, n, err))
+        self._settled(n)
+
+    def _settled(self, n: int) -> None:
+        self._pending -= n
+        fut = self._future
+        if not self._pending and fut is not None and not fut.done():
+            fut.set_result(self)
+
+
+class _Piece:
+    """Records ``start .. start+count-1`` of one send_batch call, consecutive in one batch: an
+    entry of a batch's waiters standing for ``count`` records (a plain future stands for one)."""
+
+    __slots__ = ("count", "offsets", "start")
+
+    def __init__(self, offsets: Offsets, start: int, count: int) -> None:
+        self.offsets = offsets
+        self.start = start
+        self.count = count
+
+
+# What a batch resolves, in record order: a future per record sent alone, a piece per run of
+# records of one send_batch call.
+Waiter = asyncio.Future[int] | _Piece
+
+
 @dataclass(slots=True, eq=False)
 class _Batch:
     stream_id: int
     data: bytes
     base_sequence: int
     record_count: int
-    futures: list[asyncio.Future[int]]
+    futures: list[Waiter]
     nbytes: int  # counted against buffer_max_bytes
     attempts: Attempts | None = None
     rng: Range | None = None  # the range it was last sent to
@@ -106,7 +209,7 @@ class _Stream:
     next_sequence: int = 0
     builder: BatchBuilder | None = None
     started: float = 0.0  # monotonic time of the open batch's first record
-    futures: list[asyncio.Future[int]] = field(default_factory=list)
+    futures: list[Waiter] = field(default_factory=list)
     pending_bytes: int = 0
     ready: deque[_Batch] = field(default_factory=deque)
     # sent and not yet acknowledged, in sequence order (at most max_in_flight_per_stream)
@@ -190,12 +293,33 @@ class AsyncProducer:
         timestamp_ms: int | None = None,
     ) -> asyncio.Future[int]:
         """Queue one record; return a future of its offset. Awaits while the buffer is full."""
-        size = RECORD_OVERHEAD_BYTES + len(value or b"") + len(key or b"")
+        # the per-record hot path of the async SDK: kept in one function (no helper calls
+        # unless a batch opens or closes)
+        size = RECORD_OVERHEAD_BYTES + (len(value) if value is not None else 0)
+        if key is not None:
+            size += len(key)
         if headers:
             size += sum(len(k) + len(v) for k, v in headers)
         if self._buffered + size > self.buffer_max_bytes:
             await self._wait_for_space(size)
-        return self._add(stream_id, value, key, headers, timestamp_ms, size)
+        loop = self._loop
+        if loop is None or self._closed:
+            loop = self._loop_or_start()
+        st = self._streams.get(stream_id)
+        if st is None:
+            st = self._streams[stream_id] = _Stream(stream_id)
+        b = st.builder
+        if b is None:
+            b = self._open_builder(st)
+        if not b.add(value, key, headers, timestamp_ms):
+            self._close_builder(st)
+            b = self._open_builder(st)
+            b.add(value, key, headers, timestamp_ms)  # RecordTooLargeError if it never fits
+        fut: asyncio.Future[int] = loop.create_future()
+        st.futures.append(fut)
+        st.pending_bytes += size
+        self._buffered += size
+        return fut
 
     async def send_many(
         self, stream_id: int, records: Sequence[bytes | Record]
@@ -213,6 +337,82 @@ class AsyncProducer:
             else:
                 out.append(await self.send(stream_id, r))
         return out
+
+    async def send_batch(
+        self, stream_id: int, records: Sequence[bytes | Record], *, key: bytes | None = None
+    ) -> asyncio.Future[Offsets]:
+        """Queue many records of one stream; return one future of their :class:`Offsets`.
+
+        The bulk path: one future for the call, not one per record (each record's offset is
+        derived from its batch's). Values share ``key`` (a :class:`Record` keeps its own key,
+        headers and timestamp) and the call's timestamp. The future resolves once every record
+        is acknowledged or failed: check :attr:`Offsets.error`. Awaits while the buffer is full
+        (checked per batch filled, so the buffer may exceed its bound by one batch).
+        """
+        loop = self._loop_or_start()
+        fut: asyncio.Future[Offsets] = loop.create_future()
+        n = len(records)
+        offsets = Offsets(n, fut)
+        if not n:
+            return fut
+        st = self._streams.get(stream_id)
+        if st is None:
+            st = self._streams[stream_id] = _Stream(stream_id)
+        if any(isinstance(r, Record) for r in records):
+            await self._send_records(st, records, key, offsets)
+            return fut
+        values: Sequence[bytes] = records  # type: ignore[assignment]  # checked just above
+        ts = time.time_ns() // 1_000_000
+        piece = i = 0
+        while i < n:
+            if self._buffered + RECORD_OVERHEAD_BYTES > self.buffer_max_bytes:
+                if i > piece:
+                    st.futures.append(_Piece(offsets, piece, i - piece))
+                    piece = i
+                await self._wait_for_space(RECORD_OVERHEAD_BYTES)
+                if self._closed:
+                    offsets._failed(i, n - i, ProducerClosedError("the producer is closed"))
+                    return fut
+            b = st.builder
+            if b is None:
+                b = self._open_builder(st)
+            before = b.size_bytes
+            try:
+                j = b.add_values(values, i, key, ts)
+            except BaseException:
+                if i > piece:
+                    st.futures.append(_Piece(offsets, piece, i - piece))
+                raise
+            if j == i:  # the open batch is full
+                if i > piece:
+                    st.futures.append(_Piece(offsets, piece, i - piece))
+                    piece = i
+                self._close_builder(st)
+                continue
+            added = b.size_bytes - before + RECORD_OVERHEAD_BYTES * (j - i)
+            st.pending_bytes += added
+            self._buffered += added
+            i = j
+        st.futures.append(_Piece(offsets, piece, n - piece))
+        return fut
+
+    async def _send_records(self, st: _Stream, records: Sequence[bytes | Record],
+                            key: bytes | None, offsets: Offsets) -> None:
+        """send_batch of records that are not all plain values: one record at a time."""
+        for i, r in enumerate(records):
+            if isinstance(r, Record):
+                value, rkey, headers, ts = r.value, r.key, r.headers, r.timestamp_ms or None
+            else:
+                value, rkey, headers, ts = r, key, (), None
+            size = RECORD_OVERHEAD_BYTES + len(value or b"") + len(rkey or b"")
+            if headers:
+                size += sum(len(k) + len(v) for k, v in headers)
+            if self._buffered + size > self.buffer_max_bytes:
+                await self._wait_for_space(size)
+            if self._closed:
+                offsets._failed(i, len(records) - i, ProducerClosedError("the producer is closed"))
+                return
+            self._queue(st, value, rkey, headers, ts, size, _Piece(offsets, i, 1))
 
     async def flush(self) -> None:
         """Send every queued record now and wait until each is acknowledged or failed."""
@@ -241,24 +441,19 @@ class AsyncProducer:
 
     # ----------------------------------------------------------------------------- queueing
 
-    def _add(
-        self,
-        stream_id: int,
-        value: bytes | None,
-        key: bytes | None,
-        headers: Headers,
-        timestamp_ms: int | None,
-        size: int,
-    ) -> asyncio.Future[int]:
+    def _loop_or_start(self) -> asyncio.AbstractEventLoop:
+        """The producer's loop (raises once closed); the first call starts the sender."""
         if self._closed:
             raise ProducerClosedError("the producer is closed")
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
             self._sender = loop.create_task(self._run_sender())
-        st = self._streams.get(stream_id)
-        if st is None:
-            st = self._streams[stream_id] = _Stream(stream_id)
+        return loop
+
+    def _queue(self, st: _Stream, value: bytes | None, key: bytes | None, headers: Headers,
+               timestamp_ms: int | None, size: int, waiter: Waiter) -> None:
+        """Encode one record into the stream's open batch (opening one if need be)."""
         b = st.builder
         if b is None:
             b = self._open_builder(st)
@@ -266,11 +461,9 @@ class AsyncProducer:
             self._close_builder(st)
             b = self._open_builder(st)
             b.add(value, key, headers, timestamp_ms)  # RecordTooLargeError if it never fits
-        fut: asyncio.Future[int] = loop.create_future()
-        st.futures.append(fut)
+        st.futures.append(waiter)
         st.pending_bytes += size
         self._buffered += size
-        return fut
 
     def _open_builder(self, st: _Stream) -> BatchBuilder:
         b = st.builder = BatchBuilder(
@@ -482,9 +675,15 @@ class AsyncProducer:
                 self._failed(st, batch, err)
 
     def _acked(self, st: _Stream, batch: _Batch, base_offset: int) -> None:
-        for i, f in enumerate(batch.futures):
-            if not f.done():
-                f.set_result(base_offset + i)
+        offset = base_offset
+        for f in batch.futures:
+            if type(f) is _Piece:
+                f.offsets._acked(f.start, offset, f.count)
+                offset += f.count
+            else:
+                if not f.done():  # type: ignore[union-attr]
+                    f.set_result(offset)  # type: ignore[union-attr]
+                offset += 1
         with contextlib.suppress(ValueError):
             st.in_flight.remove(batch)
         st.acked_next = max(st.acked_next, base_offset + batch.record_count)
@@ -656,9 +855,7 @@ class AsyncProducer:
             self._fail_futures(b, exc)
             self._done(b)
         if st.builder is not None:
-            for f in st.futures:
-                if not f.done():
-                    f.set_exception(exc)
+            _fail_waiters(st.futures, exc)
             self._buffered -= st.pending_bytes
             st.futures, st.pending_bytes, st.builder = [], 0, None
             self._space.set()
@@ -676,9 +873,15 @@ class AsyncProducer:
 
     @staticmethod
     def _fail_futures(batch: _Batch, exc: SbpError) -> None:
-        for f in batch.futures:
-            if not f.done():
-                f.set_exception(exc)
+        _fail_waiters(batch.futures, exc)
+
+
+def _fail_waiters(waiters: list[Waiter], exc: SbpError) -> None:
+    for f in waiters:
+        if isinstance(f, _Piece):
+            f.offsets._failed(f.start, f.count, exc)
+        elif not f.done():
+            f.set_exception(exc)
 
 
 def as_sbp_error(exc: BaseException) -> SbpError:

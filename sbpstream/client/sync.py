@@ -19,12 +19,11 @@ from sbpstream.client._sync_support import (
 )
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.client.consumer import AsyncConsumer
-from sbpstream.client.producer import AsyncProducer
+from sbpstream.client.producer import AsyncProducer, Offsets
 from sbpstream.client.types import (
     ColumnBatch,
     Compression,
     ConsumedRecord,
-    Headers,
     Range,
     Record,
     StartPosition,
@@ -215,6 +214,7 @@ class Producer(ProducerBase):
         self = cls.__new__(cls)
         self._runner = runner
         self._async = obj
+        self._setup()
         return self
 
     @property
@@ -222,40 +222,43 @@ class Producer(ProducerBase):
         """Bytes of records sent but not yet acknowledged."""
         return self._async.buffered_bytes
 
-    def send(
-        self,
-        stream_id: int,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        headers: Headers = (),
-        timestamp_ms: int | None = None,
-    ) -> concurrent.futures.Future[int]:
-        """Queue one record; return a future of its offset. Awaits while the buffer is full."""
-        return self._runner.run(to_cf(self._async.send(
-            stream_id,
-            value,
-            key=key,
-            headers=headers,
-            timestamp_ms=timestamp_ms,
-        )))
-
     def send_many(
         self,
         stream_id: int,
         records: Sequence[bytes | Record],
     ) -> list[concurrent.futures.Future[int]]:
         """Queue many records of one stream (values, or :class:`Record` objects); their futures."""
+        self._before_call()
         return self._runner.run(to_cf_list(self._async.send_many(stream_id, records)))
+
+    def send_batch(
+        self,
+        stream_id: int,
+        records: Sequence[bytes | Record],
+        *,
+        key: bytes | None = None,
+    ) -> concurrent.futures.Future[Offsets]:
+        """Queue many records of one stream; return one future of their :class:`Offsets`.
+
+        The bulk path: one future for the call, not one per record (each record's offset is
+        derived from its batch's). Values share ``key`` (a :class:`Record` keeps its own key,
+        headers and timestamp) and the call's timestamp. The future resolves once every record
+        is acknowledged or failed: check :attr:`Offsets.error`. Awaits while the buffer is full
+        (checked per batch filled, so the buffer may exceed its bound by one batch).
+        """
+        self._before_call()
+        return self._runner.run(to_cf(self._async.send_batch(stream_id, records, key=key)))
 
     def flush(self) -> None:
         """Send every queued record now and wait until each is acknowledged or failed."""
+        self._before_call()
         self._runner.run(self._async.flush())
 
     def close(self) -> None:
         """Flush, then stop the sender. Idempotent."""
         if self._runner.closed:
             return
+        self._before_call()
         self._runner.run(self._async.close())
         self._after_close()
 
@@ -270,6 +273,7 @@ class Consumer(ConsumerBase):
         self = cls.__new__(cls)
         self._runner = runner
         self._async = obj
+        self._setup()
         return self
 
     @property

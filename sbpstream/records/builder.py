@@ -42,6 +42,9 @@ MAX_RECORDS_PER_BATCH: Final = (1 << 31) - 1  # record_count is an int32
 
 _NULL: Final = VARINT_TABLE[-1 - SMALL_MIN]  # varint(-1): null key or value
 _ZERO: Final = VARINT_TABLE[0 - SMALL_MIN]  # varint(0): no headers
+# (timestamp delta, value length) -> (record prefix, record size) of plain records, all builders
+PREFIX_CACHE_MAX: Final = 4096
+_PREFIXES: dict[tuple[int, int], tuple[bytes, int]] = {}
 
 
 class RecordTooLargeError(ValueError):
@@ -71,8 +74,11 @@ class Record:
     timestamp_ms: int = 0
 
 
+_time_ns = time.time_ns
+
+
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return _time_ns() // 1_000_000
 
 
 class BatchBuilder:
@@ -86,6 +92,10 @@ class BatchBuilder:
     __slots__ = (
         "_base_sequence",
         "_batch_bytes_max",
+        "_c_head",
+        "_c_rec",
+        "_c_ts",
+        "_c_vlen",
         "_codec",
         "_count",
         "_first_ts",
@@ -119,6 +129,13 @@ class BatchBuilder:
         self._size = HEADER_SIZE
         self._first_ts = 0
         self._max_ts = INT64_MIN
+        # The prefix (length, timestamp delta, null key, value length) of the last plain record
+        # (no key, no headers), for its timestamp and value length: records sent in the same
+        # millisecond with the same size (the common case) reuse it.
+        self._c_ts = -1
+        self._c_vlen = -1
+        self._c_head = b""
+        self._c_rec = 0
 
     def __len__(self) -> int:
         return self._count
@@ -139,8 +156,39 @@ class BatchBuilder:
         timestamp_ms: int | None = None,
     ) -> bool:
         """Encode one record; return False (and change nothing) if it does not fit."""
+        ts = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
+        if key is None and value is not None and not headers:  # the plain record: fast path
+            vlen = len(value)
+            count = self._count
+            if ts != self._c_ts or vlen != self._c_vlen:
+                # another millisecond or size: the shared prefix cache, inline when it hits
+                cached = _PREFIXES.get((ts - self._first_ts if count else 0, vlen))
+                if cached is None or not 0 <= ts <= INT64_MAX:
+                    self._plain_prefix(ts, vlen)
+                else:
+                    self._c_head, self._c_rec = cached
+                    self._c_ts = ts
+                    self._c_vlen = vlen
+            size = self._size + self._c_rec
+            if size > self._batch_bytes_max or count == MAX_RECORDS_PER_BATCH:
+                if count == 0:
+                    raise RecordTooLargeError(
+                        f"record of {size - HEADER_SIZE} bytes exceeds the batch bound "
+                        f"{self._batch_bytes_max} on its own"
+                    )
+                return False
+            parts = self._parts
+            parts.append(self._c_head)
+            parts.append(value)
+            parts.append(_ZERO)
+            if count == 0:
+                self._first_ts = ts
+            if ts > self._max_ts:
+                self._max_ts = ts
+            self._count = count + 1
+            self._size = size
+            return True
         table = VARINT_TABLE
-        ts = now_ms() if timestamp_ms is None else timestamp_ms
         if self._count:
             delta = ts - self._first_ts
             if not SMALL_MIN <= delta < SMALL_MAX or ts < 0:
@@ -189,6 +237,110 @@ class BatchBuilder:
         self._count += 1
         self._size = size
         return True
+
+    def _plain_prefix(self, ts: int, vlen: int) -> None:
+        """Cache the prefix of a record with no key and no headers (``add``'s fast path).
+
+        Prefixes are shared by every builder through ``_PREFIXES``, keyed by (timestamp delta,
+        value length): a producer writing to many streams adds each builder's records
+        milliseconds apart (a per-builder miss), but the same few deltas and sizes recur.
+        """
+        if not 0 <= ts <= INT64_MAX:
+            _check_timestamp(ts)
+        delta = ts - self._first_ts if self._count else 0
+        cached = _PREFIXES.get((delta, vlen))
+        if cached is None:
+            d = VARINT_TABLE[delta - SMALL_MIN] if SMALL_MIN <= delta < SMALL_MAX \
+                else encode_varint_slow(delta)
+            vl = VARINT_TABLE[vlen - SMALL_MIN] if vlen < SMALL_MAX else encode_varint_slow(vlen)
+            body = len(d) + 1 + len(vl) + vlen + 1  # + null key, + no headers
+            ln = VARINT_TABLE[body - SMALL_MIN] if body < SMALL_MAX else encode_varint_slow(body)
+            cached = (b"".join((ln, d, _NULL, vl)), len(ln) + body)
+            if len(_PREFIXES) >= PREFIX_CACHE_MAX:
+                _PREFIXES.clear()
+            _PREFIXES[(delta, vlen)] = cached
+        self._c_head, self._c_rec = cached
+        self._c_ts = ts
+        self._c_vlen = vlen
+
+    def add_values(
+        self,
+        values: Sequence[bytes | None],
+        start: int,
+        key: bytes | None,
+        timestamp_ms: int,
+    ) -> int:
+        """Encode ``values[start:]`` (same key, no headers, one timestamp) until the batch is full;
+        return the index of the first value not added (``start`` when none fitted).
+
+        The bulk path of the producer: the same records as ``add`` per value, with the record
+        prefix (length, timestamp delta, key, value length) computed once per run of equal value
+        lengths. Raises RecordTooLargeError when the first value does not fit an empty batch.
+        """
+        count = self._count
+        ts = timestamp_ms
+        if count:
+            delta = ts - self._first_ts
+            if SMALL_MIN <= delta < SMALL_MAX and ts >= 0:
+                d = VARINT_TABLE[delta - SMALL_MIN]
+            else:
+                _check_timestamp(ts)
+                d = encode_varint_slow(delta)
+        else:
+            _check_timestamp(ts)
+            d = _ZERO
+        if key is None:
+            dk = d + _NULL
+        else:
+            klen = len(key)
+            dk = b"".join((d, VARINT_TABLE[klen - SMALL_MIN] if klen < SMALL_MAX
+                           else encode_varint_slow(klen), key))
+        fixed = len(dk) + 1  # + the headers count, varint(0)
+        size = self._size
+        limit = self._batch_bytes_max
+        end = min(len(values), start + MAX_RECORDS_PER_BATCH - count)
+        append = self._parts.append
+        zero = _ZERO
+        last_len = -2  # the value length the cached prefix is for (-1: null value)
+        head = b""
+        rec = 0
+        i = start
+        while i < end:
+            v = values[i]
+            vlen = -1 if v is None else len(v)
+            if vlen != last_len:
+                if vlen < 0:
+                    vl, n = _NULL, 0
+                else:
+                    vl = VARINT_TABLE[vlen - SMALL_MIN] if vlen < SMALL_MAX \
+                        else encode_varint_slow(vlen)
+                    n = vlen
+                body = fixed + len(vl) + n
+                ln = VARINT_TABLE[body - SMALL_MIN] if body < SMALL_MAX \
+                    else encode_varint_slow(body)
+                head = b"".join((ln, dk, vl))
+                rec = len(ln) + body
+                last_len = vlen
+            if size + rec > limit:
+                break
+            append(head)
+            if v is not None:
+                append(v)
+            append(zero)
+            size += rec
+            i += 1
+        if i == start:
+            if count == 0 and start < len(values):
+                raise RecordTooLargeError(
+                    f"record of {rec} bytes exceeds the batch bound {limit} on its own")
+            return i
+        if count == 0:
+            self._first_ts = ts
+        if ts > self._max_ts:
+            self._max_ts = ts
+        self._count = count + i - start
+        self._size = size
+        return i
 
     def build(self) -> bytes:
         """The batch, base_offset -1; stored uncompressed if compression does not shrink it."""
