@@ -130,7 +130,7 @@ def server_samples(prefix: str, server: Any) -> list[Sample]:
                "connections closed for a framing error", st.framing_errors),
     ]
     # only opcodes with a handler are counted, so every key is a known Opcode
-    for op, n in sorted(st.requests_by_opcode.items()):
-        out.append(Sample(f"{prefix}_requests", "counter", "requests received, by opcode", n,
-                          {"opcode": Opcode(op).name}))
+    for op, c in sorted(st.by_opcode.items()):
+        out.append(Sample(f"{prefix}_requests", "counter", "requests received, by opcode",
+                          c.requests, {"opcode": Opcode(op).name}))
     return out
