@@ -171,6 +171,7 @@ async def test_json_endpoints(cluster: Cluster) -> None:
     status, body = http(pm, f"/v1/streams/{sid}")
     assert status == 200 and body["next_offset"] == 7 and body["records_appended"] == 7
     assert body["ranges"][0]["replicas"][0]["live"] and body["unreachable"] == []
+    assert body["ranges"][0]["next_offset"] == 7  # the data node's, not the PM's last report
     status, body = http(dn, f"/v1/streams/{sid}")
     assert status == 200 and body["records_appended"] == 7 and body["next_offset"] == 7
     status, body = http(pm, f"/v1/streams/{sid}/tail?n=3")

@@ -197,9 +197,15 @@ class ClusterView:
         rows = traffic.get(stream_id, [])
         now = self.service.clock()
         out = self._merge(s, ranges, rows)
+        held_next: dict[int, int] = {}  # the data nodes' live next offsets (the PM's lag)
+        for row in rows:
+            for hr in row["ranges"]:
+                idx = int(hr["range_index"])
+                held_next[idx] = max(held_next.get(idx, -1), int(hr["next_offset"]))
         out["ranges"] = [{
             "range_index": r.range_index, "start_offset": r.start_offset,
-            "next_offset": r.next_offset, "end_offset": r.end_offset, "writable": r.writable,
+            "next_offset": max(r.next_offset, held_next.get(r.range_index, -1)),
+            "end_offset": r.end_offset, "writable": r.writable,
             "replicas": [{"node_id": rep.node_id, "primary": rep.is_primary,
                           "address": self.service.node_address(rep.node_id),
                           "live": self._live(rep.node_id, now)} for rep in r.replicas],
