@@ -317,9 +317,10 @@ def up(
         "--heartbeat-interval-ms", help="Data node heartbeat period.")] = 1000,
     node_timeout_ms: Annotated[int, typer.Option(
         "--node-timeout-ms", help="A data node silent this long is dead.")] = 5000,
-    metrics_port: Annotated[int | None, typer.Option(
-        "--metrics-port", help="Serve Prometheus /metrics: the PM on this port, data node i on "
-        "this port + 1 + i.")] = None,
+    admin_port: Annotated[int, typer.Option(
+        "--admin-port", "--metrics-port",
+        help="Admin HTTP ports (web console, /v1 JSON, Prometheus /metrics): the PM on this "
+        "port, data node i on this port + 1 + i.")] = 12380,
 ) -> None:
     """Run a whole local cluster (PM on SQLite + N data nodes) in the foreground, supervised.
 
@@ -334,7 +335,7 @@ def up(
     cluster = LocalCluster(
         directory, datanodes=datanodes, pm_port=pm_port, dn_port=dn_port, host=host,
         fsync=fsync, heartbeat_interval_ms=heartbeat_interval_ms, node_timeout_ms=node_timeout_ms,
-        metrics_port=metrics_port, pid_files=True,
+        metrics_port=admin_port, pid_files=True,
     )
     ports = [n.port for n in cluster.nodes]
     ports += [n.metrics_port for n in cluster.nodes if n.metrics_port is not None]
@@ -351,7 +352,7 @@ def up(
         except KeyboardInterrupt:
             _shut_down(cluster)
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        _print_banner(cluster)
+        _print_banner(cluster, console=f"http://{host}:{admin_port}/")
         supervisor = Supervisor(
             cluster, lambda line: err_console.print(line, markup=False, soft_wrap=True))
         try:
@@ -403,7 +404,7 @@ class _stop_on_sigterm:
         signal.signal(signal.SIGTERM, self._old)
 
 
-def _print_banner(cluster: Any) -> None:
+def _print_banner(cluster: Any, console: str = "") -> None:
     exe = "sbpstream"
     pm = cluster.pm_address
 
@@ -417,6 +418,7 @@ def _print_banner(cluster: Any) -> None:
         f"sbpstream cluster is up (data under {cluster.directory}, logs under "
         f"{cluster.directory / 'logs'}, pid files under {cluster.pid_dir}).",
         row("placement manager:", cluster.pm),
+        *([f"  {'web console:':<19}{console}"] if console else []),
         *[row(f"data node {i}:", dn) for i, dn in enumerate(cluster.datanodes)],
         "A server that dies is restarted on the same port with the same data.",
         "",
@@ -1128,6 +1130,122 @@ def _stop_queries(spark: Any) -> None:
     for q in spark.streams.active:
         with contextlib.suppress(Exception):
             q.stop()
+
+
+# ----------------------------------------------------------------------------- introspection
+
+NodeOption = Annotated[str, typer.Option(
+    "--node", help="Ask this server (a data node's HOST:PORT) instead of the PM.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")]
+
+
+def _introspect(pm: str, node: str, body: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
+    """Run ``body(Introspection)`` against ``--node`` or the first PM address."""
+    from sbpstream.introspect.wire import Introspection
+
+    try:
+        address = node or pm_addresses(pm)[0]
+    except ValueError as exc:
+        fail(f"--pm/--node: {exc}", EXIT_USAGE)
+
+    async def main() -> T:
+        async with Introspection(address) as i:
+            return await body(i)
+
+    try:
+        return run(main())
+    except SbpError as exc:
+        fail(f"{address}: {exc}")
+
+
+def _show(data: Any, as_json: bool, view: Callable[[Any], Any]) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        out_console.print(view(data))
+
+
+@app.command()
+def info(pm: PmOption = DEFAULT_PM, node: NodeOption = "", as_json: JsonOption = False) -> None:
+    """Server figures (INFO): uptime, version, role, requests, bytes and errors by opcode."""
+    from sbpstream.introspect.views import info_view
+
+    _show(_introspect(pm, node, lambda i: i.info())[1], as_json, info_view)
+
+
+@app.command()
+def stats(
+    pm: PmOption = DEFAULT_PM, node: NodeOption = "", as_json: JsonOption = False,
+    stream: Annotated[list[int] | None, typer.Option(
+        "--stream", help="Only this stream (repeatable).")] = None,
+    top: Annotated[int, typer.Option("--top", help="Without --stream: this many streams, "
+                                     "highest rates first (0: the server's default).")] = 0,
+) -> None:
+    """Per-stream traffic (STATS): records and bytes in and out, per-minute rates, offsets."""
+    from sbpstream.introspect.views import stats_view
+
+    _show(_introspect(pm, node, lambda i: i.stats(stream or (), top))[1], as_json, stats_view)
+
+
+@app.command()
+def connections(
+    pm: PmOption = DEFAULT_PM, node: NodeOption = "", as_json: JsonOption = False,
+    limit: Annotated[int, typer.Option("--limit", help="List at most this many.")] = 0,
+) -> None:
+    """The server's open connections (CONNECTIONS)."""
+    from sbpstream.introspect.views import connections_view
+
+    _show(_introspect(pm, node, lambda i: i.connections(limit))[1], as_json, connections_view)
+
+
+@app.command()
+def whoami(pm: PmOption = DEFAULT_PM, node: NodeOption = "", as_json: JsonOption = False) -> None:
+    """This CLI's own connection as the server sees it (WHOAMI)."""
+    from sbpstream.introspect.views import whoami_view
+
+    _show(_introspect(pm, node, lambda i: i.whoami())[1], as_json, whoami_view)
+
+
+@app.command()
+def nodes(pm: PmOption = DEFAULT_PM, as_json: JsonOption = False) -> None:
+    """The PM's cluster view: data nodes (liveness, heartbeat, reported load, ranges),
+    under-replicated ranges, live clients."""
+    from sbpstream.introspect.views import nodes_view
+
+    body = _introspect(pm, "", lambda i: i.info())[1]
+    keys = ("nodes", "under_replicated", "clients", "stream_count", "streams_truncated")
+    if "nodes" not in body:
+        fail("the server is not a PM (no cluster view)")
+    _show({k: body[k] for k in keys}, as_json, nodes_view)
+
+
+@app.command()
+def top(
+    pm: PmOption = DEFAULT_PM,
+    streams: Annotated[int, typer.Option("--streams", help="Streams shown.")] = 10,
+    interval_s: Annotated[float, typer.Option("--interval-s", help="Refresh period.")] = 1.0,
+    iterations: Annotated[int, typer.Option(
+        "--iterations", help="Stop after this many refreshes (0: until Ctrl-C).")] = 0,
+) -> None:
+    """A live view of the cluster, refreshed every second: nodes, top streams, connections."""
+    from rich.live import Live
+
+    from sbpstream.introspect.views import top_view
+
+    async def body(i: Any) -> None:
+        with Live(console=out_console, auto_refresh=False) as live:
+            n = 0
+            while True:
+                info = (await i.info())[1]
+                figures = (await i.stats((), streams))[1]
+                conns = (await i.connections())[1]
+                live.update(top_view(info, figures, conns), refresh=True)
+                n += 1
+                if iterations and n >= iterations:
+                    return
+                await asyncio.sleep(interval_s)
+
+    _introspect(pm, "", body)
 
 
 # ------------------------------------------------------------------------------------- main

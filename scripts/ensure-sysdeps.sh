@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the test suite and benchmarks use, only when missing:
-# Java (Spark), etcd (PM on etcd), flatc (schema regeneration check), redis and nats (benchmark peers).
+# Java (Spark), etcd (PM on etcd), flatc (schema regeneration check), redis and nats (benchmark peers),
+# chromium and chromium-driver (the web console's browser test, Selenium).
 set -euo pipefail
 need=()
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
@@ -8,6 +9,8 @@ command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v flatc >/dev/null 2>&1 || need+=(flatbuffers-compiler)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 echo "installing system packages: ${need[*]}"
 SUDO=""

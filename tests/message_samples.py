@@ -90,4 +90,12 @@ SAMPLES: list[m.Message] = [
     m.TrimStreamsResponse(9, ERR, (m.TrimResult(STREAM, ERR, RANGE),)),
     m.ReportMetricsRequest(NODE, *range(1, 18)),
     m.ReportMetricsResponse(NODE, ERR),
+    m.InfoRequest(),
+    m.InfoResponse(ERR, "datanode", "0.1.0", 86_400_123, 7),
+    m.StatsRequest((42, 43, 1 << 50), 5),
+    m.StatsResponse(ERR, 3),
+    m.ConnectionsRequest(100),
+    m.ConnectionsResponse(ERR, 12),
+    m.WhoamiRequest(),
+    m.WhoamiResponse(ERR, 1 << 33, "127.0.0.1:50000", "client-1", m.ClientRole.CLIENT),
 ]

@@ -36,7 +36,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     dn_port = free_port()
     proc = subprocess.Popen(
         [EXE, "up", "--dir", str(d), "--datanodes", "1", "--pm-port", str(pm_port),
-         "--dn-port", str(dn_port)],
+         "--dn-port", str(dn_port), "--admin-port", str(free_port())],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     addr = f"127.0.0.1:{pm_port}"
@@ -53,6 +53,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
         assert proc.returncode == 0, err
         # `up` tells the user how to produce and consume from a second terminal
         assert b"produce --stream" in out and b"consume --stream" in out, out
+        assert b"web console:       http://127.0.0.1:" in out, out
         assert b"stopped" in err
 
 

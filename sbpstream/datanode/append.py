@@ -98,6 +98,23 @@ async def replicate(ctx: NodeContext, rng: RangeInfo, written: list[Written]) ->
         await asyncio.gather(*futs)
 
 
+def _count(ctx: NodeContext, stream_id: int, ws: list[Written], replication: bool) -> None:
+    """STATS counters of one stream's acknowledged batches (duplicates are not new records)."""
+    records = nbytes = 0
+    for w in ws:
+        if not w.outcome.duplicate:
+            records += w.outcome.next_offset - w.outcome.base_offset
+            nbytes += w.item.batch_length
+    c = ctx.stream_stats.of(stream_id)
+    if replication:
+        c.records_replicated += records
+        c.bytes_replicated += nbytes
+    else:
+        c.records_appended += records
+        c.bytes_appended += nbytes
+    c.last_append_ms = ws[-1].append_time_ms
+
+
 class AppendHandler:
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
@@ -248,6 +265,7 @@ class AppendHandler:
                 out.extend(_error(w.item, exc) for w in ws)
                 continue
             top = max(w.outcome.next_offset for w in ws)
+            _count(ctx, sid, ws, m.replication)
             if m.replication and m.committed_offset >= 0:
                 top = min(top, m.committed_offset)
             ctx.table.commit(sid, idx, top)

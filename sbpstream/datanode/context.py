@@ -24,6 +24,7 @@ from sbpstream.datanode.metrics import Metrics
 from sbpstream.datanode.pmclient import PmClient
 from sbpstream.datanode.ranges import RangeInfo, RangeTable
 from sbpstream.datanode.replication import Replicators
+from sbpstream.introspect.counters import StreamCounterTable
 from sbpstream.net.client import ConnectionPool
 from sbpstream.protocol.errors import (
     ErrorCode,
@@ -55,6 +56,7 @@ class NodeContext:
         self.pool = pool
         self.pm = pm
         self.table = RangeTable()
+        self.stream_stats = StreamCounterTable()  # STATS: traffic per stream (append, fetch)
         self.replicators = Replicators(self)
         self.node_id = -1
         self.closing = False

@@ -170,6 +170,10 @@ class FetchHandler:
                 res = ctx.store.read(it.stream_id, st.offset, min(st.budget, out.frame_bytes),
                                     max_offset=max(hwm, 0))
                 range_end = res.next_offset if res.range_end else -1
+                if res.batches:  # STATS counters: what the consumer advances by
+                    sc = ctx.stream_stats.of(it.stream_id)
+                    sc.records_fetched += res.next_offset - st.offset
+                    sc.bytes_fetched += res.byte_count
                 for i, view in enumerate(res.batches):
                     last = i == len(res.batches) - 1
                     await out.add(self._result(st, len(view), start=res.start_offset,

@@ -32,6 +32,8 @@ from sbpstream.datanode.limits import (
 )
 from sbpstream.datanode.metrics import Metrics, rss_bytes
 from sbpstream.datanode.pmclient import PmClient
+from sbpstream.introspect.figures import DataNodeStreams, Introspector
+from sbpstream.introspect.http import routes as admin_routes
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.ports import free_port
@@ -79,6 +81,7 @@ class DataNode:
         self.port = config.port
         self.advertise = config.advertise
         self.server: Server | None = None
+        self.introspector: Introspector | None = None
         self._store: Store | None = None
         self._closed = False
 
@@ -118,15 +121,20 @@ class DataNode:
         handlers[Opcode.TRIM_STREAMS] = control.trim
         handlers[Opcode.DELETE_STREAMS] = control.delete
         self.server = Server(handlers, name="datanode")
+        self.introspector = Introspector(self.server, "datanode", node_id=lambda: self.node_id,
+                                         streams=DataNodeStreams(self.ctx))
+        self.server.handlers.update(self.introspector.handlers())  # INFO, STATS, CONNECTIONS...
         await self.server.start(cfg.host, self.port)
         self.port = self.server.port
+        self.introspector.start()
         spawn = self.ctx.spawn
         spawn(self._every(cfg.heartbeat_interval_ms, self._heartbeat, "heartbeat"))
         spawn(self._every(cfg.metrics_interval_ms, self._report_metrics, "metrics"))
         spawn(self._every(cfg.retention_interval_ms, self._retention, "retention"))
         spawn(self._every(cfg.compaction_interval_ms, self._compact, "compaction"))
         if cfg.metrics_port >= 0:
-            self.exporter = MetricsExporter(self.metric_samples, cfg.host, cfg.metrics_port)
+            self.exporter = MetricsExporter(self.metric_samples, cfg.host, cfg.metrics_port,
+                                            routes=admin_routes(self.introspector))
             await self.exporter.start()
         log.info("event=datanode_started node_id=%d address=%s dir=%s fsync=%s ranges=%d",
                  self.node_id, self.advertise, self.directory, cfg.fsync.value,
@@ -178,6 +186,8 @@ class DataNode:
             return
         self._closed = True
         await self.ctx.close()
+        if self.introspector is not None:
+            await self.introspector.close()
         if self.exporter is not None:
             await self.exporter.close()
         if self.server is not None:

@@ -1,32 +1,39 @@
-"""Prometheus metrics over HTTP for the servers (design.md section 7, introspection: first part).
+"""The admin HTTP port of the servers: Prometheus ``/metrics``, and whatever routes the owner adds
+(the ``/v1/...`` JSON of :mod:`sbpstream.introspect` and, on the PM, the web console).
 
-``MetricsExporter`` serves ``GET /metrics`` in the Prometheus text format from a
-``prometheus_client`` HTTP server thread. The figures live in event-loop objects (counters,
-stores) that only the loop thread may touch safely, so the loop takes a **snapshot** every
-``refresh_s`` (a plain list of samples) and the HTTP thread only ever reads the latest snapshot:
-no locks, no cross-thread access to live state. A scrape is therefore at most ``refresh_s`` old.
+A small HTTP/1.1 server on the event loop itself (one request per connection, ``GET``/``HEAD``
+only, request head bounded by :data:`MAX_REQUEST_HEAD_BYTES` and :data:`REQUEST_TIMEOUT_S`): the
+figures live in event-loop objects that only the loop may touch, so serving from the loop needs
+no snapshot, lock or thread, and a route may await (the PM asks its data nodes for their STATS).
+A scrape or route that fails answers 500 and never stops the server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from sbpstream.protocol.opcodes import Opcode
 
 log = logging.getLogger("sbpstream.net.admin")
 
-# How often the event loop refreshes the snapshot scrapes read (seconds): fresh enough for a
-# 15 s scrape interval, cheap enough to never show up in a profile.
-DEFAULT_REFRESH_S: Final = 1.0
+MAX_REQUEST_HEAD_BYTES: Final = 16 * 1024
+"""Request line plus headers: an admin GET needs a few hundred bytes; more is not a client of
+ours, and an unbounded head would let one connection hold any amount of memory."""
+REQUEST_TIMEOUT_S: Final = 10.0
+"""Reading the head and answering one request: a stuck or slow client is dropped after this."""
+
+_REASONS: Final = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+                   413: "Payload Too Large", 500: "Internal Server Error", 502: "Bad Gateway"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,14 +51,28 @@ class Sample:
 Collect = Callable[[], list[Sample]]
 
 
-class _SnapshotCollector:
-    def __init__(self) -> None:
-        self.samples: list[Sample] = []
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    status: int
+    content_type: str
+    body: bytes
+
+    @classmethod
+    def json(cls, obj: Any, status: int = 200) -> HttpResponse:
+        return cls(status, "application/json", json.dumps(obj, separators=(",", ":")).encode())
+
+
+Route = Callable[[str, dict[str, list[str]]], Awaitable[HttpResponse | None]]
+"""``route(path, query)``: the answer, or None when the path is not this route's (404)."""
+
+
+class _Collector:
+    def __init__(self, collect: Collect) -> None:
+        self._collect = collect
 
     def collect(self) -> Iterator[Any]:
-        samples = self.samples  # one reference read: the loop replaces the list, never mutates
         families: dict[str, Any] = {}
-        for s in samples:
+        for s in self._collect():
             fam = families.get(s.name)
             if fam is None:
                 keys = sorted(s.labels)
@@ -62,50 +83,87 @@ class _SnapshotCollector:
 
 
 class MetricsExporter:
-    """``GET http://HOST:PORT/metrics``; ``port`` 0 picks a free port (see :attr:`port`)."""
+    """``GET http://HOST:PORT/metrics`` and the ``routes``; ``port`` 0 picks a free port (see
+    :attr:`port`)."""
 
     def __init__(self, collect: Collect, host: str = "127.0.0.1", port: int = 0,
-                 refresh_s: float = DEFAULT_REFRESH_S) -> None:
-        self._collect = collect
+                 routes: list[Route] | None = None) -> None:
         self.host = host
         self._want_port = port
         self.port = 0
-        self.refresh_s = refresh_s
-        self._collector = _SnapshotCollector()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def refresh(self) -> None:
-        try:
-            self._collector.samples = list(self._collect())
-        except Exception:  # a broken figure must not stop the server or the other figures
-            log.exception("event=metrics_collect_failed")
+        self.routes = list(routes or [])
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_Collector(collect))
+        self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self.refresh()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self._collector)
-        self._server, self._thread = start_http_server(self._want_port, self.host,
-                                                       registry=registry)
-        self.port = int(self._server.server_port)
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-        log.info("event=metrics_listening host=%s port=%d path=/metrics", self.host, self.port)
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            self.refresh()
+        self._server = await asyncio.start_server(self._serve, self.host, self._want_port,
+                                                  reuse_address=True)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info("event=admin_listening host=%s port=%d paths=/metrics,/v1", self.host,
+                 self.port)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
         if self._server is not None:
             server, self._server = self._server, None
-            await asyncio.to_thread(server.shutdown)
-            server.server_close()
+            server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 2.0)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                head = await self._read_head(reader)
+                method, _, rest = head.partition(" ")
+                target = rest.partition(" ")[0]
+                if not target.startswith("/"):
+                    resp = HttpResponse.json({"error": "bad request"}, 400)
+                elif method not in ("GET", "HEAD"):
+                    resp = HttpResponse.json({"error": "only GET and HEAD"}, 405)
+                else:
+                    resp = await self._answer(target)
+                writer.write(self._encode(resp, with_body=method != "HEAD"))
+                await writer.drain()
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    @staticmethod
+    async def _read_head(reader: asyncio.StreamReader) -> str:
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            return ""
+        if len(raw) > MAX_REQUEST_HEAD_BYTES:
+            return ""
+        return raw.split(b"\r\n", 1)[0].decode("latin-1")
+
+    async def _answer(self, target: str) -> HttpResponse:
+        url = urlsplit(target)
+        try:
+            if url.path == "/metrics":
+                return HttpResponse(200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
+            query = parse_qs(url.query)
+            for route in self.routes:
+                got = await route(url.path, query)
+                if got is not None:
+                    return got
+            return HttpResponse.json({"error": f"no such path: {url.path}"}, 404)
+        except Exception as exc:  # a broken figure must not stop the server or the others
+            log.exception("event=admin_request_failed path=%s", url.path)
+            return HttpResponse.json({"error": f"{type(exc).__name__}: {exc}"}, 500)
+
+    @staticmethod
+    def _encode(resp: HttpResponse, *, with_body: bool) -> bytes:
+        head = (f"HTTP/1.1 {resp.status} {_REASONS.get(resp.status, 'Error')}\r\n"
+                f"Content-Type: {resp.content_type}\r\n"
+                f"Content-Length: {len(resp.body)}\r\n"
+                "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+                "Connection: close\r\n\r\n")
+        return head.encode("latin-1") + (resp.body if with_body else b"")
 
 
 def server_samples(prefix: str, server: Any) -> list[Sample]:
@@ -130,7 +188,7 @@ def server_samples(prefix: str, server: Any) -> list[Sample]:
                "connections closed for a framing error", st.framing_errors),
     ]
     # only opcodes with a handler are counted, so every key is a known Opcode
-    for op, n in sorted(st.requests_by_opcode.items()):
-        out.append(Sample(f"{prefix}_requests", "counter", "requests received, by opcode", n,
-                          {"opcode": Opcode(op).name}))
+    for op, c in sorted(st.by_opcode.items()):
+        out.append(Sample(f"{prefix}_requests", "counter", "requests received, by opcode",
+                          c.requests, {"opcode": Opcode(op).name}))
     return out

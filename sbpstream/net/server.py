@@ -53,8 +53,21 @@ from sbpstream.protocol.opcodes import Opcode
 
 log = logging.getLogger("sbpstream.net.server")
 
+# Bytes of a frame beyond its extended header and payload: length prefix, fixed header, CRC.
+_FRAME_OVERHEAD = 24
+
 # An error response that does not encode is replaced by INTERNAL_ERROR quoting this much of it.
 _FALLBACK_MESSAGE_CHARS = 1000
+
+
+@dataclass(slots=True)
+class OpcodeCounters:
+    """Totals of one opcode, kept on the request path as plain integer adds (INFO reads them)."""
+
+    requests: int = 0
+    bytes_in: int = 0  # request frames, whole (length prefix and CRC included)
+    bytes_out: int = 0  # response frames, system error frames included
+    errors: int = 0  # requests answered with a system error frame
 
 
 @dataclass(slots=True)
@@ -70,20 +83,29 @@ class ServerStats:
     framing_errors: int = 0
     requests_bad_id: int = 0
     drains_expired: int = 0
-    requests_by_opcode: dict[int, int] = field(default_factory=dict)
+    by_opcode: dict[int, OpcodeCounters] = field(default_factory=dict)
+    """Only opcodes with a handler are counted, so every key is a known Opcode."""
+
+    def opcode(self, op: int) -> OpcodeCounters:
+        c = self.by_opcode.get(op)
+        if c is None:
+            c = self.by_opcode[op] = OpcodeCounters()
+        return c
 
 
 class Responder:
     """Sends the response frames of one request. The last frame carries END."""
 
-    __slots__ = ("_conn", "finished", "frames_sent", "opcode", "request_id")
+    __slots__ = ("_conn", "counters", "finished", "frames_sent", "opcode", "request_id")
 
-    def __init__(self, conn: ServerConnection, opcode: int, request_id: int) -> None:
+    def __init__(self, conn: ServerConnection, opcode: int, request_id: int,
+                 counters: OpcodeCounters | None = None) -> None:
         self._conn = conn
         self.opcode = opcode
         self.request_id = request_id
         self.finished = False
         self.frames_sent = 0
+        self.counters = counters if counters is not None else OpcodeCounters()
 
     @property
     def closed(self) -> bool:
@@ -102,7 +124,8 @@ class Responder:
             else sum(len(p) for p in payload)
         )
         await self._conn.window.acquire(size)
-        await self._conn.write_frame(self.opcode, self.request_id, flags, header, payload)
+        self.counters.bytes_out += await self._conn.write_frame(
+            self.opcode, self.request_id, flags, header, payload)
         self.frames_sent += 1
         if end:
             self.finished = True
@@ -117,7 +140,9 @@ class Responder:
         if self.finished:
             raise RuntimeError("response already ended")
         self.finished = True
-        self._conn.send_system_error(self.opcode, self.request_id, code, message, detail)
+        self.counters.errors += 1
+        self.counters.bytes_out += self._conn.send_system_error(
+            self.opcode, self.request_id, code, message, detail)
         await self._conn.drain()
 
 
@@ -139,6 +164,11 @@ class ServerConnection(FrameProtocol):
     def __init__(self, server: Server) -> None:
         super().__init__(server.max_frame_length)
         self.server = server
+        server.connection_ids += 1
+        self.connection_id = server.connection_ids  # CONNECTIONS / WHOAMI: unique per server
+        self.connected_at_ms = int(time.time() * 1000)
+        self.connected_mono = time.monotonic()
+        self.requests = 0  # requests dispatched on this connection
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.draining = False
         self.last_activity = time.monotonic()
@@ -199,18 +229,18 @@ class ServerConnection(FrameProtocol):
 
     def send_system_error(
         self, opcode: int, request_id: int, code: int, message: str, detail: bytes = b""
-    ) -> None:
-        """Answer ``request_id`` with a system error frame. Never raises: an error that does not
-        encode (a code outside int16, a frame past the length limit) is answered as
-        INTERNAL_ERROR instead, and a closed connection has nobody left to answer."""
+    ) -> int:
+        """Answer ``request_id`` with a system error frame; returns the bytes written. Never
+        raises: an error that does not encode (a code outside int16, a frame past the length
+        limit) is answered as INTERNAL_ERROR instead, and a closed connection has nobody left
+        to answer (0 bytes)."""
         try:
             hdr = SystemErrorResponse(
                 status=Status(code=code, message=message, detail=detail)
             ).encode()
-            self.write_frame_nowait(opcode, request_id, FLAGS_SYSTEM_ERROR, hdr)
-            return
+            return self.write_frame_nowait(opcode, request_id, FLAGS_SYSTEM_ERROR, hdr)
         except ConnectionError:
-            return
+            return 0
         except Exception as exc:
             log.warning(
                 "event=error_response_unencodable peer=%s request_id=%d code=%d error=%r",
@@ -223,8 +253,10 @@ class ServerConnection(FrameProtocol):
         hdr = SystemErrorResponse(
             status=Status(code=ErrorCode.INTERNAL_ERROR, message=fallback)
         ).encode()
-        with contextlib.suppress(ConnectionError):
-            self.write_frame_nowait(opcode, request_id, FLAGS_SYSTEM_ERROR, hdr)
+        try:
+            return self.write_frame_nowait(opcode, request_id, FLAGS_SYSTEM_ERROR, hdr)
+        except ConnectionError:
+            return 0
 
     def on_event(self, ev: Event) -> None:
         self.last_activity = time.monotonic()
@@ -305,17 +337,21 @@ class ServerConnection(FrameProtocol):
         self.highest_request_id = max(self.highest_request_id, frame.request_id)
         stats = self.server.stats
         stats.requests += 1
-        stats.requests_by_opcode[op] = stats.requests_by_opcode.get(op, 0) + 1
+        self.requests += 1
+        counters = stats.opcode(op)
+        counters.requests += 1
+        # the whole frame: length prefix, fixed and extended headers, payload, CRC
+        counters.bytes_in += _FRAME_OVERHEAD + len(frame.header) + len(frame.payload)
         req = Request(
             op, frame.request_id, frame.flags, frame.header, frame.payload, self, time.monotonic()
         )
-        task = asyncio.get_running_loop().create_task(self._run(handler, req))
+        task = asyncio.get_running_loop().create_task(self._run(handler, req, counters))
         self.tasks[frame.request_id] = task
         if len(self.tasks) >= self.server.max_in_flight:
             self.pause_reading("in_flight")
 
-    async def _run(self, handler: Handler, req: Request) -> None:
-        resp = Responder(self, req.opcode, req.request_id)
+    async def _run(self, handler: Handler, req: Request, counters: OpcodeCounters) -> None:
+        resp = Responder(self, req.opcode, req.request_id, counters)
         try:
             await handler(req, resp)
             if not resp.finished and not self.closed:
@@ -354,7 +390,9 @@ class ServerConnection(FrameProtocol):
         if resp.finished or self.closed:
             return
         resp.finished = True
-        self.send_system_error(resp.opcode, resp.request_id, code, message, detail)
+        resp.counters.errors += 1
+        resp.counters.bytes_out += self.send_system_error(
+            resp.opcode, resp.request_id, code, message, detail)
 
     def can_accept_event(self) -> bool:
         return len(self.tasks) < self.server.max_in_flight
@@ -415,7 +453,9 @@ class Server:
         self.idle_timeout_s = idle_timeout_s
         self.drain_timeout_s = drain_timeout_s  # bound of every connection's drain
         self.connections: set[ServerConnection] = set()
+        self.connection_ids = 0  # the last connection id handed out
         self.stats = ServerStats()
+        self.started_mono = time.monotonic()
         self.closing = False
         self._server: asyncio.Server | None = None
         self._idle_task: asyncio.Task[None] | None = None
@@ -473,4 +513,7 @@ class Server:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
 
 
-__all__ = ["FLAG_END", "Handler", "Request", "Responder", "Server", "ServerConnection"]
+__all__ = [
+    "FLAG_END", "Handler", "OpcodeCounters", "Request", "Responder", "Server", "ServerConnection",
+    "ServerStats",
+]

@@ -17,6 +17,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from sbpstream.introspect.cluster import ClusterView
+from sbpstream.introspect.figures import ATTR_CLIENT_ID, Introspector
+from sbpstream.introspect.http import routes as admin_routes
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.server import Handler, Request, Responder, Server
@@ -205,6 +208,11 @@ class PmServer:
         if self.election is not None:
             handlers = {op: self._leader_only(h) for op, h in handlers.items()}
         self.server = Server(handlers, name="pm")
+        # INFO, STATS, CONNECTIONS, WHOAMI; served by followers too (their own figures)
+        self.cluster = ClusterView(self.service, self.dn.pool, self.server)
+        self.introspector = Introspector(self.server, "pm", streams=self.cluster,
+                                         extra_info=self.cluster.overview)
+        self.server.handlers.update(self.introspector.handlers())
         self._sweeper: asyncio.Task[None] | None = None
         self.repairer = Repairer(self.service)
         self._started = False
@@ -248,9 +256,11 @@ class PmServer:
             self.election.address = self.address
             self.election.start()
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
+        self.introspector.start()
         if self.config.metrics_port >= 0:
             self.exporter = MetricsExporter(self.metric_samples, self.config.host,
-                                            self.config.metrics_port)
+                                            self.config.metrics_port,
+                                            routes=admin_routes(self.introspector, self.cluster))
             await self.exporter.start()
         log.info("event=pm_started address=%s metadata=%s heartbeat_interval_ms=%d "
                  "node_timeout_ms=%d", self.address, self.config.metadata,
@@ -263,6 +273,7 @@ class PmServer:
                 await self._sweeper
             self._sweeper = None
         await self.repairer.close()
+        await self.introspector.close()
         if self.exporter is not None:
             await self.exporter.close()
             self.exporter = None
@@ -315,6 +326,7 @@ class PmServer:
     # ------------------------------------------------------------------ handlers
     async def _heartbeat(self, req: Request, resp: Responder) -> None:
         hb = m.HeartbeatRequest.decode(req.header)
+        req.conn.attributes[ATTR_CLIENT_ID] = hb.client_id  # CONNECTIONS / WHOAMI show it
         err: SbpError | None = None
         node = hb.data_node
         if hb.client_role == ClientRole.DATA_NODE:

@@ -37,18 +37,22 @@ from sbpstream.protocol.opcodes import Opcode
 __all__ = [
     "MAX_ITEMS_PER_REQUEST", "MESSAGES", "REQUESTS", "RESPONSES", "STATUS_OK", "AllocateIdRequest",
     "AllocateIdResponse", "AppendItem", "AppendRequest", "AppendResponse", "AppendResult",
-    "BufferAckRequest", "BufferAckResponse", "ClientRole", "CreateStreamItem",
+    "BufferAckRequest", "BufferAckResponse", "ClientRole", "ConnectionsRequest",
+    "ConnectionsResponse", "CreateStreamItem",
     "CreateStreamResult", "CreateStreamsRequest", "CreateStreamsResponse", "DataNode",
     "DeleteStreamsRequest", "DeleteStreamsResponse", "DescribeRangeItem", "DescribeRangeResult",
     "DescribeRangesRequest", "DescribeRangesResponse", "DescribeStreamsRequest",
     "DescribeStreamsResponse", "FetchItem", "FetchRequest", "FetchResponse", "FetchResult",
-    "GoAway", "GoAwayResponse", "Header", "HeartbeatRequest", "HeartbeatResponse",
+    "GoAway", "GoAwayResponse", "Header", "HeartbeatRequest", "HeartbeatResponse", "InfoRequest",
+    "InfoResponse",
     "ListRangesRequest", "ListRangesResponse", "ListRangesResult", "Message", "PingRequest",
     "PingResponse", "ProducerState", "Range", "RangeOwner", "ReplicaNode", "ReportMetricsRequest",
     "ReportMetricsResponse", "SealItem", "SealRangesRequest", "SealRangesResponse", "SealResult",
-    "Status", "Stream", "StreamOwner", "StreamRanges", "StreamResult", "SyncRangesRequest",
+    "StatsRequest", "StatsResponse", "Status", "Stream", "StreamOwner", "StreamRanges",
+    "StreamResult", "SyncRangesRequest",
     "SyncRangesResponse", "SyncResult", "SystemErrorResponse", "TrimItem", "TrimResult",
     "TrimStreamsRequest", "TrimStreamsResponse", "UpdateStreamsRequest", "UpdateStreamsResponse",
+    "WhoamiRequest", "WhoamiResponse",
     "decode_request", "decode_response",
 ]  # fmt: skip
 
@@ -680,6 +684,66 @@ class ReportMetricsRequest(Message):
 class ReportMetricsResponse(Message):
     data_node: DataNode | None = None
     status: Status = STATUS_OK
+
+
+# ----------------------------------------------- INFO / STATS / CONNECTIONS / WHOAMI (project)
+# The header carries what a caller checks at a glance; the figures are a UTF-8 JSON object in the
+# payload (docs/protocol.md, "Introspection payloads").
+
+
+@request(Opcode.INFO)
+class InfoRequest(Message):
+    """Project opcode: the server's totals and per-minute rates by opcode (JSON payload)."""
+
+
+@response(Opcode.INFO)
+class InfoResponse(Message):
+    status: Status = STATUS_OK
+    role: str = ""  # "pm" or "datanode"
+    version: str = ""
+    uptime_ms: int = 0
+    node_id: int = -1  # the data node's id; -1 on the PM
+
+
+@request(Opcode.STATS)
+class StatsRequest(Message):
+    """Project opcode: per-stream figures for ``stream_ids``, or the ``top`` streams by rate."""
+
+    stream_ids: tuple[int, ...] = ()
+    top: int = 0  # 0 = the server's default
+
+
+@response(Opcode.STATS)
+class StatsResponse(Message):
+    status: Status = STATUS_OK
+    stream_count: int = 0
+
+
+@request(Opcode.CONNECTIONS)
+class ConnectionsRequest(Message):
+    """Project opcode: the server's open connections (at most ``limit``; 0 = the default)."""
+
+    limit: int = 0
+
+
+@response(Opcode.CONNECTIONS)
+class ConnectionsResponse(Message):
+    status: Status = STATUS_OK
+    connection_count: int = 0  # open connections; the payload lists at most `limit`
+
+
+@request(Opcode.WHOAMI)
+class WhoamiRequest(Message):
+    """Project opcode: the caller's own connection as the server sees it."""
+
+
+@response(Opcode.WHOAMI)
+class WhoamiResponse(Message):
+    status: Status = STATUS_OK
+    connection_id: int = 0
+    peer: str = ""
+    client_id: str = ""
+    client_role: ClientRole = ClientRole.UNSPECIFIED
 
 
 # -------------------------------------------------------------------------------------- registries

@@ -1,4 +1,7 @@
-"""SBP opcodes (the spec's 16 plus the project's BUFFER_ACK). No I/O."""
+"""SBP opcodes: the spec's 16 plus the project's (BUFFER_ACK; INFO, STATS, CONNECTIONS, WHOAMI).
+
+No I/O. Project opcodes are listed in docs/protocol.md.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +26,11 @@ class Opcode(enum.IntEnum):
     DESCRIBE_STREAMS = 0x3004
     TRIM_STREAMS = 0x3005
     REPORT_METRICS = 0x4001
+    # project opcodes: introspection, after Throttr's (docs/protocol.md, "Introspection")
+    INFO = 0x5001
+    STATS = 0x5002
+    CONNECTIONS = 0x5003
+    WHOAMI = 0x5004
 
 
 KNOWN_OPCODES: frozenset[int] = frozenset(int(o) for o in Opcode)

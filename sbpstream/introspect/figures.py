@@ -1,0 +1,283 @@
+"""One process's figures and the wire handlers of INFO, STATS, CONNECTIONS and WHOAMI.
+
+:class:`Introspector` is built by the PM and the data node around their :class:`Server`. It reads
+the counters the connection layer keeps (per opcode: requests, bytes in and out, errors; per
+connection: id, peer, age, bytes, requests), ticks a :class:`~.rates.RateWindow` for the
+per-minute figures, and asks a :class:`StreamSource` for STATS (a data node's own streams, or the
+PM's cluster-wide view). Every figure is a JSON-ready ``dict``: the same object goes out as the
+payload of the opcode's response and as the body of the ``/v1/...`` HTTP route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from sbpstream.introspect.counters import RATED, StreamCounterTable
+from sbpstream.introspect.rates import SAMPLE_EVERY_S, RateWindow
+from sbpstream.net.server import Handler, Request, Responder, Server, ServerConnection
+from sbpstream.protocol.errors import SbpError
+from sbpstream.protocol.messages import (
+    MAX_ITEMS_PER_REQUEST,
+    ClientRole,
+    ConnectionsRequest,
+    ConnectionsResponse,
+    InfoResponse,
+    StatsRequest,
+    StatsResponse,
+    WhoamiResponse,
+)
+from sbpstream.protocol.opcodes import Opcode
+
+if TYPE_CHECKING:
+    from sbpstream.datanode.context import NodeContext
+
+JSON = dict[str, Any]
+
+DEFAULT_TOP: Final = 20
+"""STATS without stream ids: this many streams, highest rates first."""
+MAX_TOP: Final = MAX_ITEMS_PER_REQUEST
+"""At most this many streams in one STATS answer (a few hundred bytes of JSON each: MiBs)."""
+DEFAULT_CONNECTIONS: Final = 1000
+"""CONNECTIONS without a limit lists this many; the count in the header is always exact."""
+
+ATTR_ROLE: Final = "role"
+ATTR_CLIENT_ID: Final = "client_id"
+"""Keys of ``ServerConnection.attributes`` that a HEARTBEAT sets on the PM (pm/server.py)."""
+
+
+def package_version() -> str:
+    try:
+        return version("sbpstream")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def dumps(obj: JSON) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class StreamSource(Protocol):
+    """Where STATS comes from: a data node's own streams, or the PM's cluster view."""
+
+    def tick(self, now: float) -> None: ...
+
+    async def stats(self, stream_ids: Sequence[int], top: int) -> list[JSON]: ...
+
+
+def connection_figures(conn: ServerConnection, now: float) -> JSON:
+    role = conn.attributes.get(ATTR_ROLE)
+    return {
+        "id": conn.connection_id,
+        "peer": conn.peer,
+        "client_id": str(conn.attributes.get(ATTR_CLIENT_ID, "")),
+        "client_role": ClientRole(role).name if isinstance(role, int) else "UNSPECIFIED",
+        "connected_at_ms": conn.connected_at_ms,
+        "age_s": round(now - conn.connected_mono, 3),
+        "bytes_in": conn.bytes_in,
+        "bytes_out": conn.bytes_out,
+        "requests": conn.requests,
+        "requests_in_flight": len(conn.tasks),
+        # fetch sessions, subscriptions and quotas are not implemented yet: always 0 until then
+        "subscriptions": 0,
+        "sessions": 0,
+        "throttle_time_ms": 0,
+    }
+
+
+class Introspector:
+    """The four opcodes' figures for one server; ``handlers()`` registers them."""
+
+    def __init__(
+        self,
+        server: Server,
+        role: str,
+        *,
+        streams: StreamSource | None = None,
+        node_id: Callable[[], int] = lambda: -1,
+        extra_info: Callable[[], Awaitable[JSON]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.server = server
+        self.role = role
+        self.streams = streams
+        self.node_id = node_id
+        self.extra_info = extra_info
+        self.clock = clock
+        self.version = package_version()
+        self.opcode_rates: RateWindow[int] = RateWindow(clock())
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._ticks())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _ticks(self) -> None:
+        while True:
+            await asyncio.sleep(SAMPLE_EVERY_S)
+            self.tick()
+
+    def tick(self) -> None:
+        now = self.clock()
+        self.opcode_rates.take(now, {
+            op: (c.requests, c.bytes_in, c.bytes_out, c.errors)
+            for op, c in self.server.stats.by_opcode.items()
+        })
+        if self.streams is not None:
+            self.streams.tick(now)
+
+    # ------------------------------------------------------------------ figures
+    def uptime_ms(self) -> int:
+        return int((self.clock() - self.server.started_mono) * 1000)
+
+    async def info(self) -> JSON:
+        now = self.clock()
+        st = self.server.stats
+        ops: JSON = {}
+        total = [0, 0, 0, 0]
+        total_pm = [0, 0, 0, 0]
+        for op, c in sorted(st.by_opcode.items()):
+            cur = (c.requests, c.bytes_in, c.bytes_out, c.errors)
+            pm = self.opcode_rates.per_minute(now, op, cur)
+            ops[Opcode(op).name] = _four(cur, pm)
+            total = [a + b for a, b in zip(total, cur, strict=True)]
+            total_pm = [a + b for a, b in zip(total_pm, pm, strict=True)]
+        out: JSON = {
+            "role": self.role,
+            "version": self.version,
+            "node_id": self.node_id(),
+            "address": self.server.address,
+            "uptime_ms": self.uptime_ms(),
+            "now_ms": int(time.time() * 1000),
+            "connections_open": len(self.server.connections),
+            "connections_accepted": st.connections_accepted,
+            "connections_rejected": st.connections_rejected,
+            "totals": _four(tuple(total), tuple(total_pm)),
+            "opcodes": ops,
+            "frames_discarded": st.frames_discarded_bad_magic + st.frames_discarded_unknown_opcode,
+            "frames_corrupt": st.frames_corrupt,
+            "framing_errors": st.framing_errors,
+        }
+        if self.extra_info is not None:
+            out.update(await self.extra_info())
+        return out
+
+    def connections(self, limit: int = 0) -> JSON:
+        limit = limit if limit > 0 else DEFAULT_CONNECTIONS
+        now = self.clock()
+        conns = sorted(self.server.connections, key=lambda c: c.connection_id)
+        return {
+            "connection_count": len(conns),
+            "connections": [connection_figures(c, now) for c in conns[:limit]],
+        }
+
+    async def stats(self, stream_ids: Sequence[int] = (), top: int = 0) -> JSON:
+        if self.streams is None:
+            return {"streams": []}
+        top = min(top if top > 0 else DEFAULT_TOP, MAX_TOP)
+        return {"streams": await self.streams.stats(stream_ids, top)}
+
+    # ------------------------------------------------------------------ wire
+    def handlers(self) -> dict[int, Handler]:
+        return {Opcode.INFO: self._info, Opcode.STATS: self._stats,
+                Opcode.CONNECTIONS: self._connections, Opcode.WHOAMI: self._whoami}
+
+    async def _info(self, req: Request, resp: Responder) -> None:
+        body = await self.info()
+        hdr = InfoResponse(role=self.role, version=self.version, uptime_ms=body["uptime_ms"],
+                           node_id=self.node_id())
+        await resp.send(hdr.encode(), dumps(body))
+
+    async def _stats(self, req: Request, resp: Responder) -> None:
+        r = StatsRequest.decode(req.header)
+        body = await self.stats(r.stream_ids, r.top)
+        await resp.send(StatsResponse(stream_count=len(body["streams"])).encode(), dumps(body))
+
+    async def _connections(self, req: Request, resp: Responder) -> None:
+        r = ConnectionsRequest.decode(req.header)
+        body = self.connections(r.limit)
+        hdr = ConnectionsResponse(connection_count=body["connection_count"])
+        await resp.send(hdr.encode(), dumps(body))
+
+    async def _whoami(self, req: Request, resp: Responder) -> None:
+        me = connection_figures(req.conn, self.clock())
+        hdr = WhoamiResponse(connection_id=me["id"], peer=me["peer"], client_id=me["client_id"],
+                             client_role=ClientRole[me["client_role"]])
+        await resp.send(hdr.encode(), dumps(me))
+
+
+def _four(cur: Sequence[int], pm: Sequence[int]) -> JSON:
+    names = ("requests", "bytes_in", "bytes_out", "errors")
+    out: JSON = dict(zip(names, cur, strict=True))
+    out["per_minute"] = dict(zip(names, pm, strict=True))
+    return out
+
+
+class DataNodeStreams:
+    """STATS on a data node: the streams it holds, with their traffic and offsets."""
+
+    def __init__(self, ctx: NodeContext, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ctx = ctx
+        self.counters: StreamCounterTable = ctx.stream_stats
+        self.rates: RateWindow[int] = RateWindow(clock())
+        self.clock = clock
+
+    def tick(self, now: float) -> None:
+        self.counters.retain(set(self.ctx.table.streams))
+        self.rates.take(now, {sid: c.rated() for sid, c in self.counters.by_stream.items()})
+
+    async def stats(self, stream_ids: Sequence[int], top: int) -> list[JSON]:
+        now = self.clock()
+        held = self.ctx.table.streams
+        ids = [s for s in stream_ids if s in held] if stream_ids else list(held)
+        rows = [self._one(sid, now) for sid in ids]
+        if not stream_ids:
+            rows.sort(key=lambda r: (-_rate_key(r), r["stream_id"]))
+            rows = rows[:top]
+        return rows
+
+    def _one(self, sid: int, now: float) -> JSON:
+        ctx = self.ctx
+        c = self.counters.of(sid)
+        pm = self.rates.per_minute(now, sid, c.rated())
+        ranges: list[JSON] = []
+        for idx, info in sorted(ctx.table.streams[sid].ranges.items()):
+            try:
+                d = ctx.store.describe_range(sid, idx)
+            except SbpError:
+                continue
+            ranges.append({"range_index": idx, "start_offset": d.start_offset,
+                           "next_offset": d.next_offset,
+                           "end_offset": d.end_offset if d.sealed else -1,
+                           "primary": info.is_primary})
+        return {
+            "stream_id": sid,
+            "records_appended": c.records_appended,
+            "bytes_appended": c.bytes_appended,
+            "records_fetched": c.records_fetched,
+            "bytes_fetched": c.bytes_fetched,
+            "records_replicated": c.records_replicated,
+            "bytes_replicated": c.bytes_replicated,
+            "per_minute": dict(zip(RATED, pm, strict=True)),
+            "start_offset": ctx.stream_start(sid),
+            "next_offset": ctx.table.high_watermark(sid),
+            "ranges": ranges,
+            "last_append_ms": c.last_append_ms,
+        }
+
+
+def _rate_key(row: JSON) -> int:
+    pm = row["per_minute"]
+    return int(pm["bytes_appended"]) + int(pm["bytes_fetched"])
