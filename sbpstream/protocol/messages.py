@@ -1022,7 +1022,7 @@ class FetchRequest(Message):
     session_id: int = 0  # project (fetch sessions, later): 0 = no session
     session_epoch: int = -1  # project (fetch sessions, later)
     forgotten: tuple[int, ...] = ()  # project (fetch sessions, later): stream ids to drop
-    window_bytes: int = 0  # project (flow control, later): 0 = no window
+    window_bytes: int = 0  # project: > 0 = a subscription (flow control, BUFFER_ACK)
 
     def _build(self, b: Any) -> int:
         _check_items(self.items)
@@ -1157,26 +1157,32 @@ class FetchResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class BufferAckRequest(Message):
-    """Project opcode (flow control): the client has processed ``bytes_acked`` more bytes."""
+    """Project opcode (flow control): the client has processed ``bytes_acked`` more payload
+    bytes of the subscription ``fetch_request_id`` (its FETCH's request id on this connection);
+    ``cancel`` ends that subscription instead."""
 
     OPCODE = Opcode.BUFFER_ACK
     IS_RESPONSE = False
     _FB = G.BufferAckRequest
     bytes_acked: int = 0
+    fetch_request_id: int = -1  # project
+    cancel: bool = False  # project
 
     def _build(self, b: Any) -> int:
         G.BufferAckRequestStart(b)
         G.BufferAckRequestAddBytesAcked(b, self.bytes_acked)
+        G.BufferAckRequestAddFetchRequestId(b, self.fetch_request_id)
+        G.BufferAckRequestAddCancel(b, self.cancel)
         return int(G.BufferAckRequestEnd(b))
 
     @classmethod
     def _read(cls, t: Any) -> Self:
-        return cls(t.BytesAcked())
+        return cls(t.BytesAcked(), t.FetchRequestId(), bool(t.Cancel()))
 
 
 @dataclass(frozen=True, slots=True)
 class BufferAckResponse(Message):
-    """Never sent (BUFFER_ACK is not answered); it exists so every opcode has a response table."""
+    """The answer to every BUFFER_ACK: OK, or why the ack was refused (nothing changed then)."""
 
     OPCODE = Opcode.BUFFER_ACK
     IS_RESPONSE = True
