@@ -4,7 +4,9 @@ flow control, answered BUFFER_ACKs).
 A subscription is one FETCH request that never ends on its own while its streams are live. For
 every named stream it sends what is committed, then parks on one ``asyncio.Event`` registered
 with every stream (as the long poll does) and also set by BUFFER_ACK and cancel, and sends more as
-records are committed: frames without END, one FetchResult per batch, as in a long poll.
+records are committed: frames without END, one FetchResult per batch, as in a long poll. The
+first frame answers every stream (an empty result with its high watermark when nothing is
+readable yet), so a subscriber learns at once where each stream stands.
 
 Flow control counts **payload bytes**: the sum of ``batch_length`` of the FetchResults sent (the
 record batches exactly as stored; frame and FlatBuffers headers do not count). The node never
@@ -235,6 +237,7 @@ class Subscriptions:
             if it.range_index >= 0 and ctx.table.get(it.stream_id, it.range_index) is None:
                 await self._fail(st, out, RangeNotFoundError(
                     f"range {it.stream_id}/{it.range_index} is not on this node"))
+        first = True
         while True:
             # Register before reading, so a commit landing between the read and the wait still
             # wakes us. A stream's StreamInfo may be replaced (deleted, re-adopted): re-check.
@@ -254,6 +257,11 @@ class Subscriptions:
                 for st in sub.items:
                     if not st.done and await self._poll(sub, st, out):
                         progressed = True
+            if first:  # every stream reports its state once, even with nothing to read yet
+                first = False
+                for st in sub.items:
+                    if not st.answered:
+                        await out.add(self._result(st, 0))
             await out.flush(end=False)
             if all(st.done for st in sub.items):
                 return Status()
@@ -277,6 +285,22 @@ class Subscriptions:
         st.done = True
         self.ctx.metrics.c.fetch_failed += 1
 
+    def _gap_after_sealed(self, sid: int, offset: int) -> bool:
+        """True when ``offset`` is the end of a sealed range here and the next range is not
+        here, though a later one is (the store reports range_end only after its last range)."""
+        s = self.ctx.table.streams.get(sid)
+        if s is None or len(s.ranges) < 2:
+            return False
+        ended = starts = False
+        for idx in s.ranges:
+            try:
+                r = self.ctx.store.describe_range(sid, idx)
+            except SbpError:
+                continue
+            ended |= r.sealed and r.end_offset == offset
+            starts |= r.start_offset == offset and not (r.sealed and r.end_offset == offset)
+        return ended and not starts
+
     async def _poll(self, sub: Subscription, st: _Item, out: FramePacker) -> bool:
         """Send what is committed for one stream, within the window and ROUND_BYTES_PER_STREAM;
         returns True when something was sent (or the stream ended)."""
@@ -294,7 +318,8 @@ class Subscriptions:
             views = res.batches
             if views and len(views[0]) > free and sub.unacked > 0:
                 return False  # a batch larger than what is free: wait for acks
-            range_end = res.next_offset if res.range_end else -1
+            ended = res.range_end or (not views and self._gap_after_sealed(sid, st.offset))
+            range_end = res.next_offset if ended else -1
             for i, view in enumerate(views):
                 last = i == len(views) - 1
                 size = len(view)
@@ -303,7 +328,7 @@ class Subscriptions:
                 await out.add(self._result(st, size, start=res.start_offset,
                                            range_end=range_end if last else -1), view)
             st.offset = res.next_offset
-            if res.range_end:
+            if ended:
                 if not views:
                     await out.add(self._result(st, 0, start=res.start_offset,
                                                range_end=range_end))
