@@ -341,7 +341,7 @@ class AsyncClient:
             window_bytes=window_bytes,
         )
 
-    async def data_connection(self, address: str) -> Connection:
+    async def _data_connection(self, address: str) -> Connection:
         """The pooled connection to the data node at ``address`` (SDK plumbing: a consumer's
         BUFFER_ACKs must go on its subscription's connection)."""
         return await self._pool.get(address)
