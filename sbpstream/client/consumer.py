@@ -306,7 +306,7 @@ class AsyncConsumer:
         self._taken += 1
         marks = self._marks
         sub = self._sub
-        while marks and marks[0][0] < self._taken:
+        while marks and marks[0][0] <= self._taken:
             _, feed, nbytes = marks.popleft()
             if sub is not None:
                 sub.call(feed.taken, nbytes)
@@ -810,6 +810,9 @@ class _Subscriber:
                 c._push_batch(sid, chunk, feed)
             known_end = feed.ends.get(sid, -1)
             if item.range_end_offset >= 0 or 0 <= known_end <= self.positions[sid]:
+                if known_end < 0:  # the cache may still hold the range as writable
+                    c._routing.invalidate(sid)
+                self.replica.pop(sid, None)  # the next range: its primary first
                 self.positions[sid] = max(self.positions[sid], item.range_end_offset)
                 feed.ranges.pop(sid)
                 self.release(sid)

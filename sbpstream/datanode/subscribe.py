@@ -312,13 +312,22 @@ class Subscriptions:
         try:
             if st.offset < 0:
                 raise OffsetOutOfRangeError(f"fetch offset {st.offset} is negative")
-            hwm = ctx.table.high_watermark(sid)
+            limit = max(ctx.table.high_watermark(sid), 0)
+            end = -1
+            if st.item.range_index >= 0:
+                # serve the named range only: at its end the client goes to the next range's
+                # primary (this node may hold that range as a secondary, committed later)
+                rs = ctx.store.describe_range(sid, st.item.range_index)
+                if rs.sealed and rs.end_offset >= 0:
+                    end = rs.end_offset
+                    limit = min(limit, end) if limit > rs.start_offset else end
             res = ctx.store.read(sid, st.offset, min(free, ROUND_BYTES_PER_STREAM),
-                                 max_offset=max(hwm, 0))
+                                 max_offset=limit)
             views = res.batches
             if views and len(views[0]) > free and sub.unacked > 0:
                 return False  # a batch larger than what is free: wait for acks
-            ended = res.range_end or (not views and self._gap_after_sealed(sid, st.offset))
+            ended = (res.range_end or (0 <= end <= res.next_offset)
+                     or (not views and self._gap_after_sealed(sid, st.offset)))
             range_end = res.next_offset if ended else -1
             for i, view in enumerate(views):
                 last = i == len(views) - 1
