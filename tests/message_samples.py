@@ -66,7 +66,7 @@ SAMPLES: list[m.Message] = [
             m.FetchResult(43, 7, 0, ERR2, 0, 1, 2),
         ),
     ),
-    m.BufferAckRequest(1 << 33),
+    m.BufferAckRequest(1 << 33, 7, True),
     m.BufferAckResponse(ERR),
     m.ListRangesRequest(1_000, (m.StreamOwner(42), NODE, m.StreamOwner(-5))),
     m.ListRangesResponse(1, ERR, (m.ListRangesResult(42, ERR, (RANGE, RANGE2)),)),

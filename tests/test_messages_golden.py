@@ -67,6 +67,7 @@ def _cases() -> dict[str, Any]:
             ),
             "HeartbeatRequest/sdk": m.HeartbeatRequest("sdk", m.ClientRole.CLIENT),
             "Status/detail-only": m.Status(detail=b"\x00"),
+            "BufferAckRequest/bytes-only": m.BufferAckRequest(1 << 33),  # as before subscriptions
         }
     )
     return cases

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import TypeVar
 
-from sbpstream.client.consumer import AsyncConsumer
+from sbpstream.client.consumer import DEFAULT_WINDOW_BYTES, AsyncConsumer
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts, is_connection_error
 from sbpstream.client.routing import RangeRouter, primary_address
@@ -28,7 +28,7 @@ from sbpstream.client.types import (
     Stream,
     pm_addresses,
 )
-from sbpstream.net.client import ConnectionPool
+from sbpstream.net.client import Connection, ConnectionPool
 from sbpstream.protocol.errors import (
     ErrorCode,
     InvalidRequestError,
@@ -311,28 +311,40 @@ class AsyncClient:
 
     def consumer(
         self,
-        stream_id: int,
+        streams: int | Sequence[int],
         start: StartPosition = "earliest",
         *,
         end: int | None = None,
         max_wait_ms: int = 500,
         batch_max_bytes: int = 1024 * 1024,
         auto_reset: str | None = None,
+        subscribe: bool = True,
+        window_bytes: int = DEFAULT_WINDOW_BYTES,
     ) -> AsyncConsumer:
-        """An async iterator over the records of ``stream_id`` (see :class:`AsyncConsumer`).
+        """An async iterator over the records of ``streams`` (one id or a sequence; see
+        :class:`AsyncConsumer`); each record's ``stream_id`` says which.
 
-        ``start`` is ``"earliest"``, ``"latest"`` or an offset; with ``end`` the iteration stops
-        before that offset, otherwise it waits for new records forever.
+        ``start`` is ``"earliest"``, ``"latest"`` or an offset (for every stream); with ``end``
+        (one stream only) the iteration stops before that offset, otherwise it waits for new
+        records forever. By default the data nodes push records (a subscription, at most
+        ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls instead.
         """
         return AsyncConsumer(
             self,
-            stream_id,
+            streams,
             start,
             end=end,
             max_wait_ms=max_wait_ms,
             batch_max_bytes=batch_max_bytes,
             auto_reset=auto_reset,
+            subscribe=subscribe,
+            window_bytes=window_bytes,
         )
+
+    async def _data_connection(self, address: str) -> Connection:
+        """The pooled connection to the data node at ``address`` (SDK plumbing: a consumer's
+        BUFFER_ACKs must go on its subscription's connection)."""
+        return await self._pool.get(address)
 
     # ------------------------------------------------------------------- plumbing (SDK use)
 

@@ -1,18 +1,28 @@
-"""The consumer: reads one stream from an offset, across its ranges and their replicas.
+"""The consumer: reads streams from an offset, across their ranges and their replicas.
 
-Each round is one FETCH (long-polled with ``max_wait_ms`` at the end of the stream) to a replica
-of the range holding the position, the primary first, another replica after an error. When a
-sealed range is read to its end the consumer moves to the next range index. A fetch that starts
-inside a batch returns that whole batch; records before the position are skipped.
+By default it **subscribes** (``_Subscriber``): one FETCH with a window per data node holding
+the streams' current ranges; the node pushes records as they are committed, and the consumer
+acks (BUFFER_ACK, payload bytes) as the application takes them. At a sealed range's end, on a
+node failure or a refused stream it plans that stream again (the next range, another replica);
+a node that refuses subscriptions (UNSUPPORTED_OPERATION, LIMIT_EXCEEDED) is long-polled with
+one multi-stream FETCH per round instead.
+
+Without a subscription (``subscribe=False``, :meth:`AsyncConsumer.poll_columns`,
+:meth:`AsyncConsumer.fetch_batches`) each round is one FETCH (long-polled with ``max_wait_ms``
+at the end of the stream) to a replica of the range holding the position, the primary first,
+another replica after an error. When a sealed range is read to its end the consumer moves to the
+next range index. A fetch that starts inside a batch returns that whole batch; records before
+the position are skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sbpstream.client.retry import REFRESH_CODES, Attempts
 from sbpstream.client.routing import replica_addresses
@@ -24,39 +34,73 @@ from sbpstream.protocol.errors import (
     OffsetTrimmedError,
     RangeNotFoundError,
     SbpError,
+    ShuttingDownError,
 )
-from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse
+from sbpstream.protocol.messages import (
+    BufferAckRequest,
+    BufferAckResponse,
+    FetchItem,
+    FetchRequest,
+    FetchResponse,
+)
+from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import Columns, decode_columns, iter_all_records_bytes
 
 if TYPE_CHECKING:
     from sbpstream.client.aclient import AsyncClient
+    from sbpstream.net.client import Connection
 
 log = logging.getLogger("sbpstream.client.consumer")
 
 FETCH_TIMEOUT_MARGIN_MS = 5000  # client-side wait for a frame beyond max_wait_ms
 
+DEFAULT_WINDOW_BYTES = 8 * 1024 * 1024
+"""A subscription's window: payload the node may send before the consumer acks. Also bounds what
+one feed leaves in the consumer's buffer (acks follow the application taking records)."""
+
+SUBSCRIBE_FALLBACK_CODES: frozenset[int] = frozenset(
+    {ErrorCode.UNSUPPORTED_OPERATION, ErrorCode.LIMIT_EXCEEDED})
+"""A node answering a subscribing FETCH with these is served by long polls instead."""
+
+SEALED_RETRY_S = 0.05
+"""Wait before looking again for the range after a sealed one (the PM creates it shortly)."""
+
 
 class AsyncConsumer:
-    """Async iterator of :class:`ConsumedRecord` of one stream, in offset order.
+    """Async iterator of :class:`ConsumedRecord` of one or more streams, each in offset order
+    (``record.stream_id`` says which; streams interleave as their records arrive).
 
     Without ``end`` the iteration never stops: at the end of the stream it long-polls for new
     records. With ``end`` it stops before that offset. :meth:`poll` and :meth:`poll_columns` are
     the non-blocking-ish forms (one fetch round, bounded by ``timeout_ms``). ``auto_reset =
     "earliest"`` makes a position whose records were trimmed jump to the stream's start instead
-    of raising :class:`OffsetTrimmedError`. Create with :meth:`AsyncClient.consumer`.
+    of raising :class:`OffsetTrimmedError`. ``subscribe`` (the default) has the nodes push
+    records under a ``window_bytes`` window; with ``subscribe=False`` every round is a long
+    poll. ``end``, :meth:`poll_columns`, :meth:`fetch_batches` and :attr:`position` are for a
+    single stream. Create with :meth:`AsyncClient.consumer`.
     """
 
     def __init__(
         self,
         client: AsyncClient,
-        stream_id: int,
+        streams: int | Sequence[int],
         start: StartPosition = "earliest",
         *,
         end: int | None = None,
         max_wait_ms: int = 500,
         batch_max_bytes: int = 1024 * 1024,
         auto_reset: str | None = None,
+        subscribe: bool = True,
+        window_bytes: int = DEFAULT_WINDOW_BYTES,
     ) -> None:
+        ids = (streams,) if isinstance(streams, int) else tuple(streams)
+        if not ids or len(set(ids)) != len(ids):
+            raise InvalidRequestError(f"bad streams {streams!r}: one or more distinct ids")
+        if end is not None and len(ids) > 1:
+            raise InvalidRequestError("end is for a single-stream consumer")
+        if window_bytes <= 0:
+            raise InvalidRequestError(f"bad window_bytes {window_bytes}: must be positive")
+        stream_id = ids[0]
         if isinstance(start, int) and start < 0:
             raise InvalidRequestError(f"bad start offset {start}: offsets are >= 0")
         if not isinstance(start, int) and start not in ("earliest", "latest"):
@@ -66,7 +110,14 @@ class AsyncConsumer:
             raise InvalidRequestError(f"bad auto_reset {auto_reset!r}: expected earliest or none")
         self._client = client
         self._routing = client.routing
+        self.stream_ids = ids
         self.stream_id = stream_id
+        self.subscribe = subscribe
+        self.window_bytes = window_bytes
+        self._sub: _Subscriber | None = None
+        self._marks: deque[tuple[int, _Feed, int]] = deque()  # (last record seq, feed, bytes)
+        self._pushed = 0
+        self._taken = 0
         self._start = start
         self.end = end
         self.max_wait_ms = max_wait_ms
@@ -116,9 +167,10 @@ class AsyncConsumer:
     async def __anext__(self) -> ConsumedRecord:
         while not self._buffer:
             if self.at_end or self._closed:
+                await self._stop_subscriber()
                 raise StopAsyncIteration
             await self._fill(self.max_wait_ms)
-        return self._buffer.popleft()
+        return self._take()
 
     async def poll(self, max_records: int = 10_000, timeout_ms: int | None = None) -> list[
             ConsumedRecord]:
@@ -129,11 +181,12 @@ class AsyncConsumer:
         if not self._buffer and not self.at_end and not self._closed:
             await self._fill(self.max_wait_ms if timeout_ms is None else timeout_ms)
         n = min(max_records, len(self._buffer))
-        return [self._buffer.popleft() for _ in range(n)]
+        return [self._take() for _ in range(n)]
 
     async def poll_columns(self, timeout_ms: int | None = None) -> ColumnBatch:
         """One fetch round decoded as columns (the bulk path); may hold no records."""
         wait = self.max_wait_ms if timeout_ms is None else timeout_ms
+        await self._stop_subscriber()
         start = await self._resolve_position()
         if self._buffer:
             recs = list(self._buffer)
@@ -174,27 +227,60 @@ class AsyncConsumer:
 
     def next_buffered(self) -> ConsumedRecord | None:
         """The next buffered record, without fetching (None when the buffer is empty)."""
-        return self._buffer.popleft() if self._buffer else None
+        return self._take() if self._buffer else None
 
     async def fetch_batches(self, timeout_ms: int = 0) -> list[memoryview]:
         """One FETCH round at the position, as the raw record batches that hold it (their
         headers carry producer ids and sequences); the position does not move: :meth:`seek`
         past them to go on. Errors are retried as for the records."""
+        await self._stop_subscriber()
         return await self._fetch(timeout_ms)
 
     async def seek(self, offset: int) -> None:
         """Continue from ``offset``."""
         if offset < 0:
             raise InvalidRequestError(f"bad offset {offset}: offsets are >= 0")
+        self._single("seek")
+        await self._stop_subscriber()
         self._buffer.clear()
         self._position = offset
 
     async def close(self) -> None:
-        """Stop; iteration ends."""
+        """Stop (cancels the subscriptions); iteration ends."""
         self._closed = True
+        await self._stop_subscriber()
         self._buffer.clear()
 
     # ---------------------------------------------------------------------------- internals
+
+    async def _fill_subscribed(self, wait_ms: int) -> None:
+        sub = await self._start_subscriber()
+        if self._buffer:
+            return
+        if sub.error is not None:
+            err, sub.error = sub.error, None
+            await self._stop_subscriber()
+            raise err
+        sub.arrived.clear()
+        if not sub.ready.is_set():  # the first frames (every stream's state) come first
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._routing.request_timeout_ms / 1000):
+                    await sub.ready.wait()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(wait_ms, 0) / 1000):
+                await sub.arrived.wait()
+        if not self._buffer and sub.error is not None:
+            err, sub.error = sub.error, None
+            await self._stop_subscriber()
+            raise err
+
+    async def _resolve_start(self, sid: int) -> int:
+        if self._start == "earliest":
+            return await self._client.start_offset(sid)
+        if self._start == "latest":
+            return await self._client.end_offset(sid)
+        assert isinstance(self._start, int)
+        return self._start
 
     def _position_or(self, default: int) -> int:
         return default if self._position is None else self._position
@@ -210,7 +296,78 @@ class AsyncConsumer:
                 self._position = self._start
         return self._position
 
+    def _single(self, what: str) -> None:
+        if len(self.stream_ids) > 1:
+            raise InvalidRequestError(f"{what} is for a single-stream consumer")
+
+    def _take(self) -> ConsumedRecord:
+        """The next buffered record; acks what the application has now taken."""
+        rec = self._buffer.popleft()
+        self._taken += 1
+        marks = self._marks
+        sub = self._sub
+        while marks and marks[0][0] <= self._taken:
+            _, feed, nbytes = marks.popleft()
+            if sub is not None:
+                sub.call(feed.taken, nbytes)
+        if not self._buffer and sub is not None:
+            sub.call(sub.flush_acks)  # about to wait: every feed may need its window back
+        return rec
+
+    def _push_batch(self, sid: int, buf: memoryview, feed: _Feed) -> None:
+        """Decode one batch a feed received into the buffer (records before the stream's
+        position, or at/after ``end``, are skipped); its bytes are acked once taken."""
+        assert self._sub is not None
+        positions = self._sub.positions
+        pos = positions[sid]
+        end = self.end
+        out = self._buffer
+        n0 = len(out)
+        for off, ts, key, value, hdrs in iter_all_records_bytes(buf, start_offset=pos):
+            if end is not None and off >= end:
+                pos = end
+                break
+            out.append(ConsumedRecord(sid, off, ts, key, value, hdrs))
+            pos = off + 1
+        positions[sid] = pos
+        if sid == self.stream_id:
+            self._position = pos
+        added = len(out) - n0
+        if added:
+            self._pushed += added
+            self._marks.append((self._pushed, feed, len(buf)))
+        else:
+            feed.taken(len(buf))
+
+    async def _start_subscriber(self) -> _Subscriber:
+        if self._sub is None:
+            sub = _Subscriber(self, self.window_bytes)
+            for sid in self.stream_ids:
+                if sid == self.stream_id and self._position is not None:
+                    sub.positions[sid] = self._position
+                else:
+                    sub.positions[sid] = await self._resolve_start(sid)
+            self._position = sub.positions[self.stream_id]
+            self._sub = sub
+            sub.start()
+        return self._sub
+
+    async def _stop_subscriber(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is None:
+            return
+        await sub.stop()
+        self._marks.clear()
+        self._pushed = self._taken = 0
+        if self._buffer:  # the buffer stays; the position is its head
+            self._position = self._buffer[0].offset
+        else:
+            self._position = sub.positions[self.stream_id]
+
     async def _fill(self, wait_ms: int) -> None:
+        if self.subscribe:
+            await self._fill_subscribed(wait_ms)
+            return
         bufs = await self._fetch(wait_ms)
         pos = self._position_or(0)  # _fetch may have moved it (auto_reset)
         sid, end = self.stream_id, self.end
@@ -264,13 +421,20 @@ class AsyncConsumer:
         await self._attempts.backoff(exc)
 
     async def _range_for(self, pos: int) -> Range | None:
+        return await self._range_for_stream(self.stream_id, pos)
+
+    async def _range_for_stream(self, sid: int, pos: int) -> Range | None:
+        """The range of ``sid`` holding ``pos``; None between a seal and the next range."""
         for refresh in (False, True):
-            ranges = await self._routing.ranges(self.stream_id, refresh=refresh)
+            ranges = await self._routing.ranges(sid, refresh=refresh)
             if not ranges:
                 continue
             if pos < ranges[0].start_offset:
-                raise OffsetTrimmedError(f"offset {pos} is before the stream's start "
-                                         f"{ranges[0].start_offset}")
+                if self.auto_reset == "earliest" and self._sub is not None:
+                    self._sub.positions[sid] = pos = ranges[0].start_offset
+                else:
+                    raise OffsetTrimmedError(f"offset {pos} is before the stream's start "
+                                             f"{ranges[0].start_offset}")
             for r in ranges:
                 if r.start_offset <= pos and (not r.sealed or pos < r.end_offset):
                     return r
@@ -278,7 +442,7 @@ class AsyncConsumer:
         end = ranges[-1].end_offset if ranges else 0
         if pos > end:
             raise OffsetOutOfRangeError(
-                f"offset {pos} is beyond the end {end} of stream {self.stream_id}")
+                f"offset {pos} is beyond the end {end} of stream {sid}")
         return None
 
     async def _fetch_from(self, rng: Range, pos: int, wait_ms: int) -> list[memoryview]:
@@ -362,3 +526,295 @@ def iter_columns(batch: ColumnBatch) -> Iterator[ConsumedRecord]:
     for i in range(len(c)):
         yield ConsumedRecord(batch.stream_id, c.offsets[i], c.timestamps[i], c.keys[i],
                              c.values[i], c.headers[i])
+
+
+# ------------------------------------------------------------------------------ subscriptions
+
+class _Feed:
+    """One subscription (or, against a node that refuses them, a long-poll loop) to one node
+    for some of a consumer's streams. Counts payload bytes as the node does: batch_length."""
+
+    def __init__(self, owner: _Subscriber, addr: str,
+                 ranges: dict[int, tuple[int, int]]) -> None:
+        self.owner = owner
+        self.addr = addr
+        self.ranges = {sid: idx for sid, (idx, _) in ranges.items()}  # stream -> range index
+        # the PM's end of the ranges already sealed when planned: a node that does not know it
+        # yet never reports it, so the position reaching it ends the stream here as well
+        self.ends = {sid: end for sid, (_, end) in ranges.items() if end >= 0}
+        self.unacked = 0  # received, not yet acked (in the buffer or being acked)
+        self.to_ack = 0  # taken by the application, not yet sent in a BUFFER_ACK
+        self.conn: Connection | None = None
+        self.request_id = -1
+        self.long_poll = False
+        self.room = asyncio.Event()
+        self.room.set()
+        self._acking: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def taken(self, nbytes: int) -> None:
+        """The application took the records of ``nbytes`` payload bytes: ack (batched)."""
+        self.to_ack += nbytes
+        if self.long_poll:
+            self.unacked -= self.to_ack
+            self.to_ack = 0
+            if self.unacked < self.owner.window // 2:
+                self.room.set()
+            return
+        if self.to_ack >= self.owner.window // 2 or not self.owner.consumer.buffered:
+            self.flush_acks()
+
+    def flush_acks(self) -> None:
+        if self.to_ack > 0 and self._acking is None and self.conn is not None:
+            self._acking = asyncio.ensure_future(self._send_acks())
+
+    async def _send_acks(self) -> None:
+        try:
+            while self.to_ack > 0 and self.conn is not None and not self.conn.closed:
+                n, self.to_ack = self.to_ack, 0
+                self.unacked -= n
+                f = await self.conn.request_one(
+                    Opcode.BUFFER_ACK, BufferAckRequest(bytes_acked=n,
+                                                        fetch_request_id=self.request_id).encode(),
+                    timeout_s=self.owner.consumer._routing.request_timeout_ms / 1000)
+                st = BufferAckResponse.decode(f.header).status
+                if not st.ok:  # the subscription ended meanwhile: nothing to release
+                    log.debug("event=ack_refused addr=%s error=%s", self.addr, st.message)
+        except SbpError as exc:
+            log.debug("event=ack_failed addr=%s error=%s", self.addr, exc)
+        finally:
+            self._acking = None
+
+    async def cancel(self) -> None:
+        conn, rid = self.conn, self.request_id
+        if conn is not None and not conn.closed and rid >= 0 and not self.long_poll:
+            with contextlib.suppress(SbpError):
+                await conn.request_one(Opcode.BUFFER_ACK, BufferAckRequest(
+                    fetch_request_id=rid, cancel=True).encode(), timeout_s=5.0)
+
+
+class _Subscriber:
+    """The subscription side of an :class:`AsyncConsumer`: one feed per node holding the
+    consumer's streams' current ranges, records pushed into the consumer's buffer as they
+    arrive, acks sent as the application takes them, feeds re-planned on a seal, a trim, a
+    node failure (another replica) or a refusal (long polls)."""
+
+    def __init__(self, consumer: AsyncConsumer, window: int) -> None:
+        self.consumer = consumer
+        self.window = window
+        self.positions: dict[int, int] = {}
+        self.replica: dict[int, int] = {}
+        self.feeds: set[_Feed] = set()
+        self.waiting: list[int] = []
+        self.replan = asyncio.Event()
+        self.long_poll_addrs: set[str] = set()
+        self.error: BaseException | None = None
+        self.arrived = asyncio.Event()
+        self.ready = asyncio.Event()  # a first frame (or an error) arrived
+        self._task: asyncio.Task[None] | None = None
+        self._attempts: Attempts | None = None
+        self.loop = asyncio.get_running_loop()  # created on it (by _start_subscriber)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    def call(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` on the subscriber's loop (the sync consumer takes records on its caller's
+        thread; acks are sent from the loop)."""
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is self.loop:
+            fn(*args)
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def flush_acks(self) -> None:
+        for f in self.feeds:
+            f.flush_acks()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        feeds = list(self.feeds)
+        for f in feeds:
+            await f.cancel()
+        for f in feeds:
+            if f.task is not None:
+                f.task.cancel()
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.feeds.clear()
+
+    def release(self, sid: int) -> None:
+        """A feed gave ``sid`` back (range end, error, feed ended): plan it again."""
+        self.waiting.append(sid)
+        self.replan.set()
+
+    async def _run(self) -> None:
+        self.waiting = list(self.positions)
+        try:
+            while True:
+                self.replan.clear()
+                sids, self.waiting = self.waiting, []
+                groups, later = await self._plan(sids)
+                self.waiting += later
+                for addr, ranges in groups.items():
+                    feed = _Feed(self, addr, ranges)
+                    feed.long_poll = addr in self.long_poll_addrs
+                    feed.task = asyncio.ensure_future(self._feed(feed))
+                    self.feeds.add(feed)
+                waits: list[asyncio.Future[Any]] = [
+                    f.task for f in self.feeds if f.task is not None]
+                replan: asyncio.Future[Any] = asyncio.ensure_future(self.replan.wait())
+                try:
+                    await asyncio.wait(
+                        [*waits, replan], timeout=SEALED_RETRY_S if self.waiting else None,
+                        return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    replan.cancel()
+                for f in list(self.feeds):
+                    if f.task is not None and f.task.done():
+                        self.feeds.discard(f)
+                        f.task.result()  # a fatal error ends the subscriber
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # delivered to the application by the consumer
+            self.error = exc
+            self.arrived.set()
+            self.ready.set()
+            log.debug("event=subscriber_failed streams=%s error=%r",
+                      self.consumer.stream_ids, exc)
+
+    async def _plan(self, sids: list[int],
+                    ) -> tuple[dict[str, dict[int, tuple[int, int]]], list[int]]:
+        groups: dict[str, dict[int, tuple[int, int]]] = {}
+        later: list[int] = []
+        for sid in sids:
+            pos = self.positions[sid]
+            if self.consumer.end is not None and pos >= self.consumer.end:
+                continue
+            rng = await self.consumer._range_for_stream(sid, pos)
+            if rng is None:
+                later.append(sid)
+                continue
+            addrs = replica_addresses(rng)
+            if not addrs:
+                raise OffsetOutOfRangeError(f"range {rng.range_index} of stream {sid} has no "
+                                            "replicas")
+            addr = addrs[self.replica.get(sid, 0) % len(addrs)]
+            groups.setdefault(addr, {})[sid] = (rng.range_index, rng.end_offset)
+        return groups, later
+
+    async def _feed(self, feed: _Feed) -> None:
+        """Run one feed until it has no streams left; gives back what it could not serve."""
+        c = self.consumer
+        try:
+            feed.conn = await c._client._data_connection(feed.addr)
+            while feed.ranges:
+                if feed.long_poll:
+                    await self._long_poll_round(feed)
+                else:
+                    await self._subscription(feed)
+            self._attempts = None
+        except SbpError as exc:
+            if exc.code in SUBSCRIBE_FALLBACK_CODES and not feed.long_poll:
+                log.info("event=subscribe_refused addr=%s code=%d: long polls instead",
+                         feed.addr, exc.code)
+                self.long_poll_addrs.add(feed.addr)
+            else:
+                if not exc.retriable:
+                    raise
+                log.debug("event=feed_retry addr=%s error=%s", feed.addr, exc)
+                for sid in feed.ranges:
+                    self.replica[sid] = self.replica.get(sid, 0) + 1
+                    if exc.code in REFRESH_CODES:
+                        c._routing.invalidate(sid)
+                if self._attempts is None:
+                    self._attempts = Attempts(c._routing.retry)
+                await self._attempts.backoff(exc)
+            for sid in list(feed.ranges):
+                feed.ranges.pop(sid)
+                self.release(sid)
+
+    def _items(self, feed: _Feed) -> tuple[FetchItem, ...]:
+        return tuple(FetchItem(stream_id=sid, request_index=i, fetch_offset=self.positions[sid],
+                               batch_max_bytes=self.consumer.batch_max_bytes, range_index=ri)
+                     for i, (sid, ri) in enumerate(feed.ranges.items()))
+
+    async def _subscription(self, feed: _Feed) -> None:
+        assert feed.conn is not None
+        req = FetchRequest(max_wait_ms=0, min_bytes=0, window_bytes=self.window,
+                           items=self._items(feed))
+        rs = await feed.conn.stream(req.OPCODE, req.encode(), timeout_s=None)
+        feed.request_id = rs.request_id
+        feed.unacked = feed.to_ack = 0
+        async with rs:
+            async for frame in rs:
+                resp = FetchResponse.decode(frame.header)
+                resp.status.raise_for_error()
+                await self._take_frame(feed, resp, frame.payload, count=True)
+                if not feed.ranges:
+                    await feed.cancel()
+                    return
+        if feed.ranges:  # ended (node closing): re-plan what is left, elsewhere if need be
+            raise ShuttingDownError(f"subscription at {feed.addr} ended")
+
+    async def _long_poll_round(self, feed: _Feed) -> None:
+        assert feed.conn is not None
+        c = self.consumer
+        await feed.room.wait()
+        req = FetchRequest(max_wait_ms=c.max_wait_ms, min_bytes=1, items=self._items(feed))
+        timeout_s = (c.max_wait_ms + c._routing.request_timeout_ms
+                     + FETCH_TIMEOUT_MARGIN_MS) / 1000
+        rs = await feed.conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
+        async with rs:
+            async for frame in rs:
+                resp = FetchResponse.decode(frame.header)
+                resp.status.raise_for_error()
+                await self._take_frame(feed, resp, frame.payload, count=True)
+        if feed.unacked >= self.window // 2:
+            feed.room.clear()
+
+    async def _take_frame(self, feed: _Feed, resp: FetchResponse,
+                          payload: bytes | bytearray | memoryview, *, count: bool) -> None:
+        c = self.consumer
+        for item, chunk in resp.chunks(payload):
+            sid = item.stream_id
+            if sid not in feed.ranges:
+                if count and item.batch_length:
+                    feed.unacked += item.batch_length
+                    feed.taken(item.batch_length)  # not ours any more: release at once
+                continue
+            if not item.status.ok:
+                err = item.status.error()
+                if isinstance(err, OffsetTrimmedError) and c.auto_reset == "earliest":
+                    self.positions[sid] = await c._client.start_offset(sid)
+                    feed.ranges.pop(sid)
+                    self.release(sid)
+                    continue
+                if isinstance(err, OffsetTrimmedError) or not err.retriable:
+                    raise err
+                c._routing.invalidate(sid)
+                self.replica[sid] = self.replica.get(sid, 0) + 1
+                feed.ranges.pop(sid)
+                self.release(sid)
+                continue
+            if item.high_watermark >= 0 and sid == c.stream_id:
+                c.high_watermark = item.high_watermark
+            if item.batch_length:
+                feed.unacked += item.batch_length
+                c._push_batch(sid, chunk, feed)
+            known_end = feed.ends.get(sid, -1)
+            if item.range_end_offset >= 0 or 0 <= known_end <= self.positions[sid]:
+                if known_end < 0:  # the cache may still hold the range as writable
+                    c._routing.invalidate(sid)
+                self.replica.pop(sid, None)  # the next range: its primary first
+                self.positions[sid] = max(self.positions[sid], item.range_end_offset)
+                feed.ranges.pop(sid)
+                self.release(sid)
+        self.arrived.set()
+        self.ready.set()

@@ -180,27 +180,34 @@ class Client(ClientBase):
 
     def consumer(
         self,
-        stream_id: int,
+        streams: int | Sequence[int],
         start: StartPosition = "earliest",
         *,
         end: int | None = None,
         max_wait_ms: int = 500,
         batch_max_bytes: int = 1048576,
         auto_reset: str | None = None,
+        subscribe: bool = True,
+        window_bytes: int = 8388608,
     ) -> Consumer:
-        """An async iterator over the records of ``stream_id`` (see :class:`AsyncConsumer`).
+        """An async iterator over the records of ``streams`` (one id or a sequence; see
+        :class:`AsyncConsumer`); each record's ``stream_id`` says which.
 
-        ``start`` is ``"earliest"``, ``"latest"`` or an offset; with ``end`` the iteration stops
-        before that offset, otherwise it waits for new records forever.
+        ``start`` is ``"earliest"``, ``"latest"`` or an offset (for every stream); with ``end``
+        (one stream only) the iteration stops before that offset, otherwise it waits for new
+        records forever. By default the data nodes push records (a subscription, at most
+        ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls instead.
         """
         return Consumer._wrap(self._runner, self._runner.call(
             self._async.consumer,
-            stream_id,
+            streams,
             start,
             end=end,
             max_wait_ms=max_wait_ms,
             batch_max_bytes=batch_max_bytes,
             auto_reset=auto_reset,
+            subscribe=subscribe,
+            window_bytes=window_bytes,
         ))
 
 
@@ -265,7 +272,8 @@ class Producer(ProducerBase):
 
 class Consumer(ConsumerBase):
     """Synchronous twin of :class:`AsyncConsumer` (blocking calls). Async iterator of
-    :class:`ConsumedRecord` of one stream, in offset order.
+    :class:`ConsumedRecord` of one or more streams, each in offset order (``record.stream_id``
+    says which; streams interleave as their records arrive).
     """
 
     @classmethod
@@ -337,7 +345,7 @@ class Consumer(ConsumerBase):
         self._runner.run(self._async.seek(offset))
 
     def close(self) -> None:
-        """Stop; iteration ends."""
+        """Stop (cancels the subscriptions); iteration ends."""
         if self._runner.closed:
             return
         self._runner.run(self._async.close())

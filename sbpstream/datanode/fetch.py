@@ -9,6 +9,9 @@ registered with every stream it waits on; the append path sets it right after a 
 records reach a waiting consumer at once, without polling. The final frame carries END, plus one
 empty result (batch_length 0) for every item that returned nothing, so each item reports its
 stream's start, high watermark and, at the end of a sealed range, that range's end.
+
+A FETCH with ``window_bytes > 0`` is a subscription instead, served by subscribe.py: it streams
+until cancelled, under BUFFER_ACK flow control.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from sbpstream.datanode.limits import (
     MAX_FETCH_WAIT_MS,
 )
 from sbpstream.datanode.ranges import StreamInfo
+from sbpstream.datanode.subscribe import Subscriptions
 from sbpstream.net.server import Request, Responder
 from sbpstream.protocol.errors import (
     InternalError,
@@ -51,11 +55,12 @@ class _ItemState:
     answered: bool = False  # at least one result (batch or status) was sent for it
 
 
-class _Packer:
+class FramePacker:
     """Accumulates results and payload views; sends a frame when the next batch would not fit."""
 
     def __init__(self, resp: Responder, frame_bytes: int) -> None:
         self.resp = resp
+        self.status = Status()  # the response's top-level status (sent in every frame)
         self.frame_bytes = frame_bytes
         self.results: list[FetchResult] = []
         self.parts: list[memoryview] = []
@@ -77,7 +82,7 @@ class _Packer:
     async def flush(self, *, end: bool) -> None:
         if not end and not self.results:
             return
-        header = FetchResponse(items=tuple(self.results)).encode()
+        header = FetchResponse(status=self.status, items=tuple(self.results)).encode()
         parts, self.parts, self.results, self.frame_payload = self.parts, [], [], 0
         await self.resp.send(header, parts, end=end)
         self.frames += 1
@@ -86,11 +91,17 @@ class _Packer:
 class FetchHandler:
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
+        #: FETCHes with a window (subscriptions) and BUFFER_ACK (see subscribe.py)
+        self.subscriptions = Subscriptions(ctx)
 
     async def __call__(self, req: Request, resp: Responder) -> None:
         ctx = self.ctx
         t0 = time.monotonic()
         m = FetchRequest.decode(req.header)
+        if m.window_bytes > 0:
+            await self.subscriptions.serve(req, resp, m,
+                                           FramePacker(resp, ctx.config.fetch_frame_bytes))
+            return
         if len(m.items) > MAX_FETCH_ITEMS:
             raise LimitExceededError(
                 f"{len(m.items)} items in one FETCH; at most {MAX_FETCH_ITEMS} are accepted")
@@ -101,7 +112,7 @@ class FetchHandler:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
         min_bytes = max(m.min_bytes, 0)
-        out = _Packer(resp, ctx.config.fetch_frame_bytes)
+        out = FramePacker(resp, ctx.config.fetch_frame_bytes)
         wake = asyncio.Event()
         registered: list[StreamInfo] = []
         waited = 0.0
@@ -155,7 +166,7 @@ class FetchHandler:
             start_offset=start, high_watermark=self.ctx.table.high_watermark(sid),
             range_end_offset=range_end)
 
-    async def _poll(self, st: _ItemState, out: _Packer) -> int:
+    async def _poll(self, st: _ItemState, out: FramePacker) -> int:
         """Read what is committed for one item into ``out``; returns 1 when the item failed."""
         ctx = self.ctx
         it = st.item

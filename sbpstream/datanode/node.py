@@ -84,6 +84,7 @@ class DataNode:
         self.introspector: Introspector | None = None
         self._store: Store | None = None
         self._closed = False
+        self.fetch: FetchHandler | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -114,7 +115,9 @@ class DataNode:
         handlers: dict[int, Handler] = {}
         control = ControlHandlers(self.ctx)
         handlers[Opcode.APPEND] = AppendHandler(self.ctx)
-        handlers[Opcode.FETCH] = FetchHandler(self.ctx)
+        fetch = self.fetch = FetchHandler(self.ctx)
+        handlers[Opcode.FETCH] = fetch
+        handlers[Opcode.BUFFER_ACK] = fetch.subscriptions.buffer_ack
         handlers[Opcode.SEAL_RANGES] = control.seal
         handlers[Opcode.SYNC_RANGES] = control.sync
         handlers[Opcode.DESCRIBE_RANGES] = control.describe
@@ -178,6 +181,14 @@ class DataNode:
             Sample(f"{p}_replication_ranges", "gauge",
                    "primary ranges forwarding to secondaries", len(self.ctx.replicators.by_range)),
         ]
+        if self.fetch is not None:
+            sub = self.fetch.subscriptions.stats()
+            out += [
+                Sample(f"{p}_subscriptions", "gauge", "open subscriptions (FETCH with a window)",
+                       sub.subscriptions),
+                Sample(f"{p}_subscription_unacked_bytes", "gauge",
+                       "payload sent to subscribers and not yet acknowledged", sub.unacked_bytes),
+            ]
         return out
 
     async def close(self) -> None:

@@ -412,14 +412,17 @@ class FetchResponse(Message):
 
 @request(Opcode.BUFFER_ACK)
 class BufferAckRequest(Message):
-    """Project opcode (flow control): the client has processed ``bytes_acked`` more bytes."""
+    """Project opcode (flow control): the client has processed ``bytes_acked`` more bytes of the
+    subscription opened by its FETCH ``fetch_request_id`` on this connection; ``cancel`` ends it."""
 
     bytes_acked: int = 0
+    fetch_request_id: int = -1
+    cancel: bool = False
 
 
 @response(Opcode.BUFFER_ACK)
 class BufferAckResponse(Message):
-    """Never sent (BUFFER_ACK is not answered); it exists so every opcode has a response table."""
+    """The answer to every BUFFER_ACK: OK, or why the ack was refused (nothing changed then)."""
 
     status: Status = STATUS_OK
 

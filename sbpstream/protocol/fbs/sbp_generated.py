@@ -1393,8 +1393,24 @@ class BufferAckRequest(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
-def BufferAckRequestStart(builder): builder.StartObject(1)
+    # BufferAckRequest
+    def FetchRequestId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return -1
+
+    # BufferAckRequest
+    def Cancel(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
+def BufferAckRequestStart(builder): builder.StartObject(3)
 def BufferAckRequestAddBytesAcked(builder, bytesAcked): builder.PrependInt64Slot(0, bytesAcked, 0)
+def BufferAckRequestAddFetchRequestId(builder, fetchRequestId): builder.PrependInt32Slot(1, fetchRequestId, -1)
+def BufferAckRequestAddCancel(builder, cancel): builder.PrependBoolSlot(2, cancel, 0)
 def BufferAckRequestEnd(builder): return builder.EndObject()
 
 

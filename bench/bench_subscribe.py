@@ -1,0 +1,170 @@
+"""Subscriptions through the public consumer: catch-up MB/s and end-to-end latency.
+
+- **catch-up**: produce ``--records`` records of each size (100 B, 1 KiB) spread over 1 and
+  1,000 streams, then read them all back with ``AsyncClient.consumer(streams, "earliest")``
+  (subscriptions, the default) and, for comparison, the same with ``subscribe=False`` (long
+  polls; one stream only: the long-poll consumer reads one stream). MB/s of record values.
+- **latency**: a producer and a consumer in **separate processes**; the producer sends
+  ``--rate`` records/s of 100 B (linger 0, each carrying its send time), the consumer subscribes
+  and records receive time minus send time (CLOCK_MONOTONIC is system-wide on Linux). The data
+  nodes run with ``--fsync`` (default ``always``: acknowledged = fsynced, and records are
+  delivered only once committed). p50/p99/p99.9 over ``--latency-seconds``.
+
+    .venv/bin/python -m bench.bench_subscribe [--records 100000] [--rate 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import percentile
+from sbpstream.client import AsyncClient
+from sbpstream.cluster import LocalCluster
+
+STAMP = struct.Struct(">q")
+READY_TIMEOUT_S = 30.0
+
+
+async def _produce(pm: str, ids: list[int], records: int, size: int) -> None:
+    value = b"x" * size
+    async with AsyncClient(pm) as c, c.producer(linger_ms=5) as p:
+        for i in range(records):
+            await p.send(ids[i % len(ids)], value)
+        await p.flush()
+
+
+async def catch_up(pm: str, size: int, nstreams: int, records: int,
+                   subscribe: bool) -> dict[str, float]:
+    async with AsyncClient(pm) as c:
+        ids = await c.create_streams(nstreams) if nstreams > 1 else [await c.create_stream()]
+        await _produce(pm, ids, records, size)
+        t0 = time.perf_counter()
+        n = 0
+        nbytes = 0
+        cons = c.consumer(ids if nstreams > 1 else ids[0], "earliest", subscribe=subscribe)
+        async for rec in cons:
+            n += 1
+            nbytes += len(rec.value or b"")
+            if n >= records:
+                break
+        dt = time.perf_counter() - t0
+        await cons.close()
+    return {"size": size, "streams": nstreams, "records": n, "seconds": dt,
+            "mb_per_s": nbytes / dt / 1e6, "records_per_s": n / dt}
+
+
+# ------------------------------------------------------------------------------ latency roles
+
+async def _consumer_role(pm: str, sid: int, count: int) -> None:
+    lat: list[float] = []
+    async with AsyncClient(pm) as c:
+        cons = c.consumer(sid, "latest")
+        await cons.poll(timeout_ms=0)  # subscribed: the producer may start
+        print("ready", flush=True)
+        async for rec in cons:
+            (sent,) = STAMP.unpack_from(rec.value or b"\0" * 8)
+            lat.append((time.monotonic_ns() - sent) / 1e6)
+            if len(lat) >= count:
+                break
+        await cons.close()
+    print(json.dumps(lat), flush=True)
+
+
+async def _producer_role(pm: str, sid: int, rate: int, count: int, size: int) -> None:
+    async with AsyncClient(pm) as c, c.producer(linger_ms=0) as p:
+        start = time.monotonic()
+        pad = b"p" * max(0, size - STAMP.size)
+        for i in range(count):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await p.send(sid, STAMP.pack(time.monotonic_ns()) + pad)
+        await p.flush()
+
+
+def latency(pm: str, rate: int, seconds: float, size: int) -> dict[str, float]:
+    async def mk() -> int:
+        async with AsyncClient(pm) as c:
+            return await c.create_stream()
+
+    sid = asyncio.run(mk())
+    count = max(1, int(rate * seconds))
+    me = [sys.executable, "-m", "bench.bench_subscribe", "--pm", pm, "--stream", str(sid),
+          "--rate", str(rate), "--count", str(count), "--size", str(size)]
+    cons = subprocess.Popen([*me, "--role", "consumer"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert cons.stdout is not None
+        line = cons.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"consumer did not start: {line!r}")
+        subprocess.run([*me, "--role", "producer"], check=True, timeout=seconds * 10 + 60)
+        out, _ = cons.communicate(timeout=60)
+    finally:
+        if cons.poll() is None:
+            cons.kill()
+    lat = sorted(json.loads(out.strip().splitlines()[-1]))
+    return {"rate": rate, "records": len(lat), "p50_ms": percentile(lat, 50),
+            "p99_ms": percentile(lat, 99), "p99_9_ms": percentile(lat, 99.9),
+            "mean_ms": statistics.fmean(lat)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--sizes", default="100,1024")
+    ap.add_argument("--streams", default="1,1000")
+    ap.add_argument("--rate", type=int, default=2000)
+    ap.add_argument("--latency-seconds", type=float, default=10.0)
+    ap.add_argument("--fsync", default="always")
+    ap.add_argument("--datanodes", type=int, default=1)
+    ap.add_argument("--role", choices=("consumer", "producer"))
+    ap.add_argument("--pm")
+    ap.add_argument("--stream", type=int)
+    ap.add_argument("--count", type=int)
+    ap.add_argument("--size", type=int, default=100)
+    a = ap.parse_args()
+    if a.role == "consumer":
+        asyncio.run(_consumer_role(a.pm, a.stream, a.count))
+        return 0
+    if a.role == "producer":
+        asyncio.run(_producer_role(a.pm, a.stream, a.rate, a.count, a.size))
+        return 0
+    results: dict[str, object] = {"catch_up": [], "latency": None}
+    with tempfile.TemporaryDirectory() as d, \
+            LocalCluster(Path(d), datanodes=a.datanodes, fsync=a.fsync) as cl:
+        rows: list[dict[str, float]] = []
+        for size in (int(x) for x in a.sizes.split(",")):
+            for n in (int(x) for x in a.streams.split(",")):
+                r = asyncio.run(catch_up(cl.pm_address, size, n, a.records, True))
+                r["subscribe"] = 1
+                rows.append(r)
+                print(f"catch-up subscribe  size={size:5d} streams={n:5d} "
+                      f"{r['mb_per_s']:8.2f} MB/s {r['records_per_s']:10.0f} rec/s", flush=True)
+                if n == 1:
+                    r = asyncio.run(catch_up(cl.pm_address, size, n, a.records, False))
+                    r["subscribe"] = 0
+                    rows.append(r)
+                    print(f"catch-up long-poll  size={size:5d} streams={n:5d} "
+                          f"{r['mb_per_s']:8.2f} MB/s {r['records_per_s']:10.0f} rec/s",
+                          flush=True)
+        results["catch_up"] = rows
+        lat = latency(cl.pm_address, a.rate, a.latency_seconds, 100)
+        results["latency"] = lat
+        print(f"latency {a.rate} rec/s separate processes fsync={a.fsync}: "
+              f"p50 {lat['p50_ms']:.2f} ms  p99 {lat['p99_ms']:.2f} ms  "
+              f"p99.9 {lat['p99_9_ms']:.2f} ms  ({lat['records']:.0f} records)", flush=True)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

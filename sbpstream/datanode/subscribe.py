@@ -1,0 +1,362 @@
+"""Subscriptions: a FETCH with ``window_bytes > 0`` streams records until cancelled (DCP-style
+flow control, answered BUFFER_ACKs).
+
+A subscription is one FETCH request that never ends on its own while its streams are live. For
+every named stream it sends what is committed, then parks on one ``asyncio.Event`` registered
+with every stream (as the long poll does) and also set by BUFFER_ACK and cancel, and sends more as
+records are committed: frames without END, one FetchResult per batch, as in a long poll. The
+first frame answers every stream (an empty result with its high watermark when nothing is
+readable yet), so a subscriber learns at once where each stream stands.
+
+Flow control counts **payload bytes**: the sum of ``batch_length`` of the FetchResults sent (the
+record batches exactly as stored; frame and FlatBuffers headers do not count). The node never
+has more than ``window_bytes`` of them unacknowledged on a subscription; one batch larger than
+the whole window goes alone when nothing is unacknowledged (otherwise it could never go). The
+client acks with BUFFER_ACK ``{fetch_request_id, bytes_acked}`` what it has processed, counted the
+same way. Every BUFFER_ACK is answered with a BufferAckResponse: OK, or why it was refused
+(zero, negative, more than unacknowledged, no such subscription on this connection); a refused
+ack changes nothing.
+
+A subscription ends with an END frame when the client cancels (BUFFER_ACK with ``cancel``), when
+every stream has ended, or when the node shuts down (top-level status SHUTTING_DOWN); it ends
+without one when the connection closes. A stream ends on its own, its last FetchResult saying
+why: ``range_end_offset >= 0`` when its sealed range was read to the end and the next range is
+not held here (continue at that offset, at the replicas the PM lists for the next range), or an
+error status (STREAM_DELETED, OFFSET_TRIMMED with ``start_offset``, RANGE_NOT_FOUND, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from sbpstream.datanode.limits import MAX_FETCH_ITEMS
+from sbpstream.datanode.ranges import StreamInfo
+from sbpstream.net.server import Request, Responder, ServerConnection
+from sbpstream.protocol.errors import (
+    InternalError,
+    InvalidRequestError,
+    LimitExceededError,
+    OffsetOutOfRangeError,
+    OffsetTrimmedError,
+    RangeNotFoundError,
+    SbpError,
+    ShuttingDownError,
+)
+from sbpstream.protocol.limits import MiB
+from sbpstream.protocol.messages import (
+    BufferAckRequest,
+    BufferAckResponse,
+    FetchItem,
+    FetchRequest,
+    FetchResult,
+    Status,
+)
+
+if TYPE_CHECKING:
+    from sbpstream.datanode.context import NodeContext
+    from sbpstream.datanode.fetch import FramePacker
+
+MAX_WINDOW_BYTES: Final = 64 * MiB
+"""Largest window a subscription may ask for: what a consumer that stops acking may still be
+sent (the node keeps no copies, the batches are views over its segment maps, and what the socket
+does not take waits in the write buffer, bounded by its 4 MiB high-water mark). 64 MiB keeps a
+consumer streaming at full speed over a fast link while bounding what it must buffer."""
+
+MAX_SUBSCRIPTION_STREAMS: Final = MAX_FETCH_ITEMS
+"""Streams one subscription may name, as for any FETCH (10,000): each costs ~200 bytes of state
+and a waiter registration, and a pass over all of them per wake-up."""
+
+MAX_SUBSCRIPTIONS_PER_CONNECTION: Final = 256
+"""Subscriptions open on one connection. Each holds an in-flight request slot for its lifetime;
+256 stays far below the 1,024 slots a connection has, so BUFFER_ACKs, APPENDs and long polls on
+the same connection always find one (a subscription whose acks cannot get in would stall)."""
+
+MAX_SUBSCRIPTIONS_PER_NODE: Final = 4096
+"""Subscriptions open on one node: a task, an event and a per-stream state each (a few KiB
+idle), so 4,096 idle subscriptions cost tens of MiB at most."""
+
+MAX_SUBSCRIBED_STREAMS_PER_NODE: Final = 200_000
+"""Stream entries across all subscriptions of a node: bounds waiter registrations (a commit sets
+every waiter of its stream) and per-stream state (~200 bytes: 40 MiB at the cap)."""
+
+ROUND_BYTES_PER_STREAM: Final = 256 * 1024
+"""Most one stream may take of the window per pass over the streams, so one stream with a large
+backlog cannot starve the others of a shared window."""
+
+
+@dataclass(slots=True)
+class _Item:
+    item: FetchItem
+    offset: int
+    done: bool = False
+    answered: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Subscription:
+    """One open subscription: its window, what is unacknowledged, and its wake-up event."""
+
+    conn: ServerConnection
+    request_id: int
+    window: int
+    items: list[_Item]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    unacked: int = 0
+    sent_bytes: int = 0
+    acked_bytes: int = 0
+    cancelled: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def free(self) -> int:
+        return self.window - self.unacked
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    subscriptions: int
+    streams: int
+    unacked_bytes: int  # payload sent and not yet acknowledged, all subscriptions
+    max_unacked_bytes: int  # the largest single subscription's
+    acks: int
+    acks_refused: int
+
+
+class Subscriptions:
+    """Every open subscription of a node; serves subscribing FETCHes and BUFFER_ACK."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self.by_conn: dict[ServerConnection, dict[int, Subscription]] = {}
+        self.count = 0
+        self.streams = 0
+        self.acks = 0
+        self.acks_refused = 0
+
+    def stats(self) -> SubscriptionStats:
+        subs = [s for d in self.by_conn.values() for s in d.values()]
+        return SubscriptionStats(
+            subscriptions=len(subs), streams=self.streams,
+            unacked_bytes=sum(s.unacked for s in subs),
+            max_unacked_bytes=max((s.unacked for s in subs), default=0),
+            acks=self.acks, acks_refused=self.acks_refused)
+
+    def find(self, conn: ServerConnection, request_id: int) -> Subscription | None:
+        d = self.by_conn.get(conn)
+        return None if d is None else d.get(request_id)
+
+    # ------------------------------------------------------------------ BUFFER_ACK
+
+    async def buffer_ack(self, req: Request, resp: Responder) -> None:
+        m = BufferAckRequest.decode(req.header)
+        try:
+            self._apply(req.conn, m)
+            self.acks += 1
+            status = Status()
+        except SbpError as exc:
+            self.acks_refused += 1
+            status = Status.of(exc)
+        await resp.send(BufferAckResponse(status=status).encode())
+
+    def _apply(self, conn: ServerConnection, m: BufferAckRequest) -> None:
+        sub = self.find(conn, m.fetch_request_id)
+        if sub is None:
+            raise InvalidRequestError(
+                f"no subscription with fetch request id {m.fetch_request_id} on this connection")
+        if m.cancel:
+            sub.cancelled = True
+            sub.wake.set()
+            return
+        if m.bytes_acked <= 0:
+            raise InvalidRequestError(
+                f"bytes_acked {m.bytes_acked}: an ack releases a positive number of bytes")
+        if m.bytes_acked > sub.unacked:
+            raise InvalidRequestError(
+                f"bytes_acked {m.bytes_acked} is more than the {sub.unacked} payload bytes "
+                f"unacknowledged on subscription {m.fetch_request_id}")
+        sub.unacked -= m.bytes_acked
+        sub.acked_bytes += m.bytes_acked
+        sub.wake.set()
+
+    # ------------------------------------------------------------------ the subscription
+
+    async def serve(self, req: Request, resp: Responder, m: FetchRequest,
+                    out: FramePacker) -> None:
+        """Run the subscription ``m`` (window_bytes > 0) until it ends."""
+        if m.window_bytes > MAX_WINDOW_BYTES:
+            raise LimitExceededError(
+                f"window_bytes {m.window_bytes}; at most {MAX_WINDOW_BYTES} are accepted")
+        if len(m.items) > MAX_SUBSCRIPTION_STREAMS:
+            raise LimitExceededError(f"{len(m.items)} streams in one subscription; at most "
+                                     f"{MAX_SUBSCRIPTION_STREAMS} are accepted")
+        mine = self.by_conn.get(req.conn, {})
+        if len(mine) >= MAX_SUBSCRIPTIONS_PER_CONNECTION:
+            raise LimitExceededError(f"{len(mine)} subscriptions open on this connection; at "
+                                     f"most {MAX_SUBSCRIPTIONS_PER_CONNECTION}")
+        if self.count >= MAX_SUBSCRIPTIONS_PER_NODE:
+            raise LimitExceededError(f"{self.count} subscriptions open on this node; at most "
+                                     f"{MAX_SUBSCRIPTIONS_PER_NODE}")
+        if self.streams + len(m.items) > MAX_SUBSCRIBED_STREAMS_PER_NODE:
+            raise LimitExceededError(
+                f"{self.streams} streams subscribed on this node; {len(m.items)} more would "
+                f"pass the {MAX_SUBSCRIBED_STREAMS_PER_NODE} limit")
+        sub = Subscription(req.conn, req.request_id, m.window_bytes,
+                           [_Item(it, it.fetch_offset) for it in m.items])
+        self.by_conn.setdefault(req.conn, {})[req.request_id] = sub
+        self.count += 1
+        self.streams += len(sub.items)
+        self.ctx.metrics.c.fetch_requests += 1
+        self.ctx.metrics.c.fetch_items += len(m.items)
+        registered: list[StreamInfo] = []
+        try:
+            status = await self._run(sub, out, registered)
+            for st in sub.items:
+                if not st.answered:
+                    await out.add(self._result(st, 0))
+            out.status = status
+            await out.flush(end=True)
+        finally:
+            for s in registered:
+                s.waiters.discard(sub.wake)
+            self.count -= 1
+            self.streams -= len(sub.items)
+            d = self.by_conn.get(req.conn)
+            if d is not None:
+                d.pop(req.request_id, None)
+                if not d:
+                    del self.by_conn[req.conn]
+
+    async def _run(self, sub: Subscription, out: FramePacker,
+                   registered: list[StreamInfo]) -> Status:
+        ctx = self.ctx
+        for st in sub.items:
+            it = st.item
+            if it.range_index >= 0 and ctx.table.get(it.stream_id, it.range_index) is None:
+                await self._fail(st, out, RangeNotFoundError(
+                    f"range {it.stream_id}/{it.range_index} is not on this node"))
+        first = True
+        while True:
+            # Register before reading, so a commit landing between the read and the wait still
+            # wakes us. A stream's StreamInfo may be replaced (deleted, re-adopted): re-check.
+            sub.wake.clear()
+            for st in sub.items:
+                s = ctx.table.streams.get(st.item.stream_id)
+                if not st.done and s is not None and sub.wake not in s.waiters:
+                    s.waiters.add(sub.wake)
+                    registered.append(s)
+            if sub.cancelled:
+                return Status()
+            if ctx.closing:
+                return Status.of(ShuttingDownError("the data node is shutting down"))
+            progressed = True
+            while progressed and sub.free > 0:
+                progressed = False
+                for st in sub.items:
+                    if not st.done and await self._poll(sub, st, out):
+                        progressed = True
+            if first:  # every stream reports its state once, even with nothing to read yet
+                first = False
+                for st in sub.items:
+                    if not st.answered:
+                        await out.add(self._result(st, 0))
+            await out.flush(end=False)
+            if all(st.done for st in sub.items):
+                return Status()
+            if not sub.wake.is_set():
+                await sub.wake.wait()
+
+    def _result(self, st: _Item, batch_length: int, *, status: Status | None = None,
+                start: int = -1, range_end: int = -1) -> FetchResult:
+        sid = st.item.stream_id
+        st.answered = True
+        return FetchResult(
+            stream_id=sid, request_index=st.item.request_index, batch_length=batch_length,
+            status=status if status is not None else Status(),
+            start_offset=start, high_watermark=self.ctx.table.high_watermark(sid),
+            range_end_offset=range_end)
+
+    async def _fail(self, st: _Item, out: FramePacker, exc: SbpError) -> None:
+        start = self.ctx.stream_start(st.item.stream_id) if isinstance(
+            exc, OffsetTrimmedError | OffsetOutOfRangeError) else -1
+        await out.add(self._result(st, 0, status=Status.of(exc), start=start))
+        st.done = True
+        self.ctx.metrics.c.fetch_failed += 1
+
+    def _gap_after_sealed(self, sid: int, offset: int) -> bool:
+        """True when ``offset`` is the end of a sealed range here and the next range is not
+        here, though a later one is (the store reports range_end only after its last range)."""
+        s = self.ctx.table.streams.get(sid)
+        if s is None or len(s.ranges) < 2:
+            return False
+        ended = starts = False
+        for idx in s.ranges:
+            try:
+                r = self.ctx.store.describe_range(sid, idx)
+            except SbpError:
+                continue
+            ended |= r.sealed and r.end_offset == offset
+            starts |= r.start_offset == offset and not (r.sealed and r.end_offset == offset)
+        return ended and not starts
+
+    async def _poll(self, sub: Subscription, st: _Item, out: FramePacker) -> bool:
+        """Send what is committed for one stream, within the window and ROUND_BYTES_PER_STREAM;
+        returns True when something was sent (or the stream ended)."""
+        ctx = self.ctx
+        sid = st.item.stream_id
+        free = sub.free
+        if free <= 0:
+            return False
+        try:
+            if st.offset < 0:
+                raise OffsetOutOfRangeError(f"fetch offset {st.offset} is negative")
+            limit = max(ctx.table.high_watermark(sid), 0)
+            end = -1
+            if st.item.range_index >= 0:
+                # serve the named range only: at its end the client goes to the next range's
+                # primary (this node may hold that range as a secondary, committed later)
+                rs = ctx.store.describe_range(sid, st.item.range_index)
+                if rs.sealed and rs.end_offset >= 0:
+                    end = rs.end_offset
+                    limit = min(limit, end) if limit > rs.start_offset else end
+            res = ctx.store.read(sid, st.offset, min(free, ROUND_BYTES_PER_STREAM),
+                                 max_offset=limit)
+            views = res.batches
+            if views and len(views[0]) > free and sub.unacked > 0:
+                return False  # a batch larger than what is free: wait for acks
+            ended = (res.range_end or (0 <= end <= res.next_offset)
+                     or (not views and self._gap_after_sealed(sid, st.offset)))
+            range_end = res.next_offset if ended else -1
+            for i, view in enumerate(views):
+                last = i == len(views) - 1
+                size = len(view)
+                sub.unacked += size
+                sub.sent_bytes += size
+                await out.add(self._result(st, size, start=res.start_offset,
+                                           range_end=range_end if last else -1), view)
+            st.offset = res.next_offset
+            if ended:
+                if not views:
+                    await out.add(self._result(st, 0, start=res.start_offset,
+                                               range_end=range_end))
+                st.done = True
+                return True
+            return bool(views)
+        except SbpError as exc:
+            await self._fail(st, out, exc)
+        except Exception as exc:  # one stream's failure never ends the subscription
+            await self._fail(st, out, InternalError(f"{type(exc).__name__}: {exc}"))
+        return True
+
+
+__all__ = [
+    "MAX_SUBSCRIBED_STREAMS_PER_NODE",
+    "MAX_SUBSCRIPTIONS_PER_CONNECTION",
+    "MAX_SUBSCRIPTIONS_PER_NODE",
+    "MAX_SUBSCRIPTION_STREAMS",
+    "MAX_WINDOW_BYTES",
+    "SubscriptionStats",
+    "Subscriptions",
+]
