@@ -52,6 +52,7 @@ from sbpstream.protocol.errors import (
     StreamDeletedError,
     StreamNotFoundError,
 )
+from sbpstream.protocol.names import name_problem
 from sbpstream.records import RecordTooLargeError
 
 T = TypeVar("T")
@@ -515,6 +516,10 @@ def datanode_server(
 
 @stream_app.command("create")
 def stream_create(
+    names: Annotated[list[str] | None, typer.Argument(
+        help="Names of the streams to create, one stream each (unique; 1-249 characters of "
+        "a-z A-Z 0-9 . _ -, not all digits). Without names: --count unnamed streams.",
+        show_default=False)] = None,
     pm: PmOption = DEFAULT_PM,
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="Replicas per range.")] = 1,
     retention_ms: Annotated[int, typer.Option(
@@ -524,23 +529,29 @@ def stream_create(
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
     """Create streams; print the new ids, one per line."""
+    for name in names or ():
+        problem = name_problem(name)
+        if problem is not None:
+            fail(problem, EXIT_USAGE)
     ids = _run(pm, timeout_ms, lambda c: c.create_streams(
-        count, replica_nums=replicas, retention_ms=retention_ms))
+        count, replica_nums=replicas, retention_ms=retention_ms, names=names or ()))
     sys.stdout.write("".join(f"{i}\n" for i in ids))
 
 
 def _streams_table(streams: list[tuple[Stream, int | None]]) -> Table:
-    t = Table("stream", "replicas", "retention_ms", "start_offset", "end_offset", "records")
+    t = Table("stream", "replicas", "retention_ms", "start_offset", "end_offset", "records",
+              "name")
     for s, end in streams:
         t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
                   str(s.start_offset), "-" if end is None else str(end),
-                  "-" if end is None else str(max(0, end - s.start_offset)))
+                  "-" if end is None else str(max(0, end - s.start_offset)), s.name or "-")
     return t
 
 
 @stream_app.command("describe")
 def stream_describe(
-    stream_ids: Annotated[list[int], typer.Argument(help="Stream ids.", show_default=False)],
+    stream_ids: Annotated[list[str], typer.Argument(help="Stream names or ids.",
+                                                    show_default=False)],
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
@@ -550,7 +561,7 @@ def stream_describe(
     status is 1), the others are still shown.
     """
 
-    async def one(c: AsyncClient, sid: int) -> tuple[Stream, int] | str:
+    async def one(c: AsyncClient, sid: str) -> tuple[Stream, int] | str:
         try:
             s = await c.describe_stream(sid)
             return s, await c.end_offset(sid)
@@ -566,14 +577,15 @@ def stream_describe(
     missing = [(sid, r) for sid, r in zip(stream_ids, results, strict=True) if isinstance(r, str)]
     if len(missing) == len(stream_ids):
         fail("; ".join(f"stream {sid} {state}" for sid, state in missing))
-    t = Table("stream", "state", "replicas", "retention_ms", "start_offset", "end_offset")
+    t = Table("stream", "state", "replicas", "retention_ms", "start_offset", "end_offset",
+              "name")
     for sid, r in zip(stream_ids, results, strict=True):
         if isinstance(r, str):
-            t.add_row(str(sid), r, "-", "-", "-", "-")
+            t.add_row(str(sid), r, "-", "-", "-", "-", "-")
         else:
             s, end = r
             t.add_row(str(s.stream_id), "active", str(s.replica_nums),
-                      str(s.retention_period_ms), str(s.start_offset), str(end))
+                      str(s.retention_period_ms), str(s.start_offset), str(end), s.name or "-")
     out_console.print(t)
     if missing:
         fail("; ".join(f"stream {sid} {state}" for sid, state in missing))
@@ -598,7 +610,7 @@ def stream_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_T
 
 @stream_app.command("update")
 def stream_update(
-    stream_id: Annotated[int, typer.Argument(help="Stream id.", show_default=False)],
+    stream_id: Annotated[str, typer.Argument(help="Stream name or id.", show_default=False)],
     retention_ms: Annotated[int | None, typer.Option(
         "--retention-ms", min=1, help="New retention: how long records are kept.",
         show_default=False)] = None,
@@ -621,7 +633,8 @@ def stream_update(
 
 @stream_app.command("delete")
 def stream_delete(
-    stream_ids: Annotated[list[int], typer.Argument(help="Stream ids.", show_default=False)],
+    stream_ids: Annotated[list[str], typer.Argument(help="Stream names or ids.",
+                                                    show_default=False)],
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
@@ -632,7 +645,7 @@ def stream_delete(
 
 @stream_app.command("trim")
 def stream_trim(
-    stream_id: Annotated[int, typer.Argument(help="Stream id.", show_default=False)],
+    stream_id: Annotated[str, typer.Argument(help="Stream name or id.", show_default=False)],
     offset: Annotated[int, typer.Argument(help="New start offset: earlier records are dropped.",
                                           show_default=False)],
     pm: PmOption = DEFAULT_PM,
@@ -645,7 +658,7 @@ def stream_trim(
 
 @stream_app.command("ranges")
 def stream_ranges(
-    stream_id: Annotated[int, typer.Argument(help="Stream id.", show_default=False)],
+    stream_id: Annotated[str, typer.Argument(help="Stream name or id.", show_default=False)],
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
@@ -696,7 +709,7 @@ def _stdin_lines() -> Iterator[list[bytes]]:
 
 @app.command()
 def produce(
-    stream: Annotated[int, typer.Option("--stream", help="Stream id to append to.",
+    stream: Annotated[str, typer.Option("--stream", help="Stream name or id to append to.",
                                         show_default=False)],
     pm: PmOption = DEFAULT_PM,
     key: Annotated[str | None, typer.Option("--key", help="Key of every record (UTF-8).")
@@ -727,7 +740,8 @@ def produce(
     _valid_pm(pm)
     try:
         with Client(pm, retry_deadline_ms=timeout_ms) as c:
-            c.describe_stream(stream)  # a clear error before reading any input
+            sid = c.resolve_stream(_stream_ref(stream))
+            c.describe_stream(sid)  # a clear error before reading any input
             n, first, last = 0, -1, -1
             p = c.producer(compression=_compression(compression), linger_ms=linger_ms)
             futs: list[concurrent.futures.Future[int]] = []
@@ -736,11 +750,11 @@ def produce(
                 live.add(len(lines))
                 if sep is not None:
                     pairs = _split_keys(lines, sep, len(futs))
-                    futs += [p.send(stream, v, key=k) for k, v in pairs]
+                    futs += [p.send(sid, v, key=k) for k, v in pairs]
                 elif key_bytes is None:
-                    futs += p.send_many(stream, lines)
+                    futs += p.send_many(sid, lines)
                 else:
-                    futs += [p.send(stream, ln, key=key_bytes) for ln in lines]
+                    futs += [p.send(sid, ln, key=key_bytes) for ln in lines]
             p.close()
             live.clear()
             failed = 0
@@ -768,6 +782,14 @@ def produce(
         fail(f"{failed} of {n} records were not acknowledged: {why}")
     err_console.print(f"produced {n} records to stream {stream}"
                       + (f" (offsets {first}..{last})" if n else ""))
+
+
+def _stream_ref(text: str) -> int | str:
+    """``--stream NAME|ID``: digits are an id, anything else a name (checked here, one line)."""
+    problem = None if text.strip().isdigit() else name_problem(text)
+    if problem is not None:
+        raise CliError(f"--stream: {problem}")
+    return text
 
 
 def _split_keys(lines: list[bytes], sep: bytes, first_line: int) -> list[tuple[bytes, bytes]]:
@@ -814,7 +836,7 @@ def _parse_from(value: str) -> StartPosition:
 
 @app.command()
 def consume(
-    stream: Annotated[int, typer.Option("--stream", help="Stream id to read.",
+    stream: Annotated[str, typer.Option("--stream", help="Stream name or id to read.",
                                         show_default=False)],
     pm: PmOption = DEFAULT_PM,
     start: Annotated[str, typer.Option(
@@ -851,17 +873,18 @@ def consume(
     out = sys.stdout.buffer
     try:
         with Client(pm, retry_deadline_ms=timeout_ms) as c:
+            sid = c.resolve_stream(_stream_ref(stream))
             end = None
             if not follow:
-                end = c.end_offset(stream)
+                end = c.end_offset(sid)
                 if isinstance(pos, int) and pos > end:
                     raise OffsetOutOfRangeError(
                         f"offset {pos} is beyond the end {end} of stream {stream}")
             else:
-                c.describe_stream(stream)
+                c.describe_stream(sid)
             if count == 0:
                 return
-            cons = c.consumer(stream, pos, end=end)
+            cons = c.consumer(sid, pos, end=end)
             live = LiveCount("consumed")
             for n, rec in enumerate(cons, 1):
                 out.write(line_of(rec))
@@ -874,6 +897,8 @@ def consume(
             out.flush()
     except SbpError as exc:
         fail(explain(exc, pm))
+    except CliError as exc:
+        fail(str(exc), EXIT_USAGE)
     except BrokenPipeError:
         _quiet_broken_pipe()
     except KeyboardInterrupt:
