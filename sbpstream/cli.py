@@ -31,6 +31,7 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 from sbpstream.client import AsyncClient, Client, Range, Stream
+from sbpstream.client.aclient import compile_stream_pattern
 from sbpstream.client.loadgen import PhaseResult, consume_load, produce_load
 from sbpstream.client.retry import backoff_observers
 from sbpstream.client.types import (
@@ -1034,7 +1035,6 @@ def bench(
 
 @app.command()
 def pipeline(
-    streams: Annotated[str, typer.Option("--streams", help="Comma-separated stream ids.")],
     out: Annotated[Path, typer.Option("--out", help="Parquet output directory (by date).")],
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="Checkpoint directory.")],
     trigger: Annotated[str, typer.Option(
@@ -1046,6 +1046,12 @@ def pipeline(
     max_offsets_per_trigger: Annotated[int | None, typer.Option(
         "--max-offsets-per-trigger", min=1, help="Records per micro-batch, at most.")] = None,
     master: Annotated[str, typer.Option("--master", help="Spark master.")] = "local[*]",
+    streams: Annotated[str | None, typer.Option(
+        "--streams", help="Comma-separated stream names or ids.", show_default=False)] = None,
+    stream_pattern: Annotated[str | None, typer.Option(
+        "--stream-pattern", help="Instead of --streams: every stream whose whole name matches "
+        "this regular expression; streams created later join at the next trigger.",
+        show_default=False)] = None,
 ) -> None:
     """Streams to a Parquet table partitioned by date with Spark, exactly once (docs/spark.md).
 
@@ -1063,8 +1069,12 @@ def pipeline(
              f"'dist/sbpstream-<version>-py3-none-any.whl[spark]'; docs/spark.md): {exc}")
     try:
         parsed_trigger = parse_trigger(trigger)
-        stream_ids = parse_streams_arg(streams)
-    except ValueError as exc:
+        if (streams is None) == (stream_pattern is None):
+            raise ValueError("give --streams (names or ids) or --stream-pattern (a regex)")
+        stream_ids = parse_streams_arg(streams) if streams is not None else []
+        if stream_pattern is not None:
+            compile_stream_pattern(stream_pattern)
+    except (ValueError, SbpError) as exc:
         fail(str(exc), EXIT_USAGE)
     box: dict[str, Any] = {}
 
@@ -1080,6 +1090,7 @@ def pipeline(
                 streams=stream_ids, out=out, checkpoint=checkpoint, trigger=parsed_trigger, pm=pm,
                 starting_offsets=starting_offsets,
                 max_offsets_per_trigger=max_offsets_per_trigger, spark=box["spark"],
+                stream_pattern=stream_pattern,
                 report=lambda line: print(line, flush=True))
         except BaseException as exc:
             box["error"] = exc
