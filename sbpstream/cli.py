@@ -32,6 +32,7 @@ from typer.exceptions import TyperException
 
 from sbpstream.client import AsyncClient, Client, Range, Stream
 from sbpstream.client._sync_support import RecordFuture
+from sbpstream.client.aclient import compile_stream_pattern
 from sbpstream.client.loadgen import PhaseResult, consume_load, produce_load
 from sbpstream.client.producer import Offsets
 from sbpstream.client.retry import backoff_observers
@@ -54,6 +55,7 @@ from sbpstream.protocol.errors import (
     StreamDeletedError,
     StreamNotFoundError,
 )
+from sbpstream.protocol.names import name_problem
 from sbpstream.records import RecordTooLargeError
 
 T = TypeVar("T")
@@ -538,6 +540,10 @@ def datanode_server(
 
 @stream_app.command("create")
 def stream_create(
+    names: Annotated[list[str] | None, typer.Argument(
+        help="Names of the streams to create, one stream each (unique; 1-249 characters of "
+        "a-z A-Z 0-9 . _ -, not all digits). Without names: --count unnamed streams.",
+        show_default=False)] = None,
     pm: PmOption = DEFAULT_PM,
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="Replicas per range.")] = 1,
     retention_ms: Annotated[int, typer.Option(
@@ -547,23 +553,29 @@ def stream_create(
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
     """Create streams; print the new ids, one per line."""
+    for name in names or ():
+        problem = name_problem(name)
+        if problem is not None:
+            fail(problem, EXIT_USAGE)
     ids = _run(pm, timeout_ms, lambda c: c.create_streams(
-        count, replica_nums=replicas, retention_ms=retention_ms))
+        count, replica_nums=replicas, retention_ms=retention_ms, names=names or ()))
     sys.stdout.write("".join(f"{i}\n" for i in ids))
 
 
 def _streams_table(streams: list[tuple[Stream, int | None]]) -> Table:
-    t = Table("stream", "replicas", "retention_ms", "start_offset", "end_offset", "records")
+    t = Table("stream", "replicas", "retention_ms", "start_offset", "end_offset", "records",
+              "name")
     for s, end in streams:
         t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
                   str(s.start_offset), "-" if end is None else str(end),
-                  "-" if end is None else str(max(0, end - s.start_offset)))
+                  "-" if end is None else str(max(0, end - s.start_offset)), s.name or "-")
     return t
 
 
 @stream_app.command("describe")
 def stream_describe(
-    stream_ids: Annotated[list[int], typer.Argument(help="Stream ids.", show_default=False)],
+    stream_ids: Annotated[list[str], typer.Argument(help="Stream names or ids.",
+                                                    show_default=False)],
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
@@ -573,7 +585,7 @@ def stream_describe(
     status is 1), the others are still shown.
     """
 
-    async def one(c: AsyncClient, sid: int) -> tuple[Stream, int] | str:
+    async def one(c: AsyncClient, sid: str) -> tuple[Stream, int] | str:
         try:
             s = await c.describe_stream(sid)
             return s, await c.end_offset(sid)
@@ -589,14 +601,15 @@ def stream_describe(
     missing = [(sid, r) for sid, r in zip(stream_ids, results, strict=True) if isinstance(r, str)]
     if len(missing) == len(stream_ids):
         fail("; ".join(f"stream {sid} {state}" for sid, state in missing))
-    t = Table("stream", "state", "replicas", "retention_ms", "start_offset", "end_offset")
+    t = Table("stream", "state", "replicas", "retention_ms", "start_offset", "end_offset",
+              "name")
     for sid, r in zip(stream_ids, results, strict=True):
         if isinstance(r, str):
-            t.add_row(str(sid), r, "-", "-", "-", "-")
+            t.add_row(str(sid), r, "-", "-", "-", "-", "-")
         else:
             s, end = r
             t.add_row(str(s.stream_id), "active", str(s.replica_nums),
-                      str(s.retention_period_ms), str(s.start_offset), str(end))
+                      str(s.retention_period_ms), str(s.start_offset), str(end), s.name or "-")
     out_console.print(t)
     if missing:
         fail("; ".join(f"stream {sid} {state}" for sid, state in missing))
@@ -621,7 +634,7 @@ def stream_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_T
 
 @stream_app.command("update")
 def stream_update(
-    stream_id: Annotated[int, typer.Argument(help="Stream id.", show_default=False)],
+    stream_id: Annotated[str, typer.Argument(help="Stream name or id.", show_default=False)],
     retention_ms: Annotated[int | None, typer.Option(
         "--retention-ms", min=1, help="New retention: how long records are kept.",
         show_default=False)] = None,
@@ -644,7 +657,8 @@ def stream_update(
 
 @stream_app.command("delete")
 def stream_delete(
-    stream_ids: Annotated[list[int], typer.Argument(help="Stream ids.", show_default=False)],
+    stream_ids: Annotated[list[str], typer.Argument(help="Stream names or ids.",
+                                                    show_default=False)],
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
@@ -655,7 +669,7 @@ def stream_delete(
 
 @stream_app.command("trim")
 def stream_trim(
-    stream_id: Annotated[int, typer.Argument(help="Stream id.", show_default=False)],
+    stream_id: Annotated[str, typer.Argument(help="Stream name or id.", show_default=False)],
     offset: Annotated[int, typer.Argument(help="New start offset: earlier records are dropped.",
                                           show_default=False)],
     pm: PmOption = DEFAULT_PM,
@@ -668,7 +682,7 @@ def stream_trim(
 
 @stream_app.command("ranges")
 def stream_ranges(
-    stream_id: Annotated[int, typer.Argument(help="Stream id.", show_default=False)],
+    stream_id: Annotated[str, typer.Argument(help="Stream name or id.", show_default=False)],
     pm: PmOption = DEFAULT_PM,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
@@ -721,7 +735,7 @@ def _stdin_lines(chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[list[bytes]]:
 
 @app.command()
 def produce(
-    stream: Annotated[int, typer.Option("--stream", help="Stream id to append to.",
+    stream: Annotated[str, typer.Option("--stream", help="Stream name or id to append to.",
                                         show_default=False)],
     pm: PmOption = DEFAULT_PM,
     key: Annotated[str | None, typer.Option("--key", help="Key of every record (UTF-8).")
@@ -755,7 +769,8 @@ def produce(
     _valid_pm(pm)
     try:
         with Client(pm, retry_deadline_ms=timeout_ms) as c:
-            c.describe_stream(stream)  # a clear error before reading any input
+            sid = c.resolve_stream(_stream_ref(stream))
+            c.describe_stream(sid)  # a clear error before reading any input
             p = c.producer(compression=_compression(compression), linger_ms=linger_ms)
             batches: list[concurrent.futures.Future[Offsets]] = []
             singles: list[RecordFuture] = []
@@ -764,9 +779,9 @@ def produce(
                 live.add(len(lines))
                 if sep is not None:  # a key per line: records one at a time
                     pairs = _split_keys(lines, sep, len(singles))
-                    singles += [p.send(stream, v, key=k) for k, v in pairs]
+                    singles += [p.send(sid, v, key=k) for k, v in pairs]
                 else:  # one call (one cross-thread hop) per chunk of stdin
-                    batches.append(p.send_batch(stream, lines, key=key_bytes))
+                    batches.append(p.send_batch(sid, lines, key=key_bytes))
             p.close()
             live.clear()
             n = failed = 0
@@ -808,6 +823,14 @@ def produce(
         fail(f"{failed} of {n} records were not acknowledged: {why}")
     err_console.print(f"produced {n} records to stream {stream}"
                       + (f" (offsets {first}..{last})" if n else ""))
+
+
+def _stream_ref(text: str) -> int | str:
+    """``--stream NAME|ID``: digits are an id, anything else a name (checked here, one line)."""
+    problem = None if text.strip().isdigit() else name_problem(text)
+    if problem is not None:
+        raise CliError(f"--stream: {problem}")
+    return text
 
 
 def _split_keys(lines: list[bytes], sep: bytes, first_line: int) -> list[tuple[bytes, bytes]]:
@@ -854,7 +877,7 @@ def _parse_from(value: str) -> StartPosition:
 
 @app.command()
 def consume(
-    stream: Annotated[int, typer.Option("--stream", help="Stream id to read.",
+    stream: Annotated[str, typer.Option("--stream", help="Stream name or id to read.",
                                         show_default=False)],
     pm: PmOption = DEFAULT_PM,
     start: Annotated[str, typer.Option(
@@ -891,17 +914,18 @@ def consume(
     out = sys.stdout.buffer
     try:
         with Client(pm, retry_deadline_ms=timeout_ms) as c:
+            sid = c.resolve_stream(_stream_ref(stream))
             end = None
             if not follow:
-                end = c.end_offset(stream)
+                end = c.end_offset(sid)
                 if isinstance(pos, int) and pos > end:
                     raise OffsetOutOfRangeError(
                         f"offset {pos} is beyond the end {end} of stream {stream}")
             else:
-                c.describe_stream(stream)
+                c.describe_stream(sid)
             if count == 0:
                 return
-            cons = c.consumer(stream, pos, end=end)
+            cons = c.consumer(sid, pos, end=end)
             live = LiveCount("consumed")
             for n, rec in enumerate(cons, 1):
                 out.write(line_of(rec))
@@ -914,6 +938,8 @@ def consume(
             out.flush()
     except SbpError as exc:
         fail(explain(exc, pm))
+    except CliError as exc:
+        fail(str(exc), EXIT_USAGE)
     except BrokenPipeError:
         _quiet_broken_pipe()
     except KeyboardInterrupt:
@@ -1049,7 +1075,6 @@ def bench(
 
 @app.command()
 def pipeline(
-    streams: Annotated[str, typer.Option("--streams", help="Comma-separated stream ids.")],
     out: Annotated[Path, typer.Option("--out", help="Parquet output directory (by date).")],
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="Checkpoint directory.")],
     trigger: Annotated[str, typer.Option(
@@ -1061,6 +1086,12 @@ def pipeline(
     max_offsets_per_trigger: Annotated[int | None, typer.Option(
         "--max-offsets-per-trigger", min=1, help="Records per micro-batch, at most.")] = None,
     master: Annotated[str, typer.Option("--master", help="Spark master.")] = "local[*]",
+    streams: Annotated[str | None, typer.Option(
+        "--streams", help="Comma-separated stream names or ids.", show_default=False)] = None,
+    stream_pattern: Annotated[str | None, typer.Option(
+        "--stream-pattern", help="Instead of --streams: every stream whose whole name matches "
+        "this regular expression; streams created later join at the next trigger.",
+        show_default=False)] = None,
 ) -> None:
     """Streams to a Parquet table partitioned by date with Spark, exactly once (docs/spark.md).
 
@@ -1078,8 +1109,12 @@ def pipeline(
              f"'dist/sbpstream-<version>-py3-none-any.whl[spark]'; docs/spark.md): {exc}")
     try:
         parsed_trigger = parse_trigger(trigger)
-        stream_ids = parse_streams_arg(streams)
-    except ValueError as exc:
+        if (streams is None) == (stream_pattern is None):
+            raise ValueError("give --streams (names or ids) or --stream-pattern (a regex)")
+        stream_ids = parse_streams_arg(streams) if streams is not None else []
+        if stream_pattern is not None:
+            compile_stream_pattern(stream_pattern)
+    except (ValueError, SbpError) as exc:
         fail(str(exc), EXIT_USAGE)
     box: dict[str, Any] = {}
 
@@ -1095,6 +1130,7 @@ def pipeline(
                 streams=stream_ids, out=out, checkpoint=checkpoint, trigger=parsed_trigger, pm=pm,
                 starting_offsets=starting_offsets,
                 max_offsets_per_trigger=max_offsets_per_trigger, spark=box["spark"],
+                stream_pattern=stream_pattern,
                 report=lambda line: print(line, flush=True))
         except BaseException as exc:
             box["error"] = exc

@@ -26,7 +26,7 @@ RANGE = m.Range(
     replica_nodes=(m.ReplicaNode(NODE, True), m.ReplicaNode(NODE2, True)),
 )
 RANGE2 = dataclasses.replace(RANGE, range_index=4, start_offset=1_500, next_offset=1_600)
-STREAM = m.Stream(42, 3, 86_400_000, 1_000)
+STREAM = m.Stream(42, 3, 86_400_000, 1_000, "orders.eu-1")
 PRODUCER = m.ProducerState(1 << 40, 3, 99, 1_400)
 
 SAMPLES: list[m.Message] = [
@@ -78,13 +78,14 @@ SAMPLES: list[m.Message] = [
     m.SyncRangesResponse(3, ERR, (m.SyncResult(42, ERR, (RANGE2,)),)),
     m.DescribeRangesRequest(1_000, (m.DescribeRangeItem(42, 4),)),
     m.DescribeRangesResponse(4, ERR, (m.DescribeRangeResult(42, ERR, RANGE),)),
-    m.CreateStreamsRequest(1_000, (m.CreateStreamItem(3, 86_400_000), m.CreateStreamItem(1, 1))),
+    m.CreateStreamsRequest(
+        1_000, (m.CreateStreamItem(3, 86_400_000, "orders.eu-1"), m.CreateStreamItem(1, 1))),
     m.CreateStreamsResponse(5, ERR, (m.CreateStreamResult(STREAM, 3, 86_400_000, ERR),)),
     m.DeleteStreamsRequest(1_000, (STREAM,)),
     m.DeleteStreamsResponse(6, ERR, (m.StreamResult(STREAM, ERR),)),
-    m.UpdateStreamsRequest(1_000, (STREAM, m.Stream(43, 1, 5, 6))),
+    m.UpdateStreamsRequest(1_000, (STREAM, m.Stream(43, 1, 5, 6, "s43"))),
     m.UpdateStreamsResponse(7, ERR, (m.StreamResult(STREAM, ERR),)),
-    m.DescribeStreamsRequest(1_000, (42, 43, 1 << 50), 100, 41),
+    m.DescribeStreamsRequest(1_000, (42, 43, 1 << 50), 100, 41, "orders.eu-1", "orders."),
     m.DescribeStreamsResponse(8, ERR, (m.StreamResult(STREAM, ERR),), 43),
     m.TrimStreamsRequest(1_000, (m.TrimItem(42, 1_200),)),
     m.TrimStreamsResponse(9, ERR, (m.TrimResult(STREAM, ERR, RANGE),)),

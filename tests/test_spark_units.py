@@ -72,7 +72,10 @@ def test_options_are_case_insensitive_and_json_offsets() -> None:
     [
         ({"streams": "1"}, False, "option 'pm'"),
         ({"pm": PM}, False, "option 'streams'"),
-        ({"pm": PM, "streams": "x"}, False, "option 'streams'"),
+        ({"pm": PM, "streams": "x y"}, False, "option 'streams': stream name"),
+        ({"pm": PM, "streamPattern": "("}, False, "option 'streamPattern': bad regular"),
+        ({"pm": PM, "streams": "a", "streamPattern": "a.*"}, False, "exclude each other"),
+        ({"pm": PM, "streamPattern": "a.*", "startingOffsets": "{}"}, True, "per-stream JSON"),
         ({"pm": PM, "streams": "1,1"}, False, "listed twice"),
         ({"pm": "nohost", "streams": "1"}, False, "option 'pm'"),
         ({"pm": PM, "streams": "1", "startingOffsets": "{bad"}, False, "option 'startingOffsets'"),
@@ -99,10 +102,12 @@ def test_misuse_names_the_option(options: dict[str, str], streaming: bool, needl
 def test_sink_options() -> None:
     o = parse_sink_options({"pm": PM, "stream": "7"})
     assert o.stream == 7
-    with pytest.raises(ValueError, match="option 'stream' is required"):
+    assert parse_sink_options({"pm": PM, "stream": "orders"}).stream == "orders"
+    assert parse_sink_options({"pm": PM}).stream is None  # routed by a 'stream' column
+    with pytest.raises(ValueError, match="option 'streams' is for reading"):
         parse_sink_options({"pm": PM, "streams": "7"})
     with pytest.raises(ValueError, match="option 'stream'"):
-        parse_sink_options({"pm": PM, "stream": "seven"})
+        parse_sink_options({"pm": PM, "stream": "se ven"})
     with pytest.raises(ValueError, match="option 'pm'"):
         parse_sink_options({"stream": "7"})
     with pytest.raises(ValueError, match="option 'compression'"):

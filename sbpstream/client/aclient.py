@@ -10,8 +10,10 @@ router's public methods.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import re
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -32,6 +34,7 @@ from sbpstream.net.client import Connection, ConnectionPool
 from sbpstream.protocol.errors import (
     ErrorCode,
     InvalidRequestError,
+    InvalidStreamConfigError,
     NoPmReachableError,
     RangeNotFoundError,
     SbpError,
@@ -58,6 +61,7 @@ from sbpstream.protocol.messages import (
     UpdateStreamsRequest,
     UpdateStreamsResponse,
 )
+from sbpstream.protocol.names import name_problem, parse_stream_ref, validate_name_prefix
 
 log = logging.getLogger("sbpstream.client")
 
@@ -95,6 +99,9 @@ class AsyncClient:
         self.routing = RangeRouter(self._pool, self._pm_call,
                                    request_timeout_ms=request_timeout_ms, retry=self.retry)
         self._closed = False
+        self._names: dict[str, int] = {}
+        """Stream name -> id, as DESCRIBE_STREAMS answered (names are immutable while the
+        stream lives; a deleted stream's entries are dropped by this client's deletes)."""
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -112,13 +119,23 @@ class AsyncClient:
     # ------------------------------------------------------------------------------ streams
 
     async def create_streams(
-        self, count: int = 1, *, replica_nums: int = 1, retention_ms: int = DEFAULT_RETENTION_MS
+        self, count: int = 1, *, replica_nums: int = 1, retention_ms: int = DEFAULT_RETENTION_MS,
+        names: Sequence[str] = (),
     ) -> list[int]:
-        """Create ``count`` streams; return their ids in order."""
+        """Create ``count`` streams, or one per name of ``names`` (unique names; see
+        :mod:`sbpstream.protocol.names` for the rules); return their ids in order."""
+        if names:
+            for n in names:
+                problem = name_problem(n)
+                if problem is not None:
+                    raise InvalidStreamConfigError(problem)
+            count = len(names)
         if count < 1:
             raise InvalidRequestError(f"count must be at least 1, not {count}")
         item = CreateStreamItem(replica_nums=replica_nums, retention_period_ms=retention_ms)
-        req = CreateStreamsRequest(timeout_ms=self.request_timeout_ms, items=(item,) * count)
+        items = (tuple(dataclasses.replace(item, name=n) for n in names) if names
+                 else (item,) * count)
+        req = CreateStreamsRequest(timeout_ms=self.request_timeout_ms, items=items)
         resp = await self._pm_call(req, CreateStreamsResponse)
         ids: list[int] = []
         for r in resp.items:
@@ -126,19 +143,69 @@ class AsyncClient:
             if r.stream is None:
                 raise InvalidRequestError("the PM created a stream but returned no id")
             ids.append(r.stream.stream_id)
+            if r.stream.name:
+                self._names[r.stream.name] = r.stream.stream_id
         return ids
 
     async def create_stream(
-        self, *, replica_nums: int = 1, retention_ms: int = DEFAULT_RETENTION_MS
+        self, name: str = "", *, replica_nums: int = 1, retention_ms: int = DEFAULT_RETENTION_MS
     ) -> int:
-        """Create one stream; return its id."""
-        ids = await self.create_streams(1, replica_nums=replica_nums, retention_ms=retention_ms)
+        """Create one stream (named ``name``, unless empty); return its id."""
+        ids = await self.create_streams(1, replica_nums=replica_nums, retention_ms=retention_ms,
+                                        names=(name,) if name else ())
         return ids[0]
 
-    async def describe_streams(self, stream_ids: Sequence[int]) -> list[Stream]:
-        """Describe the given streams (raises StreamNotFoundError for an unknown one)."""
+    async def resolve_stream(self, stream: int | str, *, refresh: bool = False) -> int:
+        """The id of ``stream``: an id (int, or a string of digits) as is; a name through
+        DESCRIBE_STREAMS, cached (``refresh`` asks again). StreamNotFoundError when no live
+        stream has the name; InvalidStreamConfigError for text that is neither."""
+        ref = parse_stream_ref(stream) if isinstance(stream, str) else stream
+        if isinstance(ref, int):
+            return ref
+        if not refresh and ref in self._names:
+            return self._names[ref]
+        req = DescribeStreamsRequest(timeout_ms=self.request_timeout_ms, name=ref)
+        resp = await self._pm_call(req, DescribeStreamsResponse)
+        r = resp.items[0] if resp.items else None
+        if r is None or r.status.code == ErrorCode.STREAM_NOT_FOUND or r.stream is None:
+            self._names.pop(ref, None)
+            raise StreamNotFoundError(f"no stream is named {ref!r}")
+        r.status.raise_for_error()
+        self._names[ref] = r.stream.stream_id
+        return r.stream.stream_id
+
+    async def resolve_streams(self, streams: Sequence[int | str]) -> list[int]:
+        """:meth:`resolve_stream` of each, concurrently; ids in the same order."""
+        return list(await asyncio.gather(*(self.resolve_stream(s) for s in streams)))
+
+    async def find_streams(self, prefix: str = "", pattern: str | None = None) -> list[Stream]:
+        """The live named streams whose name starts with ``prefix`` ("" = every named stream)
+        and, with ``pattern``, fully matches that regular expression; in id order."""
+        validate_name_prefix(prefix)
+        rx = compile_stream_pattern(pattern) if pattern is not None else None
+        out: list[Stream] = []
+        continuation = -1
+        while True:
+            # name_prefix "" lists every stream: the unnamed ones are filtered out below
+            req = DescribeStreamsRequest(timeout_ms=self.request_timeout_ms, name_prefix=prefix,
+                                         limit=LIST_PAGE_SIZE, continuation=continuation)
+            resp = await self._pm_call(req, DescribeStreamsResponse)
+            resp.status.raise_for_error()
+            for r in resp.items:
+                st = r.stream
+                if r.status.ok and st is not None and st.name and (
+                        rx is None or rx.fullmatch(st.name)):
+                    self._names[st.name] = st.stream_id
+                    out.append(st)
+            if resp.continuation < 0 or not resp.items:
+                return out
+            continuation = resp.continuation
+
+    async def describe_streams(self, stream_ids: Sequence[int | str]) -> list[Stream]:
+        """Describe the given streams, by id or name (StreamNotFoundError for an unknown one)."""
         if not stream_ids:
             return []
+        stream_ids = await self.resolve_streams(stream_ids)
         req = DescribeStreamsRequest(
             timeout_ms=self.request_timeout_ms, stream_ids=tuple(stream_ids)
         )
@@ -152,8 +219,8 @@ class AsyncClient:
             out.append(r.stream)
         return out
 
-    async def describe_stream(self, stream_id: int) -> Stream:
-        """Describe one stream."""
+    async def describe_stream(self, stream_id: int | str) -> Stream:
+        """Describe one stream (by id or name)."""
         return (await self.describe_streams([stream_id]))[0]
 
     async def list_streams(self) -> list[Stream]:
@@ -174,12 +241,13 @@ class AsyncClient:
 
     async def update_stream(
         self,
-        stream_id: int,
+        stream_id: int | str,
         *,
         replica_nums: int | None = None,
         retention_ms: int | None = None,
     ) -> Stream:
         """Change a stream's replica count and/or retention; return its new description."""
+        stream_id = await self.resolve_stream(stream_id)
         cur = await self.describe_stream(stream_id)
         new = Stream(
             stream_id=stream_id,
@@ -193,8 +261,9 @@ class AsyncClient:
         r.status.raise_for_error()
         return r.stream or new
 
-    async def trim_stream(self, stream_id: int, offset: int) -> Stream:
+    async def trim_stream(self, stream_id: int | str, offset: int) -> Stream:
         """Drop the records before ``offset``; return the stream (its new start_offset)."""
+        stream_id = await self.resolve_stream(stream_id)
         req = TrimStreamsRequest(
             timeout_ms=self.request_timeout_ms,
             items=(TrimItem(stream_id=stream_id, trim_offset=offset),),
@@ -207,10 +276,15 @@ class AsyncClient:
             return await self.describe_stream(stream_id)
         return r.stream
 
-    async def delete_streams(self, stream_ids: Sequence[int]) -> None:
-        """Delete streams; raises the first per-stream error (after all were attempted)."""
+    async def delete_streams(self, stream_ids: Sequence[int | str]) -> None:
+        """Delete streams (by id or name); raises the first per-stream error (after all were
+        attempted)."""
         if not stream_ids:
             return
+        stream_ids = await self.resolve_streams(stream_ids)
+        gone = set(stream_ids)
+        for name in [n for n, sid in self._names.items() if sid in gone]:
+            del self._names[name]
         req = DeleteStreamsRequest(
             timeout_ms=self.request_timeout_ms,
             items=tuple(Stream(stream_id=s) for s in stream_ids),
@@ -221,18 +295,20 @@ class AsyncClient:
         for r in resp.items:
             r.status.raise_for_error()
 
-    async def delete_stream(self, stream_id: int) -> None:
+    async def delete_stream(self, stream_id: int | str) -> None:
         """Delete one stream."""
         await self.delete_streams([stream_id])
 
     # ------------------------------------------------------------------------------- ranges
 
-    async def list_ranges(self, stream_id: int) -> list[Range]:
+    async def list_ranges(self, stream_id: int | str) -> list[Range]:
         """The stream's ranges from the PM, by range index (the last one is writable)."""
+        stream_id = await self.resolve_stream(stream_id)
         return list(await self.routing.ranges(stream_id, refresh=True))
 
-    async def describe_range(self, stream_id: int, range_index: int) -> Range:
+    async def describe_range(self, stream_id: int | str, range_index: int) -> Range:
         """One range; for the writable range the primary data node answers authoritatively."""
+        stream_id = await self.resolve_stream(stream_id)
         ranges = await self.routing.ranges(stream_id)
         rng = next((r for r in ranges if r.range_index == range_index), None)
         req = DescribeRangesRequest(
@@ -256,15 +332,17 @@ class AsyncClient:
             raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
         return r.range
 
-    async def start_offset(self, stream_id: int) -> int:
+    async def start_offset(self, stream_id: int | str) -> int:
         """The stream's first readable offset."""
+        stream_id = await self.resolve_stream(stream_id)
         stream = await self.describe_stream(stream_id)
         ranges = await self.routing.ranges(stream_id, refresh=True)
         first = ranges[0].start_offset if ranges else 0
         return max(stream.start_offset, first)
 
-    async def end_offset(self, stream_id: int) -> int:
+    async def end_offset(self, stream_id: int | str) -> int:
         """The offset the next record appended to the stream will get (its current end)."""
+        stream_id = await self.resolve_stream(stream_id)
         ranges = await self.routing.ranges(stream_id, refresh=True)
         if not ranges:
             return 0
@@ -411,3 +489,12 @@ def _merge_frames(resp_cls: type[M], frames: Sequence[Frame]) -> M:
         return last
     items = tuple(it for d in decoded for it in d.items)  # type: ignore[attr-defined]
     return dataclasses.replace(last, items=items)  # type: ignore[type-var]
+
+
+def compile_stream_pattern(pattern: str) -> re.Pattern[str]:
+    """A stream-name regular expression (matched against whole names, as Kafka's
+    ``subscribePattern``); InvalidRequestError, one line, when it does not compile."""
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise InvalidRequestError(f"bad stream pattern {pattern!r}: {e}") from None

@@ -76,27 +76,55 @@ class Client(ClientBase):
         *,
         replica_nums: int = 1,
         retention_ms: int = 604800000,
+        names: Sequence[str] = (),
     ) -> list[int]:
-        """Create ``count`` streams; return their ids in order."""
+        """Create ``count`` streams, or one per name of ``names`` (unique names; see
+        :mod:`sbpstream.protocol.names` for the rules); return their ids in order.
+        """
         return self._runner.run(self._async.create_streams(
             count,
             replica_nums=replica_nums,
             retention_ms=retention_ms,
+            names=names,
         ))
 
-    def create_stream(self, *, replica_nums: int = 1, retention_ms: int = 604800000) -> int:
-        """Create one stream; return its id."""
+    def create_stream(
+        self,
+        name: str = "",
+        *,
+        replica_nums: int = 1,
+        retention_ms: int = 604800000,
+    ) -> int:
+        """Create one stream (named ``name``, unless empty); return its id."""
         return self._runner.run(self._async.create_stream(
+            name,
             replica_nums=replica_nums,
             retention_ms=retention_ms,
         ))
 
-    def describe_streams(self, stream_ids: Sequence[int]) -> list[Stream]:
-        """Describe the given streams (raises StreamNotFoundError for an unknown one)."""
+    def resolve_stream(self, stream: int | str, *, refresh: bool = False) -> int:
+        """The id of ``stream``: an id (int, or a string of digits) as is; a name through
+        DESCRIBE_STREAMS, cached (``refresh`` asks again). StreamNotFoundError when no live
+        stream has the name; InvalidStreamConfigError for text that is neither.
+        """
+        return self._runner.run(self._async.resolve_stream(stream, refresh=refresh))
+
+    def resolve_streams(self, streams: Sequence[int | str]) -> list[int]:
+        """:meth:`resolve_stream` of each, concurrently; ids in the same order."""
+        return self._runner.run(self._async.resolve_streams(streams))
+
+    def find_streams(self, prefix: str = "", pattern: str | None = None) -> list[Stream]:
+        """The live named streams whose name starts with ``prefix`` ("" = every named stream)
+        and, with ``pattern``, fully matches that regular expression; in id order.
+        """
+        return self._runner.run(self._async.find_streams(prefix, pattern))
+
+    def describe_streams(self, stream_ids: Sequence[int | str]) -> list[Stream]:
+        """Describe the given streams, by id or name (StreamNotFoundError for an unknown one)."""
         return self._runner.run(self._async.describe_streams(stream_ids))
 
-    def describe_stream(self, stream_id: int) -> Stream:
-        """Describe one stream."""
+    def describe_stream(self, stream_id: int | str) -> Stream:
+        """Describe one stream (by id or name)."""
         return self._runner.run(self._async.describe_stream(stream_id))
 
     def list_streams(self) -> list[Stream]:
@@ -105,7 +133,7 @@ class Client(ClientBase):
 
     def update_stream(
         self,
-        stream_id: int,
+        stream_id: int | str,
         *,
         replica_nums: int | None = None,
         retention_ms: int | None = None,
@@ -117,31 +145,33 @@ class Client(ClientBase):
             retention_ms=retention_ms,
         ))
 
-    def trim_stream(self, stream_id: int, offset: int) -> Stream:
+    def trim_stream(self, stream_id: int | str, offset: int) -> Stream:
         """Drop the records before ``offset``; return the stream (its new start_offset)."""
         return self._runner.run(self._async.trim_stream(stream_id, offset))
 
-    def delete_streams(self, stream_ids: Sequence[int]) -> None:
-        """Delete streams; raises the first per-stream error (after all were attempted)."""
+    def delete_streams(self, stream_ids: Sequence[int | str]) -> None:
+        """Delete streams (by id or name); raises the first per-stream error (after all were
+        attempted).
+        """
         self._runner.run(self._async.delete_streams(stream_ids))
 
-    def delete_stream(self, stream_id: int) -> None:
+    def delete_stream(self, stream_id: int | str) -> None:
         """Delete one stream."""
         self._runner.run(self._async.delete_stream(stream_id))
 
-    def list_ranges(self, stream_id: int) -> list[Range]:
+    def list_ranges(self, stream_id: int | str) -> list[Range]:
         """The stream's ranges from the PM, by range index (the last one is writable)."""
         return self._runner.run(self._async.list_ranges(stream_id))
 
-    def describe_range(self, stream_id: int, range_index: int) -> Range:
+    def describe_range(self, stream_id: int | str, range_index: int) -> Range:
         """One range; for the writable range the primary data node answers authoritatively."""
         return self._runner.run(self._async.describe_range(stream_id, range_index))
 
-    def start_offset(self, stream_id: int) -> int:
+    def start_offset(self, stream_id: int | str) -> int:
         """The stream's first readable offset."""
         return self._runner.run(self._async.start_offset(stream_id))
 
-    def end_offset(self, stream_id: int) -> int:
+    def end_offset(self, stream_id: int | str) -> int:
         """The offset the next record appended to the stream will get (its current end)."""
         return self._runner.run(self._async.end_offset(stream_id))
 

@@ -62,6 +62,8 @@ class StreamMeta:
     deleted: bool = False
     created_ms: int = 0
     updated_ms: int = 0
+    name: str = ""
+    """The stream's unique name ("" = unnamed); a deleted stream releases it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,8 @@ class NewStream:
     replica_nums: int
     retention_period_ms: int
     replicas: tuple[ReplicaMeta, ...]
+    name: str = ""
+    """Validated by :func:`sbpstream.pm.rules.validate_stream_name`; "" = unnamed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +242,15 @@ class MetadataStore(Protocol):
 
     async def list_streams(self, after_stream_id: int, limit: int) -> list[StreamMeta]:
         """Live (not deleted) streams with id > ``after_stream_id``, ascending, <= ``limit``."""
+
+    async def get_stream_by_name(self, name: str) -> StreamMeta | None:
+        """The live stream holding ``name`` (names are unique among live streams), or None."""
+
+    async def list_streams_by_prefix(
+        self, prefix: str, after_stream_id: int, limit: int
+    ) -> list[StreamMeta]:
+        """Live streams whose name starts with ``prefix`` ("" = every named stream) and whose
+        id is > ``after_stream_id``, ascending id, <= ``limit``."""
 
     async def update_streams(
         self, items: Sequence[StreamUpdate], now_ms: int

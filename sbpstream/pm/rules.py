@@ -35,12 +35,14 @@ from sbpstream.pm.staging import ALL_RANGES
 from sbpstream.protocol.errors import (
     DataNodeNotFoundError,
     InvalidRequestError,
+    InvalidStreamConfigError,
     LimitExceededError,
     MetadataError,
     RangeNotFoundError,
     StreamDeletedError,
     StreamNotFoundError,
 )
+from sbpstream.protocol.names import validate_stream_name
 
 COUNTER_STREAM: Final = "next_stream_id"
 COUNTER_NODE: Final = "next_node_id"
@@ -80,6 +82,16 @@ class MetaTxn(Protocol):
 
     def next_id(self, name: str, n: int = 1) -> int:
         """Advance counter ``name`` by ``n``; its value before (the first id of the block)."""
+
+    def stream_named(self, name: str) -> int | None:
+        """The name index: the id of the live stream holding ``name``, or None."""
+
+    def put_name(self, name: str, sid: int) -> None:
+        """``name`` now names stream ``sid`` (SQLite: a ``stream_names`` row; etcd: the key
+        ``P/names/<name>``, written in the same transaction as the stream, compared absent)."""
+
+    def drop_name(self, name: str) -> None:
+        """``name`` is free again."""
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -135,12 +147,21 @@ def reserve_stream_ids(tx: MetaTxn, n: int) -> int:
 
 
 def create_stream(tx: MetaTxn, sid: int, item: NewStream, now_ms: int) -> CreatedStream:
-    """Stream ``sid`` and its range 0 at offset 0, together."""
+    """Stream ``sid`` and its range 0 at offset 0, together; with its name, if it has one
+    (InvalidStreamConfigError when a live stream holds the name already)."""
+    if item.name:
+        validate_stream_name(item.name)
+        holder = tx.stream_named(item.name)
+        if holder is not None:
+            raise InvalidStreamConfigError(
+                f"stream name {item.name!r} is taken by stream {holder}")
     if tx.stream(sid) is not None or tx.range(sid, 0) is not None:
         raise MetadataError(f"could not create stream: id {sid} is already in use")
     stream = StreamMeta(sid, item.replica_nums, item.retention_period_ms, 0, False, now_ms,
-                        now_ms)
+                        now_ms, item.name)
     rng = RangeMeta(sid, 0, 0, WRITABLE_END_OFFSET, 0, item.replicas)
+    if item.name:
+        tx.put_name(item.name, sid)
     tx.put_stream(stream)
     tx.put_range(rng)
     return CreatedStream(stream, rng)
@@ -179,9 +200,11 @@ def trim_stream(tx: MetaTxn, sid: int, trim_offset: int, now_ms: int) -> TrimOut
 
 
 def delete_stream(tx: MetaTxn, sid: int, now_ms: int) -> DeleteOutcome:
-    """Mark the stream deleted (the id stays taken) and remove all its ranges."""
+    """Mark the stream deleted (the id stays taken), release its name, remove its ranges."""
     stream = live_stream(tx, sid)
     ranges = tx.ranges(sid)
+    if stream.name and tx.stream_named(stream.name) == sid:
+        tx.drop_name(stream.name)
     tx.drop_ranges_below(sid, ALL_RANGES)
     s = replace(stream, deleted=True, updated_ms=now_ms)
     tx.put_stream(s)

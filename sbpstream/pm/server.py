@@ -171,7 +171,7 @@ class WireDataNodeApi:
 
 
 def _stream(s: md.StreamMeta) -> m.Stream:
-    return m.Stream(s.stream_id, s.replica_nums, s.retention_period_ms, s.start_offset)
+    return m.Stream(s.stream_id, s.replica_nums, s.retention_period_ms, s.start_offset, s.name)
 
 
 class PmServer:
@@ -374,7 +374,8 @@ class PmServer:
     async def _create_streams(self, req: Request, resp: Responder) -> None:
         r = m.CreateStreamsRequest.decode(req.header)
         outs = await self.service.create_streams(
-            [(it.replica_nums, it.retention_period_ms) for it in r.items]
+            [(it.replica_nums, it.retention_period_ms) for it in r.items],
+            names=[it.name for it in r.items],
         )
         items: list[m.CreateStreamResult] = []
         for it, o in zip(r.items, outs, strict=True):
@@ -412,9 +413,23 @@ class PmServer:
 
     async def _describe_streams(self, req: Request, resp: Responder) -> None:
         r = m.DescribeStreamsRequest.decode(req.header)
-        if r.stream_ids:
+        if r.stream_ids or r.name:
             outs = await self.service.describe_streams(r.stream_ids)
-            out = m.DescribeStreamsResponse(items=self._stream_results(r.stream_ids, outs))
+            items = self._stream_results(r.stream_ids, outs)
+            if r.name:  # after the ids: the stream of that name
+                o = await self.service.describe_stream_named(r.name)
+                items += (m.StreamResult(m.Stream(name=r.name), Status.of(o))
+                          if isinstance(o, SbpError) else m.StreamResult(_stream(o)),)
+            out = m.DescribeStreamsResponse(items=items)
+        elif r.name_prefix:
+            try:
+                page, cont = await self.service.list_streams_by_prefix(
+                    r.name_prefix, r.continuation, r.limit)
+            except SbpError as e:
+                out = m.DescribeStreamsResponse(status=Status.of(e))
+            else:
+                out = m.DescribeStreamsResponse(
+                    items=tuple(m.StreamResult(_stream(s)) for s in page), continuation=cont)
         else:
             page, cont = await self.service.list_streams(r.continuation, r.limit)
             out = m.DescribeStreamsResponse(

@@ -49,6 +49,7 @@ from sbpstream.protocol.errors import (
     StreamNotFoundError,
 )
 from sbpstream.protocol.messages import MAX_ITEMS_PER_REQUEST
+from sbpstream.protocol.names import name_problem, validate_name_prefix, validate_stream_name
 
 log = logging.getLogger("sbpstream.pm")
 
@@ -235,15 +236,19 @@ class PmService:
 
     # ------------------------------------------------------------------ streams
     async def create_streams(
-        self, items: Sequence[tuple[int, int]]
+        self, items: Sequence[tuple[int, int]], names: Sequence[str] = ()
     ) -> list[CreatedStream | SbpError]:
-        """(replica_nums, retention_period_ms) items: validate, place, persist, tell the nodes."""
+        """(replica_nums, retention_period_ms) items: validate, place, persist, tell the nodes.
+        ``names``, when given, names each item ("" = unnamed; rules in protocol/names.py)."""
         check_batch(len(items))
+        names = list(names) or [""] * len(items)
         out: list[CreatedStream | SbpError | None] = [None] * len(items)
         valid: list[int] = []
         for i, (replica_nums, retention_ms) in enumerate(items):
             try:
                 validate_stream_config(replica_nums, retention_ms)
+                if names[i]:
+                    validate_stream_name(names[i])
             except SbpError as e:
                 out[i] = e
                 continue
@@ -254,7 +259,7 @@ class PmService:
             if isinstance(replicas, SbpError):
                 out[i] = replicas
             else:
-                todo.append((i, NewStream(items[i][0], items[i][1], replicas)))
+                todo.append((i, NewStream(items[i][0], items[i][1], replicas, names[i])))
         try:
             results = await self.meta.create_streams([ns for _, ns in todo], self.wall_ms())
         except SbpError as e:
@@ -278,6 +283,27 @@ class PmService:
         check_batch(len(stream_ids))
         found = await self.meta.get_streams(stream_ids)
         return [self._live_or_error(sid, s) for sid, s in zip(stream_ids, found, strict=True)]
+
+    async def describe_stream_named(self, name: str) -> StreamMeta | SbpError:
+        """The live stream holding ``name``, or StreamNotFoundError."""
+        problem = name_problem(name)
+        if problem is not None:
+            return InvalidRequestError(problem)
+        s = await self.meta.get_stream_by_name(name)
+        return s if s is not None else StreamNotFoundError(f"no stream is named {name!r}")
+
+    async def list_streams_by_prefix(
+        self, prefix: str, continuation: int, limit: int
+    ) -> tuple[list[StreamMeta], int]:
+        """:meth:`list_streams` restricted to the streams named ``prefix...``."""
+        validate_name_prefix(prefix)
+        if limit <= 0 or limit > DESCRIBE_STREAMS_PAGE_MAX:
+            limit = DESCRIBE_STREAMS_PAGE_MAX
+        page = await self.meta.list_streams_by_prefix(prefix, max(continuation, 0), limit + 1)
+        if len(page) > limit:
+            page = page[:limit]
+            return page, page[-1].stream_id
+        return page, -1
 
     @staticmethod
     def _live_or_error(stream_id: int, s: StreamMeta | None) -> StreamMeta | SbpError:

@@ -45,15 +45,16 @@ from sbpstream.pm.metadata import (
     TrimOutcome,
 )
 from sbpstream.pm.rules import COUNTER_NODE, COUNTER_STREAM, MetaTxn
-from sbpstream.pm.staging import Layer, StagedTxn
+from sbpstream.pm.staging import NAME_DROPPED, Layer, StagedTxn
 from sbpstream.protocol.errors import MetadataError, SbpError
+from sbpstream.protocol.names import prefix_upper_bound
 
 log = logging.getLogger("sbpstream.pm.sqlite")
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """Bumped by every schema change; ``_MIGRATIONS[v]`` upgrades a file from version ``v``."""
 
 SQL_IN_CHUNK: Final = 500
@@ -62,6 +63,16 @@ builds, large enough that a 1,000-item batch takes two queries."""
 
 BUSY_TIMEOUT_MS: Final = 2000
 """How long open waits for another process's lock before reporting the file in use."""
+
+_NAMES_TABLE: Final = """CREATE TABLE IF NOT EXISTS stream_names (
+        name TEXT PRIMARY KEY,
+        stream_id INTEGER NOT NULL
+    ) WITHOUT ROWID"""
+"""The name index is its own table: its primary key keeps live names unique; a deleted
+stream's row here goes while the stream row keeps its name for history."""
+
+_NAMES_BY_STREAM: Final = (
+    "CREATE INDEX IF NOT EXISTS stream_names_by_stream ON stream_names (stream_id)")
 
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -75,7 +86,8 @@ _SCHEMA: Final = (
         start_offset INTEGER NOT NULL DEFAULT 0,
         deleted INTEGER NOT NULL DEFAULT 0,
         created_ms INTEGER NOT NULL,
-        updated_ms INTEGER NOT NULL
+        updated_ms INTEGER NOT NULL,
+        name TEXT NOT NULL DEFAULT ''
     )""",
     """CREATE TABLE IF NOT EXISTS ranges (
         stream_id INTEGER NOT NULL,
@@ -111,9 +123,14 @@ _SCHEMA: Final = (
         last_base_offset INTEGER NOT NULL,
         PRIMARY KEY (stream_id, range_index, producer_id)
     ) WITHOUT ROWID""",
+    _NAMES_TABLE,
+    _NAMES_BY_STREAM,
 )
 
-_MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {}
+_MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
+    1: ("ALTER TABLE streams ADD COLUMN name TEXT NOT NULL DEFAULT ''", _NAMES_TABLE,
+        _NAMES_BY_STREAM),  # named streams (issue 20): old files have none
+}
 """from-version -> statements bringing the file to from-version + 1."""
 
 _RANGE_COLS: Final = (
@@ -157,13 +174,16 @@ def _range(head: tuple[int, ...], replicas: list[ReplicaMeta]) -> RangeMeta:
     return RangeMeta(head[0], head[1], head[2], head[3], head[4], tuple(replicas))
 
 
-def _stream(row: tuple[int, ...]) -> StreamMeta:
-    return StreamMeta(row[0], row[1], row[2], row[3], bool(row[4]), row[5], row[6])
+def _stream(row: Sequence[Any]) -> StreamMeta:
+    return StreamMeta(row[0], row[1], row[2], row[3], bool(row[4]), row[5], row[6], row[7])
 
 
 _STREAM_COLS: Final = (
-    "stream_id, replica_nums, retention_period_ms, start_offset, deleted, created_ms, updated_ms"
+    "stream_id, replica_nums, retention_period_ms, start_offset, deleted, created_ms, updated_ms, "
+    "name"
 )
+_S_COLS: Final = ", ".join(f"s.{c.strip()}" for c in _STREAM_COLS.split(","))
+"""_STREAM_COLS of ``streams s`` in a join."""
 
 
 _NODE_COLS: Final = (
@@ -262,6 +282,11 @@ class _SqlReader:
         ).fetchone()
         return None if row is None else _node(row, self.soft)
 
+    def stream_named(self, name: str) -> int | None:
+        row = self.c.execute("SELECT stream_id FROM stream_names WHERE name = ?",
+                             (name,)).fetchone()
+        return None if row is None else int(row[0])
+
     def counter(self, name: str) -> int:
         row = self.c.execute("SELECT value FROM meta WHERE key = ?", (name,)).fetchone()
         if row is None:
@@ -297,10 +322,15 @@ def _apply(c: sqlite3.Connection, layer: Layer, base: _SqlReader) -> None:
         c.executemany(f"DELETE FROM {table} WHERE stream_id = ? AND range_index < ?",
                       list(layer.dropped.items()))
     c.executemany(
-        f"INSERT OR REPLACE INTO streams ({_STREAM_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT OR REPLACE INTO streams ({_STREAM_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [(s.stream_id, s.replica_nums, s.retention_period_ms, s.start_offset, int(s.deleted),
-          s.created_ms, s.updated_ms) for s in layer.streams.values()],
+          s.created_ms, s.updated_ms, s.name) for s in layer.streams.values()],
     )
+    if layer.names:
+        c.executemany("DELETE FROM stream_names WHERE name = ?",
+                      [(n,) for n, sid in layer.names.items() if sid == NAME_DROPPED])
+        c.executemany("INSERT INTO stream_names (name, stream_id) VALUES (?, ?)",
+                      [(n, sid) for n, sid in layer.names.items() if sid != NAME_DROPPED])
     ranges = layer.all_ranges()
     c.executemany(
         "INSERT OR REPLACE INTO ranges (stream_id, range_index, start_offset, end_offset, "
@@ -622,6 +652,31 @@ class SqliteMetadataStore:
             f"SELECT {_STREAM_COLS} FROM streams WHERE stream_id > ? AND deleted = 0 "
             "ORDER BY stream_id LIMIT ?",
             (after_stream_id, max(0, limit)),
+        ).fetchall()
+        return [_stream(r) for r in rows]
+
+    async def get_stream_by_name(self, name: str) -> StreamMeta | None:
+        return await self._run(self._get_stream_by_name, name)
+
+    def _get_stream_by_name(self, name: str) -> StreamMeta | None:
+        row = self._c.execute(
+            f"SELECT {_S_COLS} FROM stream_names n JOIN streams s ON s.stream_id = n.stream_id "
+            "WHERE n.name = ?", (name,)).fetchone()
+        return None if row is None else _stream(row)
+
+    async def list_streams_by_prefix(
+        self, prefix: str, after_stream_id: int, limit: int
+    ) -> list[StreamMeta]:
+        return await self._run(self._list_streams_by_prefix, prefix, after_stream_id, limit)
+
+    def _list_streams_by_prefix(
+        self, prefix: str, after_stream_id: int, limit: int
+    ) -> list[StreamMeta]:
+        rows = self._c.execute(
+            f"SELECT {_S_COLS} FROM stream_names n JOIN streams s ON s.stream_id = n.stream_id "
+            "WHERE n.name >= ? AND n.name < ? AND n.stream_id > ? AND s.deleted = 0 "
+            "ORDER BY n.stream_id LIMIT ?",
+            (prefix, prefix_upper_bound(prefix), after_stream_id, max(0, limit)),
         ).fetchall()
         return [_stream(r) for r in rows]
 

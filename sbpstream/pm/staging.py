@@ -39,6 +39,13 @@ class BaseReader(Protocol):
 
     def counter(self, name: str) -> int: ...
 
+    def stream_named(self, name: str) -> int | None:
+        """The id of the live stream holding ``name``, or None."""
+
+
+NAME_DROPPED: Final = 0
+"""A layer's value for a name it released (stream ids start at 1)."""
+
 
 class Layer:
     """Writes staged over committed state: one item's, or several items' merged in order.
@@ -47,7 +54,8 @@ class Layer:
     it and an item whose rule fails is taken back with :meth:`undo` (cheaper than a layer per
     item when the items need no separate accounting, as in SQLite)."""
 
-    __slots__ = ("counters", "dropped", "journal", "nodes", "producers", "ranges", "streams")
+    __slots__ = ("counters", "dropped", "journal", "names", "nodes", "producers", "ranges",
+                 "streams")
 
     def __init__(self, journaled: bool = False) -> None:
         self.streams: dict[int, StreamMeta] = {}
@@ -59,6 +67,8 @@ class Layer:
         self.producers: dict[int, dict[int, tuple[ProducerStateMeta, ...]]] = {}
         self.nodes: dict[int, NodeMeta] = {}
         self.counters: dict[str, int] = {}
+        self.names: dict[str, int] = {}
+        """name -> the stream id now holding it, or NAME_DROPPED when released."""
         self.journal: list[tuple[dict[Any, Any], Any, object]] | None = (
             [] if journaled else None)
         """(dict, key, previous value or _MISSING) per write since the last :meth:`keep`."""
@@ -66,7 +76,7 @@ class Layer:
     @property
     def empty(self) -> bool:
         return not (self.streams or self.ranges or self.dropped or self.producers
-                    or self.nodes or self.counters)
+                    or self.nodes or self.counters or self.names)
 
     def all_ranges(self) -> list[RangeMeta]:
         return [r for per in self.ranges.values() for r in per.values()]
@@ -154,6 +164,8 @@ class Layer:
             self.nodes.update(item.nodes)
         if item.counters:
             self.counters.update(item.counters)
+        if item.names:
+            self.names.update(item.names)
 
 
 class StagedTxn:
@@ -213,9 +225,22 @@ class StagedTxn:
                 return layer.counters[name]
         return self.base.counter(name)
 
+    def stream_named(self, name: str) -> int | None:
+        for layer in (self.top, self.below):
+            sid = layer.names.get(name)
+            if sid is not None:
+                return None if sid == NAME_DROPPED else sid
+        return self.base.stream_named(name)
+
     # --- writes
     def put_stream(self, s: StreamMeta) -> None:
         self.top.put_stream(s)
+
+    def put_name(self, name: str, sid: int) -> None:
+        self.top._set(self.top.names, name, sid)
+
+    def drop_name(self, name: str) -> None:
+        self.top._set(self.top.names, name, NAME_DROPPED)
 
     def put_range(self, r: RangeMeta) -> None:
         reps = r.replicas

@@ -223,6 +223,7 @@ class Stream(Table):
     replica_nums: int = 0
     retention_period_ms: int = 0
     start_offset: int = 0  # project: the trim point
+    name: str = ""  # project: the stream's unique name; "" = unnamed
 
 
 @table()
@@ -546,6 +547,7 @@ class DescribeRangesResponse(Message):
 class CreateStreamItem(Table):
     replica_nums: int = 0
     retention_period_ms: int = 0
+    name: str = ""  # project: a unique name for the stream; "" = unnamed
 
 
 @request(Opcode.CREATE_STREAMS, items="streams")
@@ -608,12 +610,15 @@ class UpdateStreamsResponse(Message):
 
 @request(Opcode.DESCRIBE_STREAMS)
 class DescribeStreamsRequest(Message):
-    """``stream_ids`` empty lists every stream, ``limit`` per page, from ``continuation``."""
+    """``stream_ids`` (and ``name``) describe those streams; with neither, a page of every
+    stream (or of those named with ``name_prefix``), ``limit`` per page, from ``continuation``."""
 
     timeout_ms: int = 0
     stream_ids: tuple[int, ...] = ()
     limit: int = 0  # project: page size; 0 = the server's default
     continuation: int = -1  # project: -1 = first page; else the previous response's value
+    name: str = ""  # project: also describe the stream of this name (after the ids)
+    name_prefix: str = ""  # project: list the streams whose name starts with this, by id
 
 
 @response(Opcode.DESCRIBE_STREAMS, items="describe_responses")

@@ -16,6 +16,7 @@ from sbpstream.protocol.errors import (
     StreamDeletedError,
     StreamNotFoundError,
 )
+from sbpstream.protocol.names import StreamRef
 from sbpstream.spark.offsets import RangeInfo
 
 
@@ -87,6 +88,25 @@ class ClusterView:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
+
+    def resolve(self, refs: Sequence[StreamRef]) -> dict[StreamRef, int]:
+        """Each stream name or id of option 'streams' -> its id (ValueError naming the option
+        for an unknown name, or for two refs of one stream)."""
+        with translated_errors(self.pm):
+            ids = self.client.resolve_streams(list(refs))
+        out = dict(zip(refs, ids, strict=True))
+        seen: dict[int, StreamRef] = {}
+        for ref, sid in out.items():
+            if sid in seen:
+                raise ValueError(f"option 'streams': {seen[sid]!r} and {ref!r} are the same "
+                                 f"stream ({sid})")
+            seen[sid] = ref
+        return out
+
+    def matching(self, pattern: str) -> list[int]:
+        """Ids of the live streams whose whole name matches ``pattern``, ascending."""
+        with translated_errors(self.pm):
+            return [s.stream_id for s in self.client.find_streams(pattern=pattern)]
 
     def check_streams(self, streams: Sequence[int]) -> None:
         """Raise ValueError naming option 'streams' when one does not exist."""

@@ -27,8 +27,9 @@ def offsets_to_json(offsets: Mapping[int, int]) -> dict[str, int]:
     return dict(items)
 
 
-def offsets_from_json(obj: Mapping[str, object], streams: Sequence[int]) -> Offsets:
-    """Read back an offset dict from Spark (string keys), checked against the query's streams."""
+def offsets_from_json(obj: Mapping[str, object], streams: Sequence[int] | None) -> Offsets:
+    """Read back an offset dict from Spark (string keys), checked against the query's streams
+    (``None``: not checked; a pattern's streams come and go)."""
     out: Offsets = {}
     for key, value in obj.items():
         try:
@@ -38,7 +39,7 @@ def offsets_from_json(obj: Mapping[str, object], streams: Sequence[int]) -> Offs
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"bad offset {value!r} for stream {sid}")
         out[sid] = value
-    unknown = set(out) - set(streams)
+    unknown = set(out) - set(streams) if streams is not None else set()
     if unknown:
         raise ValueError(
             f"the checkpoint names streams {sorted(unknown)} that option 'streams' does not list; "

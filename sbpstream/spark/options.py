@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from sbpstream.net.client import parse_address
+from sbpstream.protocol.errors import SbpError
+from sbpstream.protocol.names import StreamRef, parse_stream_ref
 
 EARLIEST: Final = -2  # in startingOffsets JSON, as in Kafka
 LATEST: Final = -1  # in startingOffsets/endingOffsets JSON, as in Kafka
@@ -22,15 +25,15 @@ DEFAULT_TIMEOUT_MS: Final = 15_000  # one client call, retries included (driver 
 DEFAULT_FETCH_MAX_BYTES: Final = 4 * 1024 * 1024  # bytes asked per FETCH item by read()
 MAX_STREAMS: Final = 10_000  # one query reading more streams than this is a mistake, not a plan
 
-SOURCE_OPTIONS: Final = ("pm", "streams", "startingOffsets", "endingOffsets",
+SOURCE_OPTIONS: Final = ("pm", "streams", "streamPattern", "startingOffsets", "endingOffsets",
                          "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "timeoutMs",
                          "fetchMaxBytes")
 SINK_OPTIONS: Final = ("pm", "stream", "timeoutMs", "compression")
 # Spark's own options, which it hands to every data source as well
 SPARK_OPTIONS: Final = frozenset({"path", "checkpointlocation", "queryname"})
 
-# An offset spec per stream: EARLIEST, LATEST or a concrete offset >= 0.
-OffsetSpec = dict[int, int]
+# An offset spec per stream (its id, or its name as given): EARLIEST, LATEST or an offset >= 0.
+OffsetSpec = dict[StreamRef, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +41,7 @@ class SourceOptions:
     """What a read (batch or streaming) was asked to do."""
 
     pm: tuple[str, ...]
-    streams: tuple[int, ...]
+    streams: tuple[StreamRef, ...]  # ids and names, as given; () with only a pattern
     starting: OffsetSpec  # per stream: EARLIEST, LATEST or an offset
     ending: OffsetSpec  # per stream: LATEST or an offset (batch only)
     max_offsets_per_trigger: int | None
@@ -46,6 +49,12 @@ class SourceOptions:
     fail_on_data_loss: bool
     timeout_ms: int
     fetch_max_bytes: int
+    pattern: str | None = None
+    """``streamPattern``: every live stream whose whole name matches (Kafka's subscribePattern),
+    looked up again at every trigger."""
+    pattern_start: int = EARLIEST
+    """Where the streams the pattern matched at the query's start begin (startingOffsets
+    'earliest' or 'latest'); streams it matches later always begin at their earliest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +62,8 @@ class SinkOptions:
     """What a write (batch or streaming) was asked to do."""
 
     pm: tuple[str, ...]
-    stream: int
+    stream: StreamRef | None
+    """None: each row's ``stream`` column (a name or an id) routes it."""
     timeout_ms: int
     compression: str | None
 
@@ -96,24 +106,43 @@ def parse_pm(options: Mapping[str, str]) -> tuple[str, ...]:
     return out
 
 
-def parse_streams(options: Mapping[str, str]) -> tuple[int, ...]:
+def _stream_ref(option: str, text: str) -> StreamRef:
+    try:
+        return parse_stream_ref(text)
+    except SbpError as e:
+        raise ValueError(f"option '{option}': {e.message}") from None
+
+
+def parse_pattern(options: Mapping[str, str]) -> str | None:
+    """``streamPattern``: a regular expression over whole stream names (checked here)."""
+    raw = _get(options, "streamPattern")
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise ValueError("option 'streamPattern' is empty")
+    try:
+        re.compile(raw)
+    except re.error as e:
+        raise ValueError(f"option 'streamPattern': bad regular expression {raw!r}: {e}"
+                         ) from None
+    return raw
+
+
+def parse_streams(options: Mapping[str, str]) -> tuple[StreamRef, ...]:
     raw = _get(options, "streams")
     if raw is None or not raw.strip():
+        if _get(options, "streamPattern") is not None:
+            return ()
         raise ValueError(
-            "option 'streams' is required: comma-separated stream ids, "
-            "e.g. .option('streams', '1,2')"
+            "option 'streams' (comma-separated stream names or ids, e.g. "
+            ".option('streams', 'orders,7')) or option 'streamPattern' is required"
         )
-    out: list[int] = []
+    out: list[StreamRef] = []
     for part in raw.split(","):
         part = part.strip()
         if not part:
             continue
-        try:
-            sid = int(part)
-        except ValueError:
-            raise ValueError(f"option 'streams': {part!r} is not a stream id") from None
-        if sid < 0:
-            raise ValueError(f"option 'streams': {sid} is not a stream id")
+        sid = _stream_ref("streams", part)
         if sid in out:
             raise ValueError(f"option 'streams': stream {sid} is listed twice")
         out.append(sid)
@@ -125,7 +154,7 @@ def parse_streams(options: Mapping[str, str]) -> tuple[int, ...]:
 
 
 def parse_offsets(
-    name: str, raw: str | None, streams: tuple[int, ...], default: str, *, ending: bool
+    name: str, raw: str | None, streams: tuple[StreamRef, ...], default: str, *, ending: bool
 ) -> OffsetSpec:
     """``earliest``, ``latest`` or JSON ``{"<stream>": offset}`` (-2 earliest, -1 latest).
 
@@ -151,10 +180,7 @@ def parse_offsets(
         raise ValueError(f"option '{name}': JSON must be an object {{\"<stream>\": offset}}")
     spec: OffsetSpec = {}
     for key, value in obj.items():
-        try:
-            sid = int(key)
-        except ValueError:
-            raise ValueError(f"option '{name}': key {key!r} is not a stream id") from None
+        sid = _stream_ref(name, str(key))
         if sid not in streams:
             raise ValueError(f"option '{name}': stream {sid} is not in option 'streams'")
         if isinstance(value, bool) or not isinstance(value, int):
@@ -202,8 +228,22 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     """Parse and check every read option (raises ValueError naming the bad option)."""
     check_names(options, SOURCE_OPTIONS, "source")
     pm = parse_pm(options)
+    pattern = parse_pattern(options)
     streams = parse_streams(options)
-    starting = parse_offsets(
+    if pattern is not None and streams:
+        raise ValueError("options 'streams' and 'streamPattern' exclude each other (as Kafka's "
+                         "subscribe and subscribePattern): give one")
+    pattern_start = EARLIEST
+    if pattern is not None:
+        low = (_get(options, "startingOffsets") or ("latest" if streaming else "earliest")
+               ).strip().lower()
+        if low not in ("earliest", "latest"):
+            raise ValueError("option 'startingOffsets' with 'streamPattern': 'earliest' or "
+                             "'latest' (per-stream JSON needs option 'streams')")
+        pattern_start = EARLIEST if low == "earliest" else LATEST
+        if _get(options, "endingOffsets") not in (None, "latest"):
+            raise ValueError("option 'endingOffsets' with 'streamPattern': only 'latest'")
+    starting = {} if pattern is not None else parse_offsets(
         "startingOffsets",
         _get(options, "startingOffsets"),
         streams,
@@ -213,7 +253,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     raw_ending = _get(options, "endingOffsets")
     if streaming and raw_ending is not None:
         raise ValueError("option 'endingOffsets' is for batch reads only, not readStream")
-    ending = parse_offsets("endingOffsets", raw_ending, streams, "latest", ending=True)
+    ending = ({} if pattern is not None else
+              parse_offsets("endingOffsets", raw_ending, streams, "latest", ending=True))
     max_per_trigger = _positive_int(options, "maxOffsetsPerTrigger")
     if max_per_trigger is not None and not streaming:
         raise ValueError("option 'maxOffsetsPerTrigger' is for readStream only, not batch reads")
@@ -227,6 +268,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         timeout_ms=_positive_int(options, "timeoutMs") or DEFAULT_TIMEOUT_MS,
         fetch_max_bytes=_positive_int(options, "fetchMaxBytes") or DEFAULT_FETCH_MAX_BYTES,
+        pattern=pattern,
+        pattern_start=pattern_start,
     )
 
 
@@ -234,16 +277,14 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     """Parse and check every write option (raises ValueError naming the bad option)."""
     pm = parse_pm(options)
     raw = _get(options, "stream")
-    if raw is None or not raw.strip():
-        hint = " (option 'streams' is for reading)" if _get(options, "streams") else ""
-        raise ValueError(f"option 'stream' is required: the id of the stream to append to{hint}")
+    if raw is not None and not raw.strip():
+        raise ValueError("option 'stream' is empty: give a stream name or id, or leave it out "
+                         "and route each row by a 'stream' column")
+    if _get(options, "streams") is not None:
+        raise ValueError("option 'streams' is for reading: write with option 'stream' (a name "
+                         "or id) or a 'stream' column")
     check_names(options, SINK_OPTIONS, "sink")
-    try:
-        stream = int(raw.strip())
-    except ValueError:
-        raise ValueError(f"option 'stream': {raw!r} is not a stream id") from None
-    if stream < 0:
-        raise ValueError(f"option 'stream': {stream} is not a stream id")
+    stream = None if raw is None else _stream_ref("stream", raw)
     compression = _get(options, "compression")
     if compression is not None and compression.lower() not in ("none", "zstd", "lz4"):
         raise ValueError(f"option 'compression': {compression!r} is not none, zstd or lz4")

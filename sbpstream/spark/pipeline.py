@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sbpstream.client.types import DEFAULT_PM, PM_ENV
+from sbpstream.protocol.names import StreamRef
 from sbpstream.spark.meta import ClusterView
 from sbpstream.spark.options import parse_source_options
 
@@ -77,28 +78,33 @@ def build_session(master: str = "local[*]") -> Any:
 def start_pipeline(
     spark: Any,
     *,
-    streams: Sequence[int],
+    streams: Sequence[StreamRef],
     out: Path,
     checkpoint: Path,
     trigger: Trigger,
     pm: str,
     starting_offsets: str = "earliest",
     max_offsets_per_trigger: int | None = None,
+    stream_pattern: str | None = None,
 ) -> Any:
-    """Start the query: source -> ``date`` column -> Parquet partitioned by ``date``."""
+    """Start the query: source -> ``date`` column -> Parquet partitioned by ``date``. Streams by
+    name or id, or every stream whose name matches ``stream_pattern`` (new ones join)."""
     from pyspark.sql import functions as F
 
-    options = {
-        "pm": pm,
-        "streams": ",".join(map(str, streams)),
-        "startingOffsets": starting_offsets,
-    }
+    options = {"pm": pm, "startingOffsets": starting_offsets}
+    if streams:
+        options["streams"] = ",".join(map(str, streams))
+    if stream_pattern is not None:
+        options["streamPattern"] = stream_pattern
     if max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     opts = parse_source_options(options, streaming=True)  # misuse fails here, option named
     view = ClusterView(opts.pm, opts.timeout_ms)
     try:
-        view.check_streams(opts.streams)  # unknown stream / unreachable PM: one line, now
+        if opts.pattern is None:  # unknown stream / unreachable PM: one line, now
+            view.check_streams(list(view.resolve(opts.streams).values()))
+        else:
+            view.matching(opts.pattern)
     finally:
         view.close()
     df = spark.readStream.format("sbpstream").options(**options).load()
@@ -128,13 +134,14 @@ def describe_progress(p: dict[str, Any]) -> str:
 
 def run_pipeline(
     *,
-    streams: Sequence[int],
+    streams: Sequence[StreamRef],
     out: Path,
     checkpoint: Path,
     trigger: Trigger,
     pm: str,
     starting_offsets: str = "earliest",
     max_offsets_per_trigger: int | None = None,
+    stream_pattern: str | None = None,
     spark: Any = None,
     report: Callable[[str], None] = print,
 ) -> int:
@@ -149,6 +156,7 @@ def run_pipeline(
         pm=pm,
         starting_offsets=starting_offsets,
         max_offsets_per_trigger=max_offsets_per_trigger,
+        stream_pattern=stream_pattern,
     )
     seen = 0
     rows = 0
@@ -182,7 +190,8 @@ def _essence(message: str) -> str:
     return lines[0] if lines else "unknown error"
 
 
-def parse_streams_arg(text: str) -> list[int]:
+def parse_streams_arg(text: str) -> list[StreamRef]:
+    """``--streams``: comma-separated stream names or ids (ValueError, one line)."""
     opts = parse_source_options({"pm": DEFAULT_PM, "streams": text}, streaming=True)
     return list(opts.streams)
 

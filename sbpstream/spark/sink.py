@@ -36,6 +36,8 @@ from pyspark.sql.types import (
     ArrayType,
     BinaryType,
     DataType,
+    IntegerType,
+    LongType,
     StringType,
     StructType,
     TimestampType,
@@ -72,9 +74,18 @@ def _is_bytes_or_string(t: DataType) -> bool:
     return isinstance(t, _BYTES_OR_STRING)
 
 
-def check_sink_schema(schema: StructType) -> None:
-    """``value`` is required; ``key``, ``headers`` and ``timestamp`` optional; others ignored."""
+def check_sink_schema(schema: StructType, routed: bool = False) -> None:
+    """``value`` is required; ``key``, ``headers`` and ``timestamp`` optional; others ignored.
+    ``routed`` (no option 'stream'): a ``stream`` column, string (a name or id) or integer."""
     fields = {f.name.lower(): f for f in schema.fields}
+    if routed:
+        st = fields.get("stream")
+        if st is None:
+            raise ValueError("the sbpstream sink needs option 'stream' or a 'stream' column "
+                             "(a stream name or id per row)")
+        if not isinstance(st.dataType, StringType | IntegerType | LongType):
+            raise ValueError(f"column 'stream' must be a string (name or id) or an integer, "
+                             f"not {st.dataType}")
     value = fields.get("value")
     if value is None:
         raise ValueError(
@@ -134,6 +145,13 @@ def _b(v: Any) -> bytes | None:
     return bytes(v)
 
 
+def stream_column(batch: Any) -> list[Any]:
+    """The ``stream`` column of an Arrow record batch as Python values (names or ids)."""
+    names = {n.lower(): n for n in batch.schema.names}
+    col: list[Any] = batch.column(names["stream"]).to_pylist()
+    return col
+
+
 def iter_records(batch: Any, default_ts_ms: int) -> Iterator[tuple[Any, ...]]:
     """(value, key, headers, timestamp_ms) per row of an Arrow record batch."""
     names = {n.lower(): n for n in batch.schema.names}
@@ -159,21 +177,51 @@ def iter_records(batch: Any, default_ts_ms: int) -> Iterator[tuple[Any, ...]]:
 class Appender:
     """Appends one producer's batches to one stream, one at a time, deduplicated on replay."""
 
-    def __init__(self, opts: SinkOptions, producer_id: int) -> None:
+    def __init__(self, opts: SinkOptions, producer_id: int, stream_id: int,
+                 client: AsyncClient, pool: ConnectionPool) -> None:
         self.opts = opts
-        self.stream_id = opts.stream
+        self.stream_id = stream_id
         self.producer_id = producer_id
-        self.client = AsyncClient(
-            list(opts.pm), request_timeout_ms=opts.timeout_ms, retry_deadline_ms=opts.timeout_ms
-        )
-        self.pool = ConnectionPool()
+        self.client = client
+        self.pool = pool
         self.range: Range | None = None
         self.stored_through = -1  # the highest sequence an earlier, sealed range already holds
         self.duplicates = 0
+        self.primed = False
+        """True once a batch of this producer is confirmed in the current writable range: only
+        then may several be in flight (the node accepts *any* first sequence of a producer it
+        has not seen in a range, so a first batch overtaken by its successor would be lost)."""
 
-    async def close(self) -> None:
-        await self.pool.close()
-        await self.client.close()
+    async def append_window(self, window: list[tuple[bytes, int, int]]) -> None:
+        """Several (data, base_sequence, count) batches in flight at once, exactly once.
+
+        Pipelined, an OUT_OF_ORDER_SEQUENCE answer is ambiguous: the batch may be old (stored
+        before) or its predecessor may have failed (a gap). So a window is only trusted where
+        every batch up to it answered NONE (stored now, or a duplicate the node remembers: the
+        window is at most the node's per-producer memory of 5 batches); from the first other
+        answer on, the batches are sent again one at a time through :meth:`append`, where
+        every predecessor is confirmed and OUT_OF_ORDER_SEQUENCE can only mean "stored".
+        """
+        rest = window
+        if not self.primed or self.range is None:
+            await self.append(*window[0])
+            rest = window[1:]
+        if not rest:
+            return
+        rng = self.range
+        todo = [w for w in rest if w[1] + w[2] - 1 > self.stored_through]
+        self.duplicates += len(rest) - len(todo)
+        addrs = replica_addresses(rng) if rng is not None else ()
+        codes: list[int | BaseException] = []
+        if rng is not None and addrs:
+            codes = list(await asyncio.gather(
+                *(self._send(addrs[0], rng, data) for data, _, _ in todo),
+                return_exceptions=True))
+        ok = 0
+        while ok < len(codes) and codes[ok] == ErrorCode.NONE:
+            ok += 1
+        for data, seq, count in todo[ok:]:
+            await self.append(data, seq, count)
 
     async def start(self) -> None:
         """Find the writable range, and the highest sequence of this producer that any sealed
@@ -237,9 +285,11 @@ class Appender:
                     raise
                 self.pool.discard(addrs[0])
             if code == ErrorCode.NONE:
+                self.primed = True
                 return
             if code == ErrorCode.OUT_OF_ORDER_SEQUENCE:
                 self.duplicates += 1  # older than the node's dedup window: already stored
+                self.primed = True
                 return
             if time.monotonic() >= deadline:
                 raise RuntimeError(
@@ -254,8 +304,10 @@ class Appender:
                         self.stored_through = max(self.stored_through, p.last_sequence)
                         return
                 self.range = None
+                self.primed = False
             elif code == ErrorCode.RANGE_NOT_FOUND:
                 self.range = None
+                self.primed = False
             await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
             attempt += 1
 
@@ -290,47 +342,107 @@ class Appender:
         return code
 
 
+SINK_IN_FLIGHT = 4
+"""Batches of one stream in flight per task (at most the node's 5 remembered per producer, so
+a resent window's stored batches are all recognised as duplicates)."""
+
+
+class _Route:
+    """One destination stream of a task: its appender, open batch, next sequence, window."""
+
+    def __init__(self, app: Appender, codec: int) -> None:
+        self.app = app
+        self.codec = codec
+        self.seq = 0
+        self.window: list[tuple[bytes, int, int]] = []
+        self.builder = self.new_builder()
+
+    def new_builder(self) -> BatchBuilder:
+        return BatchBuilder(codec=self.codec, batch_bytes_max=SINK_BATCH_BYTES,
+                            producer_id=self.app.producer_id, producer_epoch=0,
+                            base_sequence=self.seq)
+
+    def cut(self) -> None:
+        """Close the open batch into the window (sequences continue without gaps)."""
+        b = self.builder
+        self.window.append((b.build(), self.seq, len(b)))
+        self.seq = (self.seq + len(b)) % SEQUENCE_WRAP
+        self.builder = self.new_builder()
+
+
 def write_partition(
-    opts: SinkOptions, producer_id: int, partition_id: int, batches: Iterator[Any]
+    opts: SinkOptions, producer_id: int, partition_id: int, batches: Iterator[Any],
+    producer_parts: tuple[object, ...] = (),
 ) -> SinkCommitMessage:
-    """Append every row of one Spark task (blocking, on a private event loop)."""
+    """Append every row of one Spark task (blocking, on a private event loop).
+
+    With option 'stream', one producer (``producer_id``) appends to it. Without, each row's
+    ``stream`` column routes it, and each destination stream gets a producer of its own,
+    ``producer_id_of(*producer_parts, "stream", id)``, with its own sequences: a replay routes
+    the same rows the same way, so every stream sees the same batches again.
+    """
     loop = new_event_loop()
-    app = Appender(opts, producer_id)
+    client = AsyncClient(list(opts.pm), request_timeout_ms=opts.timeout_ms,
+                         retry_deadline_ms=opts.timeout_ms)
+    pool = ConnectionPool()
     codec = codec_of(opts.compression)
     ts_ms = time.time_ns() // 1_000_000
-    seq = records = sent = 0
+    routes: dict[int, _Route] = {}
+    refs: dict[Any, int] = {}
+    records = sent = 0
 
-    def builder() -> BatchBuilder:
-        return BatchBuilder(
-            codec=codec,
-            batch_bytes_max=SINK_BATCH_BYTES,
-            producer_id=producer_id,
-            producer_epoch=0,
-            base_sequence=seq,
-        )
+    def route(sid: int) -> _Route:
+        r = routes.get(sid)
+        if r is None:
+            pid = producer_id if opts.stream is not None else producer_id_of(
+                *producer_parts, "stream", sid)
+            app = Appender(opts, pid, sid, client, pool)
+            loop.run_until_complete(app.start())
+            r = routes[sid] = _Route(app, codec)
+        return r
 
-    def flush(b: BatchBuilder) -> None:
-        nonlocal seq, sent
-        loop.run_until_complete(app.append(b.build(), seq, len(b)))
-        seq = (seq + len(b)) % SEQUENCE_WRAP
-        sent += 1
+    def stream_of(ref: Any) -> int:
+        sid = refs.get(ref)
+        if sid is None:
+            if ref is None:
+                raise ValueError("column 'stream' is null in a row: every row needs a stream")
+            text = str(ref)
+            sid = refs[ref] = loop.run_until_complete(
+                client.resolve_stream(int(text) if isinstance(ref, int) else text))
+        return sid
 
+    def drain(r: _Route) -> None:
+        nonlocal sent
+        if r.window:
+            loop.run_until_complete(r.app.append_window(r.window))
+            sent += len(r.window)
+            r.window = []
+
+    fixed = None
     try:
-        loop.run_until_complete(app.start())
-        b = builder()
+        if opts.stream is not None:
+            fixed = route(loop.run_until_complete(client.resolve_stream(opts.stream)))
         for rb in batches:
-            for value, key, headers, ts in iter_records(rb, ts_ms):
-                if not b.add(value, key, headers, ts):
-                    flush(b)
-                    b = builder()
-                    b.add(value, key, headers, ts)
+            targets = ([fixed] * rb.num_rows if fixed is not None
+                       else [route(stream_of(x)) for x in stream_column(rb)])
+            for r, (value, key, headers, ts) in zip(targets, iter_records(rb, ts_ms),
+                                                    strict=True):
+                if not r.builder.add(value, key, headers, ts):
+                    r.cut()
+                    if len(r.window) >= SINK_IN_FLIGHT:
+                        drain(r)
+                    r.builder.add(value, key, headers, ts)
                 records += 1
-        if len(b):
-            flush(b)
-        return SinkCommitMessage(partition_id, producer_id, records, sent, app.duplicates)
+        for r in routes.values():
+            if len(r.builder):
+                r.cut()
+            drain(r)
+        dups = sum(r.app.duplicates for r in routes.values())
+        return SinkCommitMessage(partition_id, producer_id, records, sent, dups)
     finally:
         try:
-            loop.run_until_complete(app.close())
+            loop.run_until_complete(pool.close())
+            loop.run_until_complete(client.close())
         finally:
             loop.close()
 
@@ -346,7 +458,8 @@ class SbpstreamBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         tc = TaskContext.get()
         pid = tc.partitionId() if tc is not None else 0
-        return write_partition(self.opts, producer_id_of(self.job_id, pid), pid, iterator)
+        return write_partition(self.opts, producer_id_of(self.job_id, pid), pid, iterator,
+                               (self.job_id, pid))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_commit(self.opts, None, messages)
@@ -372,16 +485,16 @@ class SbpstreamStreamWriter(DataSourceStreamArrowWriter):
             )
         pid = tc.partitionId()
         producer = producer_id_of(query, pid, batch)
-        return write_partition(self.opts, producer, pid, iterator)
+        return write_partition(self.opts, producer, pid, iterator, (query, pid, batch))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_commit(self.opts, batchId, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning(
-            "event=sink_abort stream=%d batch=%d: a replay of this batch appends only what is "
+            "event=sink_abort stream=%s batch=%d: a replay of this batch appends only what is "
             "missing",
-            self.opts.stream,
+            self.opts.stream if self.opts.stream is not None else "(column)",
             batchId,
         )
 
@@ -391,8 +504,8 @@ def _log_commit(
 ) -> None:
     msgs = [m for m in messages if isinstance(m, SinkCommitMessage)]
     log.info(
-        "event=sink_commit stream=%d batch=%s records=%d batches=%d duplicate_batches=%d",
-        opts.stream,
+        "event=sink_commit stream=%s batch=%s records=%d batches=%d duplicate_batches=%d",
+        opts.stream if opts.stream is not None else "(column)",
         batch_id,
         sum(m.records for m in msgs),
         sum(m.batches for m in msgs),

@@ -30,6 +30,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from sbpstream.protocol.names import StreamRef
 from sbpstream.spark.fetch import SpanRequest, data_loss_message, read_span
 from sbpstream.spark.meta import ClusterView
 from sbpstream.spark.offsets import (
@@ -119,6 +120,30 @@ class _Planner:
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._view: ClusterView | None = None
+        self._ids: dict[StreamRef, int] | None = None
+        """Option 'streams' resolved (names to ids) once: a name keeps meaning that stream for
+        the life of the query, as its offsets do."""
+        self.initial: frozenset[int] = frozenset()
+        """Streams the pattern matched when the query began (they follow startingOffsets; any
+        matched later starts at its earliest, as Kafka's subscribePattern does)."""
+
+    def streams(self) -> tuple[int, ...]:
+        """The query's stream ids now: option 'streams' resolved, or what the pattern matches
+        (looked up again at every call, so new streams join at the next trigger)."""
+        if self.opts.pattern is not None:
+            return tuple(self.view.matching(self.opts.pattern))
+        if self._ids is None:
+            self._ids = self.view.resolve(self.opts.streams)
+        return tuple(self._ids.values())
+
+    def spec(self, which: dict[StreamRef, int], sid: int, default: int) -> int:
+        """The offset option ``which`` gives stream ``sid`` (keyed by name or id)."""
+        if self.opts.pattern is not None:
+            return self.opts.pattern_start if sid in self.initial else EARLIEST
+        for ref, rid in (self._ids or {}).items():
+            if rid == sid:
+                return which.get(ref, default)
+        return default
 
     @property
     def view(self) -> ClusterView:
@@ -147,10 +172,15 @@ class _Planner:
         return out
 
     def plan(self, start: Offsets, end: Offsets) -> list[SourcePartition]:
+        """Partitions for [start, end); a stream in ``end`` but not in ``start`` (matched by
+        the pattern since) is read from its earliest record."""
         spans: list[Span] = []
-        wanted = [s for s in self.opts.streams if start.get(s, LATEST) != LATEST]
-        trims = {s: self.view.start_offset(s) for s in wanted if end[s] > start[s]}
-        froms = self.readable_from({s: start[s] for s in trims}, trims)
+        begin = {s: start.get(s, EARLIEST) for s in end}
+        wanted = [s for s in end if begin[s] != LATEST]
+        trims = {s: self.view.start_offset(s) for s in wanted}
+        begin.update({s: trims[s] for s in wanted if begin[s] == EARLIEST})
+        trims = {s: t for s, t in trims.items() if end[s] > begin[s]}
+        froms = self.readable_from({s: begin[s] for s in trims}, trims)
         for s in trims:
             if end[s] > froms[s]:
                 spans += spans_of_stream(s, self.view.ranges(s), froms[s], end[s])
@@ -166,13 +196,15 @@ class SbpstreamBatchReader(_Planner, DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         try:
-            opts = self.opts
-            self.view.check_streams(opts.streams)
-            states = self.view.states(opts.streams)
+            ids = self.streams()
+            self.initial = frozenset(ids)
+            self.view.check_streams(ids)
+            states = self.view.states(ids)
             start: Offsets = {}
             end: Offsets = {}
-            for s in opts.streams:
-                st, want_end = opts.starting[s], opts.ending[s]
+            for s in ids:
+                st = self.spec(self.opts.starting, s, EARLIEST)
+                want_end = LATEST if self.opts.pattern else self.spec(self.opts.ending, s, LATEST)
                 start[s] = {EARLIEST: states[s].start_offset, LATEST: states[s].end_offset}.get(
                     st, st
                 )
@@ -207,19 +239,22 @@ class SbpstreamStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAva
         self._checked = False
 
     def _ends(self) -> Offsets:
+        ids = self.streams()
         if not self._checked:
-            self.view.check_streams(self.opts.streams)
+            self.view.check_streams(ids)
             self._checked = True
-        return {s: self.view.state(s).end_offset for s in self.opts.streams}
+        return {s: self.view.state(s).end_offset for s in ids}
 
     def initialOffset(self) -> dict[str, int]:
         """Concrete offsets, or LATEST (-1) for "latest": resolved by the first batch (module
         docs of :mod:`sbpstream.spark.offsets`), so a restart replays the same first batch."""
-        self.view.check_streams(self.opts.streams)
+        ids = self.streams()
+        self.initial = frozenset(ids)
+        self.view.check_streams(ids)
         self._checked = True
         out: Offsets = {}
-        for s in self.opts.streams:
-            st = self.opts.starting[s]
+        for s in ids:
+            st = self.spec(self.opts.starting, s, LATEST)
             out[s] = self.view.state(s).start_offset if st == EARLIEST else st
         return offsets_to_json(out)
 
@@ -230,20 +265,27 @@ class SbpstreamStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAva
     def prepareForTriggerAvailableNow(self) -> None:
         self._cap = self._ends()
 
-    def _begin(self, start: dict[str, Any]) -> Offsets:
-        begin = offsets_from_json(start, self.opts.streams)
-        for s in self.opts.streams:  # a stream added to the query since the checkpoint
-            begin.setdefault(s, self.opts.starting[s] if self.opts.starting[s] >= 0 else LATEST)
-        return begin
+    def _begin(self, start: dict[str, Any], ids: tuple[int, ...]) -> Offsets:
+        """The checkpointed start; a stream that joined the query since starts at its spec
+        (option 'streams') or its earliest (the pattern matched it later: EARLIEST)."""
+        begin = offsets_from_json(start, None if self.opts.pattern else ids)
+        for s in ids:
+            spec = self.spec(self.opts.starting, s, LATEST)
+            begin.setdefault(s, spec if spec >= 0 or spec == EARLIEST else LATEST)
+        return {s: begin[s] for s in ids}  # a stream the pattern lost (deleted) leaves
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        begin = self._begin(start)
+        ids = self.streams()
         if not self._checked:
-            self.view.check_streams(self.opts.streams)
+            self.view.check_streams(ids)
             self._checked = True
-        states = self.view.states(self.opts.streams)  # one look per stream: start and end
+        begin = self._begin(start, ids)
+        states = self.view.states(ids)  # one look per stream: start and end
+        begin.update({s: states[s].start_offset for s in ids if begin[s] == EARLIEST})
         self._latest = {s: st.end_offset for s, st in states.items()}
-        ends = self._cap if self._cap is not None else self._latest
+        ends = dict(self._latest)
+        if self._cap is not None:  # availableNow: streams that joined since are read to now
+            ends.update({s: e for s, e in self._cap.items() if s in ends})
         trims = {s: states[s].start_offset for s in begin if begin[s] != LATEST}
         froms = self.readable_from({s: begin[s] for s in trims}, trims)
         froms.update({s: LATEST for s in begin if s not in trims})
@@ -257,7 +299,8 @@ class SbpstreamStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAva
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if start == end:
             return []
-        return self.plan(self._begin(start), offsets_from_json(end, self.opts.streams))
+        end_offsets = offsets_from_json(end, None)
+        return self.plan(offsets_from_json(start, None), end_offsets)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(partition, self.schema)
@@ -293,13 +336,15 @@ class SbpstreamDataSource(DataSource):
 
         if overwrite:
             raise ValueError("sbpstream streams are append-only: use mode('append')")
-        check_sink_schema(schema)
-        return SbpstreamBatchWriter(parse_sink_options(self.options), schema)
+        opts = parse_sink_options(self.options)
+        check_sink_schema(schema, routed=opts.stream is None)
+        return SbpstreamBatchWriter(opts, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from sbpstream.spark.sink import SbpstreamStreamWriter, check_sink_schema
 
         if overwrite:
             raise ValueError("sbpstream streams are append-only: use outputMode('append')")
-        check_sink_schema(schema)
-        return SbpstreamStreamWriter(parse_sink_options(self.options), schema)
+        opts = parse_sink_options(self.options)
+        check_sink_schema(schema, routed=opts.stream is None)
+        return SbpstreamStreamWriter(opts, schema)

@@ -31,6 +31,8 @@ class Cache:
     nodes: dict[int, tuple[NodeMeta, int]] = field(default_factory=dict)
     counters: dict[str, tuple[int, int]] = field(default_factory=dict)
     by_node: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
+    names: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """The name index: name -> (stream id, mod_revision of its key)."""
     schema: int | None = None
     leader: tuple[str, int] | None = None
     """(address, create_revision) of the leader key."""
@@ -41,6 +43,13 @@ class Cache:
             known: object = None) -> None:
         """Apply a put. ``known`` is the decoded value when this PM wrote exactly these bytes
         itself (its own writes skip JSON decoding)."""
+        name = self.keys.name_of(key)
+        if name is not None:
+            try:
+                self.names[name] = (int(value), mod_rev)
+            except ValueError as e:
+                log.error("event=etcd_bad_value key=%r error=%r", key, e)
+            return
         parsed = self.keys.parse(key)
         if parsed is None:
             return
@@ -72,6 +81,10 @@ class Cache:
             log.error("event=etcd_bad_value key=%r error=%r", key, e)
 
     def delete(self, key: bytes) -> None:
+        name = self.keys.name_of(key)
+        if name is not None:
+            self.names.pop(name, None)
+            return
         parsed = self.keys.parse(key)
         if parsed is None:
             return
@@ -141,6 +154,10 @@ class Cache:
         got = self.nodes.get(nid)
         return 0 if got is None else got[1]
 
+    def name_rev(self, name: str) -> int:
+        got = self.names.get(name)
+        return 0 if got is None else got[1]
+
     def counter_rev(self, name: str) -> int:
         got = self.counters.get(name)
         return 0 if got is None else got[1]
@@ -174,6 +191,10 @@ class CacheReader:
     def node(self, nid: int) -> NodeMeta | None:
         got = self.c.nodes.get(nid)
         return None if got is None else self.soft.applied(got[0])
+
+    def stream_named(self, name: str) -> int | None:
+        got = self.c.names.get(name)
+        return None if got is None else got[0]
 
     def counter(self, name: str) -> int:
         got = self.c.counters.get(name)

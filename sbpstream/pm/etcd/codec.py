@@ -23,16 +23,20 @@ def _dumps(obj: object) -> bytes:
 
 
 def encode_stream(s: StreamMeta) -> bytes:
-    return _dumps({"replica_nums": s.replica_nums, "retention_period_ms": s.retention_period_ms,
-                   "start_offset": s.start_offset, "deleted": s.deleted,
-                   "created_ms": s.created_ms, "updated_ms": s.updated_ms})
+    d: dict[str, object] = {
+        "replica_nums": s.replica_nums, "retention_period_ms": s.retention_period_ms,
+        "start_offset": s.start_offset, "deleted": s.deleted, "created_ms": s.created_ms,
+        "updated_ms": s.updated_ms}
+    if s.name:
+        d["name"] = s.name  # only when named: unnamed streams keep their old bytes
+    return _dumps(d)
 
 
 def decode_stream(sid: int, v: bytes) -> StreamMeta:
     d = json.loads(v)
     return StreamMeta(sid, int(d["replica_nums"]), int(d["retention_period_ms"]),
                       int(d["start_offset"]), bool(d["deleted"]), int(d["created_ms"]),
-                      int(d["updated_ms"]))
+                      int(d["updated_ms"]), str(d.get("name", "")))
 
 
 def encode_range(r: RangeMeta) -> bytes:

@@ -27,6 +27,7 @@ class Keys:
         self._range = p + b"/ranges/"
         self._producers = p + b"/seal_producers/"
         self._node = p + b"/nodes/"
+        self._name = p + b"/names/"
 
     def counter(self, name: str) -> bytes:
         return self._counter + name.encode()
@@ -53,6 +54,16 @@ class Keys:
 
     def node(self, nid: int) -> bytes:
         return self._node + b"%010d" % nid
+
+    def name(self, name: str) -> bytes:
+        """The name index: ``P/names/<name>`` holds the id of the live stream of that name."""
+        return self._name + name.encode()
+
+    def name_of(self, key: bytes) -> str | None:
+        """The stream name of a name-index key; None for any other key."""
+        if key.startswith(self._name):
+            return key[len(self._name):].decode(errors="replace")
+        return None
 
     def parse(self, key: bytes) -> tuple[str, tuple[int, ...]] | None:
         """(kind, ids) for a key under the root; None for anything else."""

@@ -585,8 +585,9 @@ class EtcdMetadataStore:
                     out[i] = e
                     continue
                 if not ops.fits_with(item_ops, self.settings.max_txn_ops):
+                    # ``chunk`` stays: later items must see the names taken by earlier ones
                     chunks.append((ops, pending))
-                    chunk, ops, pending = Layer(), TxnOps(), list[tuple[int, CreatedStream]]()
+                    ops, pending = TxnOps(), list[tuple[int, CreatedStream]]()
                 chunk.merge(top)
                 ops.merge(item_ops)
                 pending.append((i, res))
@@ -641,6 +642,28 @@ class EtcdMetadataStore:
         live = self._cache.live_sorted()
         i = bisect.bisect_right(live, after_stream_id)
         return [self._cache.streams[sid][0] for sid in live[i : i + max(0, limit)]]
+
+    async def get_stream_by_name(self, name: str) -> StreamMeta | None:
+        got = self._cache.names.get(name)
+        if got is None:
+            return None
+        s = self._cache.streams.get(got[0])
+        return None if s is None or s[0].deleted else s[0]
+
+    async def list_streams_by_prefix(
+        self, prefix: str, after_stream_id: int, limit: int
+    ) -> list[StreamMeta]:
+        c = self._cache
+        ids = sorted(sid for name, (sid, _) in c.names.items()
+                     if sid > after_stream_id and name.startswith(prefix))
+        out: list[StreamMeta] = []
+        for sid in ids:
+            got = c.streams.get(sid)
+            if got is not None and not got[0].deleted:
+                out.append(got[0])
+                if len(out) >= limit:
+                    break
+        return out
 
     async def update_streams(
         self, items: Sequence[StreamUpdate], now_ms: int

@@ -8,7 +8,7 @@ from typing import Final
 from sbpstream.pm.etcd.cache import Cache
 from sbpstream.pm.etcd.codec import encode_node, encode_producers, encode_range, encode_stream
 from sbpstream.pm.rules import sorted_replicas
-from sbpstream.pm.staging import Layer
+from sbpstream.pm.staging import NAME_DROPPED, Layer
 
 MAX_TXN_BYTES: Final = 1024 * 1024
 """Bytes of keys and values per transaction: under etcd's default ``--max-request-bytes`` of
@@ -53,6 +53,16 @@ class TxnOps:
                          cache.producers_rev(sid, idx), ps)
         for n in layer.nodes.values():
             ops._put(k.node(n.node_id), encode_node(n), cache.node_rev(n.node_id), n)
+        for name, sid in layer.names.items():
+            # Compared like every key: a new name must still be absent (mod_revision 0), so two
+            # PMs (or a deposed and a new leader) can never both take it.
+            key = k.name(name)
+            if sid == NAME_DROPPED:
+                ops.spans.append((key, key + b"\0"))  # exactly this key
+                ops.compares.setdefault(key, cache.name_rev(name))
+                ops.nbytes += 2 * len(key) + OP_OVERHEAD_BYTES
+            else:
+                ops._put(key, str(sid).encode(), cache.name_rev(name), sid)
         return ops
 
     def _put(self, key: bytes, value: bytes, cached_rev: int, decoded: object) -> None:

@@ -331,11 +331,19 @@ class Stream(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
-def StreamStart(builder): builder.StartObject(4)
+    # Stream
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def StreamStart(builder): builder.StartObject(5)
 def StreamAddStreamId(builder, streamId): builder.PrependInt64Slot(0, streamId, 0)
 def StreamAddReplicaNums(builder, replicaNums): builder.PrependInt8Slot(1, replicaNums, 0)
 def StreamAddRetentionPeriodMs(builder, retentionPeriodMs): builder.PrependInt64Slot(2, retentionPeriodMs, 0)
 def StreamAddStartOffset(builder, startOffset): builder.PrependInt64Slot(3, startOffset, 0)
+def StreamAddName(builder, name): builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
 def StreamEnd(builder): return builder.EndObject()
 
 
@@ -2390,9 +2398,17 @@ class CreateStreamItem(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
-def CreateStreamItemStart(builder): builder.StartObject(2)
+    # CreateStreamItem
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def CreateStreamItemStart(builder): builder.StartObject(3)
 def CreateStreamItemAddReplicaNums(builder, replicaNums): builder.PrependInt8Slot(0, replicaNums, 0)
 def CreateStreamItemAddRetentionPeriodMs(builder, retentionPeriodMs): builder.PrependInt64Slot(1, retentionPeriodMs, 0)
+def CreateStreamItemAddName(builder, name): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
 def CreateStreamItemEnd(builder): return builder.EndObject()
 
 
@@ -2935,12 +2951,28 @@ class DescribeStreamsRequest(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return -1
 
-def DescribeStreamsRequestStart(builder): builder.StartObject(4)
+    # DescribeStreamsRequest
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # DescribeStreamsRequest
+    def NamePrefix(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def DescribeStreamsRequestStart(builder): builder.StartObject(6)
 def DescribeStreamsRequestAddTimeoutMs(builder, timeoutMs): builder.PrependInt32Slot(0, timeoutMs, 0)
 def DescribeStreamsRequestAddStreamIds(builder, streamIds): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(streamIds), 0)
 def DescribeStreamsRequestStartStreamIdsVector(builder, numElems): return builder.StartVector(8, numElems, 8)
 def DescribeStreamsRequestAddLimit(builder, limit): builder.PrependInt32Slot(2, limit, 0)
 def DescribeStreamsRequestAddContinuation(builder, continuation): builder.PrependInt64Slot(3, continuation, -1)
+def DescribeStreamsRequestAddName(builder, name): builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
+def DescribeStreamsRequestAddNamePrefix(builder, namePrefix): builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(namePrefix), 0)
 def DescribeStreamsRequestEnd(builder): return builder.EndObject()
 
 
