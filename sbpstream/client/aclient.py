@@ -30,7 +30,7 @@ from sbpstream.client.types import (
     Stream,
     pm_addresses,
 )
-from sbpstream.net.client import Connection, ConnectionPool
+from sbpstream.net.client import ConnectionPool
 from sbpstream.protocol.errors import (
     ErrorCode,
     InvalidRequestError,
@@ -418,11 +418,6 @@ class AsyncClient:
             subscribe=subscribe,
             window_bytes=window_bytes,
         )
-
-    async def _data_connection(self, address: str) -> Connection:
-        """The pooled connection to the data node at ``address`` (SDK plumbing: a consumer's
-        BUFFER_ACKs must go on its subscription's connection)."""
-        return await self._pool.get(address)
 
     # ------------------------------------------------------------------- plumbing (SDK use)
 

@@ -713,7 +713,7 @@ class _Subscriber:
         """Run one feed until it has no streams left; gives back what it could not serve."""
         c = self.consumer
         try:
-            feed.conn = await c._client._data_connection(feed.addr)
+            feed.conn = await c._client.routing.connection(feed.addr)
             while feed.ranges:
                 if feed.long_poll:
                     await self._long_poll_round(feed)

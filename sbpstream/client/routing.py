@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 
 from sbpstream.client.retry import Attempts
 from sbpstream.client.types import Range, RetryPolicy
-from sbpstream.net.client import ConnectionPool, ResponseStream
+from sbpstream.net.client import Connection, ConnectionPool, ResponseStream
 from sbpstream.protocol.errors import ErrorCode, StreamNotFoundError
 from sbpstream.protocol.frame import Buffer, Frame
 from sbpstream.protocol.messages import (
@@ -210,6 +210,11 @@ class RangeRouter:
         conn = await self._pool.get(addr)
         t = self.request_timeout_ms if timeout_ms is None else timeout_ms
         return await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+
+    async def connection(self, addr: str) -> Connection:
+        """The pooled connection to the data node at ``addr`` (a subscription's BUFFER_ACKs
+        must go on the connection its FETCH came in on)."""
+        return await self._pool.get(addr)
 
     async def stream(self, addr: str, req: Message, *, timeout_s: float) -> ResponseStream:
         """Send a request to a data node; iterate its answer's frames (FETCH long-polls)."""
