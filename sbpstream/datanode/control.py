@@ -4,8 +4,10 @@ DELETE_STREAMS. Every item gets its own status; one bad item never fails the bat
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from sbpstream.datanode.digest import range_digest
 from sbpstream.datanode.rereplicate import needs_copy
 from sbpstream.net.server import Request, Responder
 from sbpstream.protocol.errors import InternalError, LimitExceededError, SbpError
@@ -131,9 +133,15 @@ class ControlHandlers:
         out: list[DescribeRangeResult] = []
         for it in m.items:
             try:
-                out.append(DescribeRangeResult(
+                res = DescribeRangeResult(
                     stream_id=it.stream_id,
-                    range=ctx.range_message(it.stream_id, it.range_index)))
+                    range=ctx.range_message(it.stream_id, it.range_index))
+                if it.digest_end_offset >= 0:  # sbpstream check
+                    d = await range_digest(ctx, it.stream_id, it.range_index,
+                                           it.digest_start_offset, it.digest_end_offset)
+                    res = replace(res, digest=d.digest, digest_start_offset=d.start_offset,
+                                  digest_end_offset=d.end_offset)
+                out.append(res)
             except Exception as exc:  # per-item status
                 out.append(DescribeRangeResult(stream_id=it.stream_id, status=_status(exc)))
         await resp.send(DescribeRangesResponse(items=tuple(out)).encode())

@@ -221,7 +221,12 @@ class Rereplicator:
             st = store.describe_range(r.stream_id, r.range_index)
         except RangeNotFoundError:
             st = store.create_range(r.stream_id, r.range_index, r.start_offset)
-        ctx.table.ensure(r.stream_id, r.range_index, st.start_offset)
+        ctx.table.ensure(r.stream_id, r.range_index, st.next_offset)
+        if not (st.sealed and st.end_offset >= 0):
+            # the end is final: seal first (a stopped range refuses replication appends; one
+            # sealed at its end takes them up to the end), so an interrupted copy resumes
+            store.seal_range(r.stream_id, r.range_index, r.end_offset)
+        self.missing.setdefault((r.stream_id, r.range_index), r)
         errors: list[str] = []
         t0 = time.monotonic()
         for addr in self._sources(r):
