@@ -1284,6 +1284,33 @@ def top(
     _introspect(pm, "", body)
 
 
+@app.command("check")
+def check(
+    pm: PmOption = DEFAULT_PM,
+    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    repair: Annotated[bool, typer.Option(
+        "--repair", help="Send each replica found short, unsealed or missing its range "
+        "(SYNC_RANGES): it copies what it lacks from another replica.")] = False,
+    stream: Annotated[list[int] | None, typer.Option(
+        "--stream", help="Check only this stream (repeatable).")] = None,
+) -> None:
+    """Compare every range's replicas with each other and with the PM (docs/operations.md).
+
+    Prints each problem, one a line; exits 1 when there is any, 0 when the cluster is clean.
+    """
+    from sbpstream.client.check import check_cluster
+
+    report = _run(pm, timeout_ms, lambda c: check_cluster(c, repair=repair, stream_ids=stream))
+    for p in report.problems:
+        print(p)
+    for line in report.repaired:
+        print(f"repair: {line}")
+    print(f"checked {report.streams} stream(s), {report.ranges} range(s), "
+          f"{report.replicas} replica(s): {len(report.problems)} problem(s)")
+    if report.problems:
+        raise typer.Exit(EXIT_ERROR)
+
+
 # ------------------------------------------------------------------------------------- main
 
 

@@ -76,8 +76,9 @@ SAMPLES: list[m.Message] = [
     ),
     m.SyncRangesRequest(1_000, (m.StreamRanges(42, (RANGE2,)),)),
     m.SyncRangesResponse(3, ERR, (m.SyncResult(42, ERR, (RANGE2,)),)),
-    m.DescribeRangesRequest(1_000, (m.DescribeRangeItem(42, 4),)),
-    m.DescribeRangesResponse(4, ERR, (m.DescribeRangeResult(42, ERR, RANGE),)),
+    m.DescribeRangesRequest(1_000, (m.DescribeRangeItem(42, 4, 1_500, 1_000),)),
+    m.DescribeRangesResponse(4, ERR, (m.DescribeRangeResult(42, ERR, RANGE, "0f" * 16, 1_000,
+                                                            1_500),)),
     m.CreateStreamsRequest(
         1_000, (m.CreateStreamItem(3, 86_400_000, "orders.eu-1"), m.CreateStreamItem(1, 1))),
     m.CreateStreamsResponse(5, ERR, (m.CreateStreamResult(STREAM, 3, 86_400_000, ERR),)),

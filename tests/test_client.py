@@ -395,6 +395,7 @@ async def test_producer_finds_its_stored_batches_in_a_sealed_range(cluster: Loca
     """The failover path that reads a sealed range back to learn where this producer's
     unacknowledged-but-stored batches landed (several batches in flight at a seal)."""
     from sbpstream.client.producer import _Batch
+    from sbpstream.client.retry import Attempts
 
     async with AsyncClient(cluster.pm_address) as c:
         sid = await c.create_stream()
@@ -413,7 +414,7 @@ async def test_producer_finds_its_stored_batches_in_a_sealed_range(cluster: Loca
         st = p._streams[sid]
         st.acked_next = -1  # as if nothing had been acknowledged
         batches = [_Batch(sid, b"", 2 * i, 2, [], 0) for i in range(3)]
-        found = await p._locate(st, sealed, batches)
+        found = await p._locate(st, sealed, batches, Attempts(c.retry))
         assert found == {2 * i: offsets[i] for i in range(3)}
         await p.close()
         await other.close()

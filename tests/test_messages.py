@@ -473,6 +473,8 @@ def test_binding_refuses_drift_from_the_schema() -> None:
     class DescribeRangeItem(Table):
         stream_id: int = 0
         range_index: int = 0
+        digest_end_offset: int = -1
+        digest_start_offset: int = -1
 
     codec.bind(DescribeRangeItem)
     with pytest.raises(TypeError, match="bound twice"):

@@ -70,6 +70,21 @@ def _cases() -> dict[str, Any]:
             "BufferAckRequest/bytes-only": m.BufferAckRequest(1 << 33),  # as before subscriptions
         }
     )
+    # Appended fields (DESCRIBE_RANGES' digest): the bytes from before stay what an instance
+    # with the new fields at their defaults encodes to and decodes from.
+    err, rng = ERR, _first_instances()["Range"]
+    cases.update(
+        {
+            "DescribeRangeItem/before-digest": m.DescribeRangeItem(42, 4),
+            "DescribeRangeResult/before-digest": m.DescribeRangeResult(42, err, rng),
+            "DescribeRangesRequest/before-digest": m.DescribeRangesRequest(
+                1_000, (m.DescribeRangeItem(42, 4),)
+            ),
+            "DescribeRangesResponse/before-digest": m.DescribeRangesResponse(
+                4, err, (m.DescribeRangeResult(42, err, rng),)
+            ),
+        }
+    )
     return cases
 
 

@@ -15,8 +15,11 @@ stream until every batch in flight has settled; then the failed ones are recover
 order. When the primary fails (RANGE_SEALED, NOT_PRIMARY, REPLICA_UNAVAILABLE, connection loss,
 timeout...) the producer asks the PM to seal the range; the seal result says, per producer, the
 highest sequence the sealed range holds. Failed batches at or below it are stored: their offsets
-come from the seal result (the last one) or from reading the sealed range back (the others);
-the rest are resent to the new range. Failover neither loses nor duplicates.
+come from the seal result (the last one) or from reading the sealed range back (the others),
+from a replica that holds it through its end (tried in turn, until the deadline); the rest,
+and a batch a full read-back does not find (the seal cut it), are resent to the new range. A
+send fails only for a FATAL error or when the deadline is exhausted. Failover neither loses nor
+duplicates.
 
 One exception: when the primary of a *single-replica* range is unreachable, no replica can
 report the range's end (the PM refuses to seal it then), so the producer retries that primary
@@ -38,13 +41,14 @@ from typing import TYPE_CHECKING, overload
 
 from sbpstream.client.flow import Flow, FlowEvent, FlowMachine, ProducerFlowError
 from sbpstream.client.retry import MOVE_CODES, Attempts, is_connection_error
-from sbpstream.client.routing import primary_address
+from sbpstream.client.routing import primary_address, replica_addresses
 from sbpstream.client.types import Compression, Headers, Range, Record, codec_of
 from sbpstream.protocol.errors import (
     ConnectionClosedError,
     ErrorCode,
     InvalidRequestError,
     ProducerClosedError,
+    ReplicaUnavailableError,
     SbpError,
     UnknownServerError,
 )
@@ -54,6 +58,9 @@ from sbpstream.protocol.messages import (
     AppendRequest,
     AppendResponse,
     AppendResult,
+    FetchItem,
+    FetchRequest,
+    FetchResponse,
     ProducerState,
 )
 from sbpstream.records import BatchBuilder, iter_batches, read_header
@@ -69,6 +76,7 @@ RECORD_OVERHEAD_BYTES = 16  # varints and bookkeeping counted per record against
 MAX_ITEMS_PER_APPEND = 1000  # batches per APPEND frame
 MAX_APPEND_PAYLOAD_BYTES = 8 * 1024 * 1024  # payload per APPEND frame (frames stop at 16 MiB)
 APPEND_TIMEOUT_MARGIN_MS = 2000  # client-side wait beyond the server's timeout_ms
+READ_BACK_BYTES = 1024 * 1024  # per FETCH when reading a sealed range back in recovery
 # A data node remembers a producer's last 5 batches per range (Kafka's window), so a resend of
 # any of up to 5 unacknowledged batches is recognised as a duplicate: never more in flight.
 MAX_IN_FLIGHT_PER_STREAM = 5
@@ -789,42 +797,81 @@ class AsyncProducer:
         if not stored:
             return failed
         sealed = next((r for r in res.ranges if r.range_index == rng.range_index), None)
-        offsets = {stored[-1].base_sequence: last.last_base_offset} \
-            if stored[-1].last_sequence == last.last_sequence else {}
+        offsets: dict[int, int] = {}
+        if stored[-1].last_sequence == last.last_sequence and (
+                sealed is None or last.last_base_offset < sealed.end_offset):
+            offsets[stored[-1].base_sequence] = last.last_base_offset
         if len(offsets) < len(stored) and sealed is not None:
-            offsets.update(await self._locate(st, sealed, stored))
+            offsets.update(await self._locate(st, sealed, stored, attempts))
+        resend: list[_Batch] = []
         for b in stored:
             off = offsets.get(b.base_sequence)
-            if off is None:  # cannot happen unless the range lost data: never guess
-                self._fail_futures(b, UnknownServerError(
-                    f"batch of sequence {b.base_sequence} is stored in range "
-                    f"{st.stream_id}/{rng.range_index} but could not be found there"))
-                self._done(b)
+            if off is None:
+                # A replica was read through the sealed end without finding it: the seal cut it
+                # (its end came from what every replica confirmed, and a replica's producer state
+                # may run past that). It is not stored, so a resend cannot duplicate it.
+                resend.append(b)
             else:
                 self._acked(st, b, off)
-        return [b for b in failed if b not in stored]
+        return resend + [b for b in failed if b not in stored]
 
-    async def _locate(self, st: _Stream, sealed: Range, batches: list[_Batch]) -> dict[int, int]:
-        """Offsets of this producer's ``batches`` in a sealed range, read back from it."""
+    async def _locate(self, st: _Stream, sealed: Range, batches: list[_Batch],
+                      attempts: Attempts) -> dict[int, int]:
+        """Offsets of this producer's ``batches`` in a sealed range, read back from a replica
+        that holds the range through its end (a replica still copying the range, or one that
+        cannot be reached, is skipped: the next one is tried, and all of them again after a
+        backoff, until the deadline, which raises). A batch missing from the result is not in
+        the range."""
         wanted = {b.base_sequence for b in batches}
         start = max(sealed.start_offset, st.acked_next)
+        while True:
+            last_err: SbpError = ReplicaUnavailableError(
+                f"range {st.stream_id}/{sealed.range_index} lists no replica to read back from")
+            for addr in replica_addresses(sealed):
+                try:
+                    return await self._scan(addr, st.stream_id, sealed, start, wanted)
+                except SbpError as exc:
+                    last_err = exc
+                except (OSError, TimeoutError) as exc:
+                    last_err = as_sbp_error(exc)
+                log.debug("event=read_back_retry stream=%d range=%d replica=%s error=%s",
+                          st.stream_id, sealed.range_index, addr, last_err)
+            await attempts.backoff(ReplicaUnavailableError(
+                f"could not read back range {st.stream_id}/{sealed.range_index} from any "
+                f"replica before the deadline: {last_err}"))
+
+    async def _scan(self, addr: str, stream_id: int, sealed: Range, start: int,
+                    wanted: set[int]) -> dict[int, int]:
+        """Read ``[start, end)`` of the sealed range at one replica for the wanted sequences;
+        raises unless the replica answered through the end (or until all were found)."""
         found: dict[int, int] = {}
-        consumer = self._client.consumer(st.stream_id, start, end=sealed.end_offset)
-        try:
-            pos = start
-            while pos < sealed.end_offset and len(found) < len(wanted):
-                await consumer.seek(pos)
-                chunks = await consumer.fetch_batches(0)
-                if not chunks:
-                    break
-                for buf in chunks:
-                    for batch in iter_batches(buf):
-                        h = read_header(batch)
-                        if h.producer_id == self.producer_id and h.base_sequence in wanted:
-                            found[h.base_sequence] = h.base_offset
-                        pos = max(pos, h.base_offset + h.record_count)
-        finally:
-            await consumer.close()
+        pos = start
+        timeout_s = (self._routing.request_timeout_ms + APPEND_TIMEOUT_MARGIN_MS) / 1000
+        while pos < sealed.end_offset and len(found) < len(wanted):
+            req = FetchRequest(max_wait_ms=0, min_bytes=1, items=(FetchItem(
+                stream_id=stream_id, request_index=0, fetch_offset=pos,
+                batch_max_bytes=READ_BACK_BYTES, range_index=sealed.range_index),))
+            progressed = False
+            rs = await self._routing.stream(addr, req, timeout_s=timeout_s)
+            async with rs:
+                async for frame in rs:
+                    resp = FetchResponse.decode(frame.header)
+                    resp.status.raise_for_error()
+                    for item, chunk in resp.chunks(frame.payload):
+                        if not item.status.ok:
+                            raise item.status.error()
+                        for batch in iter_batches(chunk):
+                            h = read_header(batch)
+                            if h.base_offset >= sealed.end_offset:
+                                break
+                            if h.producer_id == self.producer_id and h.base_sequence in wanted:
+                                found[h.base_sequence] = h.base_offset
+                            if h.base_offset + h.record_count > pos:
+                                pos = h.base_offset + h.record_count
+                                progressed = True
+            if not progressed:
+                raise ReplicaUnavailableError(
+                    f"replica {addr} returned nothing at {pos} < {sealed.end_offset}")
         return found
 
     def _wait_for_primary(self, batch: _Batch, rng: Range, err: SbpError) -> bool:

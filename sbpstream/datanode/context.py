@@ -24,12 +24,12 @@ from sbpstream.datanode.metrics import Metrics
 from sbpstream.datanode.pmclient import PmClient
 from sbpstream.datanode.ranges import RangeInfo, RangeTable
 from sbpstream.datanode.replication import Replicators
+from sbpstream.datanode.rereplicate import Rereplicator
 from sbpstream.introspect.counters import StreamCounterTable
 from sbpstream.net.client import ConnectionPool
 from sbpstream.protocol.errors import (
     ErrorCode,
     RangeNotFoundError,
-    ReplicaUnavailableError,
     SbpError,
     StreamDeletedError,
 )
@@ -58,6 +58,7 @@ class NodeContext:
         self.table = RangeTable()
         self.stream_stats = StreamCounterTable()  # STATS: traffic per stream (append, fetch)
         self.replicators = Replicators(self)
+        self.rereplicator = Rereplicator(self)
         self.node_id = -1
         self.closing = False
         self._store: Store | None = None
@@ -77,8 +78,9 @@ class NodeContext:
         """The store was opened (and recovered): learn the ranges it holds."""
         self._store = store
         for st in store.ranges():
-            committed = st.end_offset if st.sealed and st.end_offset >= 0 else st.next_offset
-            self.table.ensure(st.stream_id, st.range_index, committed)
+            # a sealed range is committed up to its end, unless held short (a copy then
+            # completes it: see adopt_range); an open one up to what is stored
+            self.table.ensure(st.stream_id, st.range_index, st.next_offset)
 
     def spawn(self, coro: Awaitable[None]) -> None:
         """Run ``coro`` in the background until it ends or ``close`` cancels it."""
@@ -103,6 +105,7 @@ class NodeContext:
         for _, task in self._lookups.values():
             task.cancel()
         self.replicators.close()
+        self.rereplicator.close()
 
     # ------------------------------------------------------------------ ranges
 
@@ -118,10 +121,6 @@ class NodeContext:
         try:
             st = store.describe_range(r.stream_id, r.range_index)
         except RangeNotFoundError:
-            if r.end_offset > r.start_offset:
-                raise ReplicaUnavailableError(
-                    f"range {r.stream_id}/{r.range_index} is sealed with data; copying a "
-                    "sealed range from a replica is not implemented yet") from None
             st = store.create_range(r.stream_id, r.range_index, r.start_offset)
         info = self.table.ensure(r.stream_id, r.range_index, st.next_offset)
         self.table.set_placement(info, r.replica_nodes, self.node_id)
@@ -136,10 +135,17 @@ class NodeContext:
                 end = store.seal_range(r.stream_id, r.range_index, r.end_offset)
                 self.set_committed(r.stream_id, r.range_index, end)
             else:
-                log.error("event=range_missing_data stream_id=%d range_index=%d "
-                          "sealed_end=%d local_next=%d", r.stream_id, r.range_index,
-                          r.end_offset, st.next_offset)
-                store.seal_range(r.stream_id, r.range_index, None)
+                # Sealed while we were away at an end past what we hold: the end is final, so
+                # seal there now, serve what we hold and copy the rest from a replica that has
+                # it (in the background, until complete; see rereplicate.py).
+                log.warning("event=range_missing_data stream_id=%d range_index=%d "
+                            "sealed_end=%d local_next=%d action=copy", r.stream_id,
+                            r.range_index, r.end_offset, st.next_offset)
+                store.seal_range(r.stream_id, r.range_index, r.end_offset)
+                self.set_committed(r.stream_id, r.range_index, st.next_offset)
+                self.rereplicator.start(r)
+        elif st.end_offset == r.end_offset > st.next_offset:  # sealed here, short: copy the rest
+            self.rereplicator.start(r)
         return self.range_message(r.stream_id, r.range_index)
 
     def resolve_range(self, stream_id: int, range_index: int) -> RangeInfo | None:

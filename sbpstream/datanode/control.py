@@ -4,9 +4,11 @@ DELETE_STREAMS. Every item gets its own status; one bad item never fails the bat
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from sbpstream.datanode.rereplicate import Rereplicator, needs_copy
+from sbpstream.datanode.digest import range_digest
+from sbpstream.datanode.rereplicate import needs_copy
 from sbpstream.net.server import Request, Responder
 from sbpstream.protocol.errors import InternalError, LimitExceededError, SbpError
 from sbpstream.protocol.messages import (
@@ -53,7 +55,6 @@ def _check(n: int) -> None:
 class ControlHandlers:
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
-        self.rereplicator = Rereplicator(ctx)
 
     async def seal(self, req: Request, resp: Responder) -> None:
         """end_offset -1: stop writing, report the local end and producer states. end_offset
@@ -68,6 +69,8 @@ class ControlHandlers:
                 ctx.replicators.drop(it.stream_id, it.range_index)
                 end = ctx.store.seal_range(it.stream_id, it.range_index,
                                           it.end_offset if final else None)
+                if not final:
+                    end = self._replicated_end(it.stream_id, it.range_index, end)
                 if final:
                     ctx.set_committed(it.stream_id, it.range_index, end)
                 producers = tuple(
@@ -87,6 +90,22 @@ class ControlHandlers:
                 out.append(SealResult(stream_id=it.stream_id, status=_status(exc)))
         await resp.send(SealRangesResponse(items=tuple(out)).encode())
 
+    def _replicated_end(self, stream_id: int, range_index: int, local_end: int) -> int:
+        """The end this node reports when asked to stop: on the primary of a replicated range,
+        no more than what every secondary confirmed (``replicated_offset``).
+
+        Why: the primary writes a batch before it replicates it, so after a failed round it
+        holds batches no secondary has (none of them acknowledged). Reporting its local end let
+        a seal that reached only the primary end the range there, leaving every secondary short
+        of the sealed range for good (the ``range_missing_data`` of issue 15). Everything
+        acknowledged is below ``replicated_offset``, so ending there loses nothing."""
+        info = self.ctx.table.get(stream_id, range_index)
+        if (info is None or not info.is_primary or info.replicated_offset < 0
+                or not self.ctx.replicators.needs(info)):
+            return local_end
+        start = self.ctx.store.describe_range(stream_id, range_index).start_offset
+        return max(start, min(local_end, info.replicated_offset))
+
     async def sync(self, req: Request, resp: Responder) -> None:
         """Create the listed ranges here (idempotent) and remember their placement. A sealed
         range with data this node lacks is copied from another replica first (may take a
@@ -99,7 +118,7 @@ class ControlHandlers:
             try:
                 for r in sr.ranges:  # a sealed range this node lacks: copy it first
                     if needs_copy(ctx, r):
-                        await self.rereplicator.copy(r)
+                        await ctx.rereplicator.copy(r)
                 got = tuple(ctx.adopt_range(r) for r in sr.ranges)
                 out.append(SyncResult(stream_id=sr.stream_id, ranges=got))
             except Exception as exc:  # per-item status
@@ -114,9 +133,15 @@ class ControlHandlers:
         out: list[DescribeRangeResult] = []
         for it in m.items:
             try:
-                out.append(DescribeRangeResult(
+                res = DescribeRangeResult(
                     stream_id=it.stream_id,
-                    range=ctx.range_message(it.stream_id, it.range_index)))
+                    range=ctx.range_message(it.stream_id, it.range_index))
+                if it.digest_end_offset >= 0:  # sbpstream check
+                    d = await range_digest(ctx, it.stream_id, it.range_index,
+                                           it.digest_start_offset, it.digest_end_offset)
+                    res = replace(res, digest=d.digest, digest_start_offset=d.start_offset,
+                                  digest_end_offset=d.end_offset)
+                out.append(res)
             except Exception as exc:  # per-item status
                 out.append(DescribeRangeResult(stream_id=it.stream_id, status=_status(exc)))
         await resp.send(DescribeRangesResponse(items=tuple(out)).encode())

@@ -38,6 +38,7 @@ from sbpstream.protocol.errors import (
     OffsetOutOfRangeError,
     OffsetTrimmedError,
     RangeNotFoundError,
+    ReplicaUnavailableError,
     SbpError,
 )
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse, FetchResult, Status
@@ -198,6 +199,9 @@ class FetchHandler:
                     st.done = True
                     return 0
                 if not res.batches:
+                    if ctx.rereplicator.missing_at(it.stream_id, st.offset):
+                        raise ReplicaUnavailableError(  # readers: try a complete replica
+                            f"node {ctx.node_id} is still copying {it.stream_id} at {st.offset}")
                     return 0  # caught up with the committed offset: wait for more
             st.done = True
             return 0

@@ -32,6 +32,7 @@ from sbpstream.datanode.limits import (
 )
 from sbpstream.datanode.metrics import Metrics, rss_bytes
 from sbpstream.datanode.pmclient import PmClient
+from sbpstream.datanode.rereplicate import SWEEP_INTERVAL_S
 from sbpstream.introspect.figures import DataNodeStreams, Introspector
 from sbpstream.introspect.http import routes as admin_routes
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
@@ -133,6 +134,7 @@ class DataNode:
         spawn = self.ctx.spawn
         spawn(self._every(cfg.heartbeat_interval_ms, self._heartbeat, "heartbeat"))
         spawn(self._every(cfg.metrics_interval_ms, self._report_metrics, "metrics"))
+        spawn(self._every(int(SWEEP_INTERVAL_S * 1000), self.ctx.rereplicator.sweep, "converge"))
         spawn(self._every(cfg.retention_interval_ms, self._retention, "retention"))
         spawn(self._every(cfg.compaction_interval_ms, self._compact, "compaction"))
         if cfg.metrics_port >= 0:
@@ -336,7 +338,8 @@ class DataNode:
     async def _report_metrics(self) -> None:
         req: ReportMetricsRequest = self.metrics.report(
             self._me(), self.store.stats(),
-            self.ctx.table.active_ranges(METRICS_WINDOW_S, time.monotonic()))
+            self.ctx.table.active_ranges(METRICS_WINDOW_S, time.monotonic()),
+            missing_replicas=len(self.ctx.rereplicator.missing))
         await self.pm.call(req, ReportMetricsResponse)
 
     async def _retention(self) -> None:

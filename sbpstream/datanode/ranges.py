@@ -25,6 +25,11 @@ class RangeInfo:
     replicas: tuple[ReplicaNode, ...] = ()
     # Unknown placement (no replica list yet) counts as primary: a single-node range.
     is_primary: bool = True
+    # On the primary of a replicated range: the offset below which every secondary confirmed
+    # holding the batches (-1: unknown, e.g. nothing replicated since this node started). Every
+    # acknowledged record is below it; a seal that cannot reach the secondaries uses it as this
+    # node's end, so that no secondary is left short of a sealed range (see control.seal).
+    replicated_offset: int = -1
     last_active: float = field(default_factory=time.monotonic)
 
 

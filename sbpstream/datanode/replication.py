@@ -11,7 +11,10 @@ rejects a batch that does not start at its next offset).
 The first failed round breaks the replicator for good: that batch and every later one fail with
 REPLICA_UNAVAILABLE, nothing more is forwarded, and the writer seals the range at the PM (which
 cuts it at the minimum end over the reachable replicas, so unacknowledged tails vanish and every
-acknowledged record survives). A secondary learns the committed offset with the next round, or the
+acknowledged record survives). Each successful round raises the range's ``replicated_offset``
+(every secondary holds everything below it); the seal answers it as this node's end, so batches
+written here but never replicated are cut by the seal instead of leaving the secondaries short.
+A secondary learns the committed offset with the next round, or the
 sealed end at seal time; until then it does not serve the newest records.
 """
 
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Final
 from sbpstream.protocol.errors import ReplicaUnavailableError, SbpError
 from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse
 from sbpstream.protocol.opcodes import Opcode
-from sbpstream.records.header import patch_base_offset
+from sbpstream.records.header import patch_base_offset, read_header
 
 if TYPE_CHECKING:
     from sbpstream.datanode.context import NodeContext
@@ -50,6 +53,7 @@ MAX_QUEUED_BYTES: Final = 64 * 1024 * 1024
 class _Pending:
     data: bytearray  # the batch with its base offset written in
     done: asyncio.Future[None]
+    next_offset: int  # the offset after the batch
 
 
 class RangeReplicator:
@@ -80,7 +84,7 @@ class RangeReplicator:
             return fut
         data = bytearray(batch)
         patch_base_offset(data, base_offset)
-        self.queue.append(_Pending(data, fut))
+        self.queue.append(_Pending(data, fut, base_offset + read_header(data).record_count))
         self.queued_bytes += len(data)
         self._wake.set()
         if self._task is None:
@@ -128,6 +132,10 @@ class RangeReplicator:
                         p.done.set_exception(err)
                 self._break(err)
                 return
+            # every secondary holds these batches: raise the mark BEFORE any writer can be
+            # acknowledged (the futures' callbacks run later), so that whatever was acknowledged
+            # is below it when a seal reads it
+            self.rng.replicated_offset = max(self.rng.replicated_offset, take[-1].next_offset)
             for p in take:
                 if not p.done.done():
                     p.done.set_result(None)

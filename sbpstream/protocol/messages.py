@@ -518,6 +518,8 @@ class SyncRangesResponse(Message):
 class DescribeRangeItem(Table):
     stream_id: int = 0
     range_index: int = 0
+    digest_end_offset: int = -1  # >= 0: a data node also answers a digest (sbpstream check)
+    digest_start_offset: int = -1
 
 
 @request(Opcode.DESCRIBE_RANGES, items="ranges")
@@ -531,6 +533,9 @@ class DescribeRangeResult(Table):
     stream_id: int = 0
     status: Status = STATUS_OK
     range: Range | None = None
+    digest: str = ""  # hex BLAKE2b-128 of [digest_start_offset, digest_end_offset)
+    digest_start_offset: int = -1
+    digest_end_offset: int = -1
 
 
 @response(Opcode.DESCRIBE_RANGES, items="describe_responses")

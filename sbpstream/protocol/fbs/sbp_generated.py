@@ -2185,9 +2185,25 @@ class DescribeRangeItem(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
-def DescribeRangeItemStart(builder): builder.StartObject(2)
+    # DescribeRangeItem
+    def DigestEndOffset(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+    # DescribeRangeItem
+    def DigestStartOffset(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+def DescribeRangeItemStart(builder): builder.StartObject(4)
 def DescribeRangeItemAddStreamId(builder, streamId): builder.PrependInt64Slot(0, streamId, 0)
 def DescribeRangeItemAddRangeIndex(builder, rangeIndex): builder.PrependInt32Slot(1, rangeIndex, 0)
+def DescribeRangeItemAddDigestEndOffset(builder, digestEndOffset): builder.PrependInt64Slot(2, digestEndOffset, -1)
+def DescribeRangeItemAddDigestStartOffset(builder, digestStartOffset): builder.PrependInt64Slot(3, digestStartOffset, -1)
 def DescribeRangeItemEnd(builder): return builder.EndObject()
 
 
@@ -2292,10 +2308,34 @@ class DescribeRangeResult(object):
             return obj
         return None
 
-def DescribeRangeResultStart(builder): builder.StartObject(3)
+    # DescribeRangeResult
+    def Digest(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # DescribeRangeResult
+    def DigestStartOffset(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+    # DescribeRangeResult
+    def DigestEndOffset(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+def DescribeRangeResultStart(builder): builder.StartObject(6)
 def DescribeRangeResultAddStreamId(builder, streamId): builder.PrependInt64Slot(0, streamId, 0)
 def DescribeRangeResultAddStatus(builder, status): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(status), 0)
 def DescribeRangeResultAddRange(builder, range): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(range), 0)
+def DescribeRangeResultAddDigest(builder, digest): builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(digest), 0)
+def DescribeRangeResultAddDigestStartOffset(builder, digestStartOffset): builder.PrependInt64Slot(4, digestStartOffset, -1)
+def DescribeRangeResultAddDigestEndOffset(builder, digestEndOffset): builder.PrependInt64Slot(5, digestEndOffset, -1)
 def DescribeRangeResultEnd(builder): return builder.EndObject()
 
 
