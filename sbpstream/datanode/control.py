@@ -116,7 +116,7 @@ class ControlHandlers:
             try:
                 out.append(DescribeRangeResult(
                     stream_id=it.stream_id,
-                    range=ctx.range_message(it.stream_id, it.range_index)))
+                    range=ctx.committed_range_message(it.stream_id, it.range_index)))
             except Exception as exc:  # per-item status
                 out.append(DescribeRangeResult(stream_id=it.stream_id, status=_status(exc)))
         await resp.send(DescribeRangesResponse(items=tuple(out)).encode())

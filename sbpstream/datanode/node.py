@@ -49,6 +49,7 @@ from sbpstream.protocol.messages import (
     HeartbeatResponse,
     ListRangesRequest,
     ListRangesResponse,
+    Range,
     ReportMetricsRequest,
     ReportMetricsResponse,
     TrimItem,
@@ -269,15 +270,22 @@ class DataNode:
         log.info("event=registered node_id=%d advertise=%s pm=%s", self.node_id,
                  self.advertise, self.pm.current)
 
-    def _heartbeat_request(self) -> HeartbeatRequest:
+    def _heartbeat_request(self, progress: tuple[Range, ...] = ()) -> HeartbeatRequest:
         return HeartbeatRequest(client_id=f"datanode-{self.node_id}",
-                                client_role=ClientRole.DATA_NODE, data_node=self._me())
+                                client_role=ClientRole.DATA_NODE, data_node=self._me(),
+                                committed_ranges=progress)
 
     async def _heartbeat(self) -> None:
-        r = await self.pm.call(self._heartbeat_request(), HeartbeatResponse)
+        """Liveness, plus the committed offsets of writable ranges that moved (the PM answers
+        LIST_RANGES and DESCRIBE_RANGES with them, so a stream's end never goes backwards when
+        its primary cannot be reached)."""
+        progress = self.ctx.committed_progress()
+        r = await self.pm.call(self._heartbeat_request(tuple(progress)), HeartbeatResponse)
         if r.status.code:
             log.warning("event=heartbeat_rejected code=%d message=%r", r.status.code,
                         r.status.message)
+        else:
+            self.ctx.progress_reported(progress)
 
     async def _reconcile(self) -> None:
         """Learn this node's ranges from the PM; align the store with what the PM decided
