@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from sbpstream.datanode.pmclient import PmClient
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.ports import free_port
-from sbpstream.net.server import Handler, Server
+from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.protocol.errors import (
     ErrorCode,
     SbpError,
@@ -64,6 +65,9 @@ from sbpstream.store import Store, StoreConfig
 
 log = logging.getLogger("sbpstream.datanode")
 
+CLIENTS_MAX = 10_000
+"""SDK clients a data node remembers from their HEARTBEATs (least recently seen dropped first)."""
+
 NODE_ID_FILE = "node_id"
 STORE_DIR = "store"
 
@@ -82,6 +86,8 @@ class DataNode:
         self.server: Server | None = None
         self._store: Store | None = None
         self._closed = False
+        #: SDK clients that sent HEARTBEAT here: client_id -> (peer, monotonic last seen).
+        self.clients: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -118,6 +124,7 @@ class DataNode:
         handlers[Opcode.DESCRIBE_RANGES] = control.describe
         handlers[Opcode.TRIM_STREAMS] = control.trim
         handlers[Opcode.DELETE_STREAMS] = control.delete
+        handlers[Opcode.HEARTBEAT] = self._client_heartbeat
         self.server = Server(handlers, name="datanode")
         await self.server.start(cfg.host, self.port)
         self.port = self.server.port
@@ -274,6 +281,16 @@ class DataNode:
         return HeartbeatRequest(client_id=f"datanode-{self.node_id}",
                                 client_role=ClientRole.DATA_NODE, data_node=self._me(),
                                 committed_ranges=progress)
+
+    async def _client_heartbeat(self, req: Request, resp: Responder) -> None:
+        """An SDK client's HEARTBEAT: remember it (bounded by CLIENTS_MAX) and echo it."""
+        hb = HeartbeatRequest.decode(req.header)
+        if hb.client_id:
+            self.clients.pop(hb.client_id, None)
+            self.clients[hb.client_id] = (str(req.conn.peer), time.monotonic())
+            while len(self.clients) > CLIENTS_MAX:
+                self.clients.popitem(last=False)
+        await resp.send(HeartbeatResponse(hb.client_id, hb.client_role, self._me()).encode())
 
     async def _heartbeat(self) -> None:
         """Liveness, plus the committed offsets of writable ranges that moved (the PM answers
