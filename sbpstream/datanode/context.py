@@ -259,9 +259,11 @@ class NodeContext:
 
     # ------------------------------------------------------------------ streams at the PM
 
-    async def lookup_stream(self, stream_id: int) -> None:
+    async def lookup_stream(self, stream_id: int, wait_s: float = PM_LOOKUP_WAIT_S) -> None:
         """Ask the PM (once per PM_LOOKUP_TTL_S per stream) for a stream's ranges and adopt
-        the ones placed here: its SYNC_RANGES may not have arrived yet."""
+        the ones placed here: its SYNC_RANGES may not have arrived yet. Waits at most
+        ``wait_s`` (the caller's time left; never more than PM_LOOKUP_WAIT_S): the lookup goes
+        on for the next caller, this one stops waiting."""
         now = time.monotonic()
         ent = self._lookups.get(stream_id)
         if ent is None or now - ent[0] > PM_LOOKUP_TTL_S:
@@ -271,7 +273,7 @@ class NodeContext:
             ent = (now, asyncio.ensure_future(self._lookup(stream_id)))
             self._lookups[stream_id] = ent
         with contextlib.suppress(SbpError, TimeoutError):
-            async with asyncio.timeout(PM_LOOKUP_WAIT_S):
+            async with asyncio.timeout(max(0.0, min(wait_s, PM_LOOKUP_WAIT_S))):
                 await asyncio.shield(ent[1])
 
     async def _lookup(self, stream_id: int) -> None:
