@@ -23,7 +23,7 @@ from typing import Final, TypeVar
 from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts, is_connection_error
-from sbpstream.client.routing import RangeRouter, replica_addresses
+from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
     Compression,
@@ -307,29 +307,35 @@ class AsyncClient:
                                     ) -> list[Range]:
         """DESCRIBE_RANGES on the range's replicas: the primary's answer alone when it gives
         one (unless ``all_replicas``), else every other replica's that answers."""
-        req = DescribeRangesRequest(
-            timeout_ms=self.request_timeout_ms,
-            items=(DescribeRangeItem(stream_id=rng.stream_id, range_index=rng.range_index),),
-        )
-
-        async def one(addr: str) -> Range | None:
-            try:
-                frame = await self.routing.request(addr, req)
-                got = DescribeRangesResponse.decode(frame.header).items[0]
-            except (SbpError, IndexError) as exc:
-                log.debug("event=describe_range_dn_failed addr=%s error=%s", addr, exc)
-                return None
-            return got.range if got.status.ok else None
-
         addrs = replica_addresses(rng)
         if not addrs:
             return []
         if not all_replicas:
-            first = await one(addrs[0])
-            if first is not None:
+            first = await self._describe_on(addrs[0], rng)
+            if isinstance(first, Range):
                 return [first]
             addrs = addrs[1:]
-        return [r for r in await asyncio.gather(*(one(a) for a in addrs)) if r is not None]
+        got = await asyncio.gather(*(self._describe_on(a, rng) for a in addrs))
+        return [r for r in got if isinstance(r, Range)]
+
+    async def _describe_on(self, addr: str, rng: Range) -> Range | SbpError:
+        """One data node's DESCRIBE_RANGES of ``rng``, or why it did not answer."""
+        req = DescribeRangesRequest(
+            timeout_ms=self.request_timeout_ms,
+            items=(DescribeRangeItem(stream_id=rng.stream_id, range_index=rng.range_index),),
+        )
+        try:
+            frame = await self.routing.request(addr, req)
+            items = DescribeRangesResponse.decode(frame.header).items
+            if not items:
+                return ReplicaUnavailableError(f"the data node at {addr} described no range")
+            items[0].status.raise_for_error()
+            if items[0].range is None:
+                return ReplicaUnavailableError(f"the data node at {addr} described no range")
+            return items[0].range
+        except SbpError as exc:
+            log.debug("event=describe_range_dn_failed addr=%s error=%s", addr, exc)
+            return exc
 
     async def start_offset(self, stream_id: int) -> int:
         """The stream's first readable offset."""
@@ -355,19 +361,19 @@ class AsyncClient:
             last = ranges[-1]
             if last.sealed:
                 return self._monotonic_end(stream_id, last.end_offset)
-            primary = await self._describe_on_replicas(
-                dataclasses.replace(last, replica_nodes=tuple(
-                    r for r in last.replica_nodes if r.is_primary)), all_replicas=True)
-            if primary:
-                rng = primary[0]
+            addr = primary_address(last)
+            got: Range | SbpError = ReplicaUnavailableError(
+                f"range {stream_id}/{last.range_index} has no primary")
+            if addr:
+                got = await self._describe_on(addr, last)
+            if isinstance(got, Range):
                 return self._monotonic_end(
-                    stream_id, rng.end_offset if rng.sealed else rng.next_offset)
+                    stream_id, got.end_offset if got.sealed else got.next_offset)
             others = await self._describe_on_replicas(last, all_replicas=True)
             known = max([last.next_offset, *(r.end_offset if r.sealed else r.next_offset
                                              for r in others)])
             try:
-                await attempts.backoff(ReplicaUnavailableError(
-                    f"the primary of range {stream_id}/{last.range_index} does not answer"))
+                await attempts.backoff(got)  # the primary's error: what we are waiting for
             except SbpError:
                 return self._monotonic_end(stream_id, known)
 
