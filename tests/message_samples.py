@@ -34,7 +34,7 @@ SAMPLES: list[m.Message] = [
     m.PingResponse(),
     m.GoAway(int(ErrorCode.SHUTTING_DOWN), "maintenance", 12345),
     m.GoAwayResponse(ERR),
-    m.HeartbeatRequest("client-1", m.ClientRole.DATA_NODE, NODE),
+    m.HeartbeatRequest("client-1", m.ClientRole.DATA_NODE, NODE, (RANGE,)),
     m.HeartbeatResponse("client-1", m.ClientRole.CLIENT, NODE, ERR2),
     m.AllocateIdRequest(3_000, "host-a"),
     m.AllocateIdResponse(17, ERR),

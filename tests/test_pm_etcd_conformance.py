@@ -240,8 +240,13 @@ async def test_seal_and_new_idempotent(backend: Backend) -> None:
         await store.seal_and_new(1, 7, 10, R1, [])
     with pytest.raises(InvalidRequestError):
         await store.seal_and_new(1, 2, 3, R1, [])  # end below start 25
-    with pytest.raises(InvalidRequestError):
-        await store.seal_and_new(1, 2, 30, (), [])  # no replicas for the new range
+    alone = await store.seal_and_new(1, 2, 30, (), [])  # no replicas: sealed alone
+    assert alone.created and alone.new is None and alone.sealed.end_offset == 30
+    again2 = await store.seal_and_new(1, 2, 0, (), [])
+    assert not again2.created and again2.new is None and again2.sealed == alone.sealed
+    opened = await store.seal_and_new(1, 2, 0, R1, [])  # its successor, once placed
+    assert opened.created and opened.new is not None and opened.new.start_offset == 30
+    assert opened.sealed == alone.sealed and len((await store.list_ranges([1]))[0]) == 4
     with pytest.raises(StreamNotFoundError):
         await store.seal_and_new(42, 0, 0, R1, [])
     await delete1(store, 1)

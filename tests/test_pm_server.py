@@ -83,7 +83,7 @@ class FakeDataNode:
         await self.server.start("127.0.0.1", 0)
         self.pm = await Connection.open(self.pm_address)
         if not self.node_id:
-            r = await call(self.pm, m.AllocateIdRequest(host="fake-host"), m.AllocateIdResponse)
+            r = await call(self.pm, m.AllocateIdRequest(host=self.address), m.AllocateIdResponse)
             assert r.status.ok and r.id > 0, r
             self.node_id = r.id
         await self.heartbeat()

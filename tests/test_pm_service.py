@@ -217,7 +217,7 @@ async def test_update_and_paging(env: tuple[PmService, FakeDn, Clock]) -> None:
     await add_nodes(svc, 1)
     out = await svc.create_streams([(1, 0)] * 5)
     ids = [c.stream.stream_id for c in out if isinstance(c, CreatedStream)]
-    ups = await svc.update_streams([(ids[0], 0, 99), (ids[1], 9, 1), (ids[2], 1, -1)])
+    ups = await svc.update_streams([(ids[0], 0, 99), (ids[1], 9, 1), (ids[2], 1, -2)])
     assert not isinstance(ups[0], SbpError) and ups[0].retention_period_ms == 99
     assert ups[0].replica_nums == 1
     assert isinstance(ups[1], InvalidStreamConfigError)

@@ -11,16 +11,20 @@ router's public methods.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import os
 import re
+import secrets
+import socket
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from sbpstream.client.consumer import DEFAULT_WINDOW_BYTES, AsyncConsumer
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts, is_connection_error
-from sbpstream.client.routing import RangeRouter, primary_address
+from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
     Compression,
@@ -37,6 +41,7 @@ from sbpstream.protocol.errors import (
     InvalidStreamConfigError,
     NoPmReachableError,
     RangeNotFoundError,
+    ReplicaUnavailableError,
     SbpError,
     StreamNotFoundError,
 )
@@ -44,6 +49,7 @@ from sbpstream.protocol.frame import Frame
 from sbpstream.protocol.limits import DEFAULT_CONNECT_TIMEOUT_S
 from sbpstream.protocol.messages import (
     STATUS_OK,
+    ClientRole,
     CreateStreamItem,
     CreateStreamsRequest,
     CreateStreamsResponse,
@@ -54,6 +60,7 @@ from sbpstream.protocol.messages import (
     DescribeRangesResponse,
     DescribeStreamsRequest,
     DescribeStreamsResponse,
+    HeartbeatRequest,
     Message,
     TrimItem,
     TrimStreamsRequest,
@@ -69,6 +76,22 @@ M = TypeVar("M", bound=Message)
 
 MAX_REDIRECTS = 8  # PM_NOT_LEADER hops followed in a row before backing off
 LIST_PAGE_SIZE = 1000  # streams per DESCRIBE_STREAMS page when listing
+
+HEARTBEAT_INTERVAL_S: Final = 5.0
+"""How often a client sends HEARTBEAT (its client_id) to the PM and to each data node it used.
+The PM counts a client live for node_timeout * CLIENT_TIMEOUT_FACTOR (pm/service.py), a few
+intervals; more often would only add idle traffic per client."""
+
+HEARTBEAT_TIMEOUT_S: Final = 2.0
+"""One heartbeat's bound: it is best effort and never delays the client's own requests."""
+
+RETENTION_UNCHANGED: Final = -1
+"""UPDATE_STREAMS' retention_period_ms for "keep the current one" (docs/protocol.md)."""
+
+
+def new_client_id() -> str:
+    """A client id unique to this process and client: host, pid and a random part."""
+    return f"sdk-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 class AsyncClient:
@@ -88,8 +111,13 @@ class AsyncClient:
         request_timeout_ms: int = 10_000,
         retry_deadline_ms: int = 30_000,
         connect_timeout_ms: int = int(DEFAULT_CONNECT_TIMEOUT_S * 1000),
+        client_id: str | None = None,
     ) -> None:
         self.pm_addresses: list[str] = pm_addresses(pm)
+        #: Sent in HEARTBEAT to the PM and the data nodes this client uses.
+        self.client_id = client_id or new_client_id()
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._ends: dict[int, int] = {}
         self.request_timeout_ms = request_timeout_ms
         self.retry = RetryPolicy(deadline_ms=retry_deadline_ms)
         self._pool = ConnectionPool(connect_timeout_s=connect_timeout_ms / 1000)
@@ -114,6 +142,10 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
         await self._pool.close()
 
     # ------------------------------------------------------------------------------ streams
@@ -135,17 +167,36 @@ class AsyncClient:
         item = CreateStreamItem(replica_nums=replica_nums, retention_period_ms=retention_ms)
         items = (tuple(dataclasses.replace(item, name=n) for n in names) if names
                  else (item,) * count)
-        req = CreateStreamsRequest(timeout_ms=self.request_timeout_ms, items=items)
-        resp = await self._pm_call(req, CreateStreamsResponse)
-        ids: list[int] = []
-        for r in resp.items:
-            r.status.raise_for_error()
-            if r.stream is None:
-                raise InvalidRequestError("the PM created a stream but returned no id")
-            ids.append(r.stream.stream_id)
-            if r.stream.name:
-                self._names[r.stream.name] = r.stream.stream_id
-        return ids
+        ids: list[int] = [-1] * len(items)
+        todo = list(range(len(items)))
+        attempts = Attempts(self.retry)
+        while True:
+            # items answered with a RETRIABLE error (NOT_ENOUGH_DATA_NODES while nodes are
+            # coming back, a new PM leader still waiting for heartbeats) are asked for again
+            req = CreateStreamsRequest(timeout_ms=self.request_timeout_ms,
+                                       items=tuple(items[i] for i in todo))
+            resp = await self._pm_call(req, CreateStreamsResponse)
+            retry: SbpError | None = None
+            again: list[int] = []
+            for i, r in zip(todo, resp.items, strict=False):
+                if not r.status.ok:
+                    err = r.status.error()
+                    if not err.retriable:
+                        raise err
+                    retry = err
+                    again.append(i)
+                    continue
+                if r.stream is None:
+                    raise InvalidRequestError("the PM created a stream but returned no id")
+                ids[i] = r.stream.stream_id
+                if r.stream.name:
+                    self._names[r.stream.name] = r.stream.stream_id
+            again += todo[len(resp.items):]
+            if not again:
+                return ids
+            await attempts.backoff(retry or InvalidRequestError(
+                f"the PM answered {len(resp.items)} of {len(todo)} stream(s)"))
+            todo = again
 
     async def create_stream(
         self, name: str = "", *, replica_nums: int = 1, retention_ms: int = DEFAULT_RETENTION_MS
@@ -246,20 +297,22 @@ class AsyncClient:
         replica_nums: int | None = None,
         retention_ms: int | None = None,
     ) -> Stream:
-        """Change a stream's replica count and/or retention; return its new description."""
+        """Change a stream's replica count and/or retention; return its new description.
+
+        A field left None is sent as absent (replica_nums 0, retention -1) and the PM keeps its
+        current value: no read-modify-write, so concurrent updates of different fields do not
+        undo each other."""
         stream_id = await self.resolve_stream(stream_id)
-        cur = await self.describe_stream(stream_id)
         new = Stream(
             stream_id=stream_id,
-            replica_nums=cur.replica_nums if replica_nums is None else replica_nums,
-            retention_period_ms=cur.retention_period_ms if retention_ms is None else retention_ms,
-            start_offset=cur.start_offset,
+            replica_nums=0 if replica_nums is None else replica_nums,
+            retention_period_ms=RETENTION_UNCHANGED if retention_ms is None else retention_ms,
         )
         req = UpdateStreamsRequest(timeout_ms=self.request_timeout_ms, items=(new,))
         resp = await self._pm_call(req, UpdateStreamsResponse)
         r = resp.items[0]
         r.status.raise_for_error()
-        return r.stream or new
+        return r.stream or await self.describe_stream(stream_id)
 
     async def trim_stream(self, stream_id: int | str, offset: int) -> Stream:
         """Drop the records before ``offset``; return the stream (its new start_offset)."""
@@ -307,30 +360,62 @@ class AsyncClient:
         return list(await self.routing.ranges(stream_id, refresh=True))
 
     async def describe_range(self, stream_id: int | str, range_index: int) -> Range:
-        """One range; for the writable range the primary data node answers authoritatively."""
+        """One range. A writable range is described by its replicas (the primary first): their
+        next_offset is the committed offset they hold; the PM answers when none does."""
         stream_id = await self.resolve_stream(stream_id)
         ranges = await self.routing.ranges(stream_id)
         rng = next((r for r in ranges if r.range_index == range_index), None)
+        if rng is not None and not rng.sealed:
+            got = await self._describe_on_replicas(rng)
+            if got:
+                return max(got, key=lambda r: (r.sealed, r.next_offset))
+        return await self._describe_on_pm(stream_id, range_index)
+
+    async def _describe_on_pm(self, stream_id: int, range_index: int) -> Range:
         req = DescribeRangesRequest(
             timeout_ms=self.request_timeout_ms,
             items=(DescribeRangeItem(stream_id=stream_id, range_index=range_index),),
         )
-        if rng is not None and not rng.sealed:
-            primary = primary_address(rng)
-            if primary:
-                try:
-                    frame = await self.routing.request(primary, req)
-                    got = DescribeRangesResponse.decode(frame.header).items[0]
-                    if got.status.ok and got.range is not None:
-                        return got.range
-                except SbpError as exc:
-                    log.debug("event=describe_range_dn_failed addr=%s error=%s", primary, exc)
         resp = await self._pm_call(req, DescribeRangesResponse)
         r = resp.items[0]
         r.status.raise_for_error()
         if r.range is None:
             raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
         return r.range
+
+    async def _describe_on_replicas(self, rng: Range, *, all_replicas: bool = False
+                                    ) -> list[Range]:
+        """DESCRIBE_RANGES on the range's replicas: the primary's answer alone when it gives
+        one (unless ``all_replicas``), else every other replica's that answers."""
+        addrs = replica_addresses(rng)
+        if not addrs:
+            return []
+        if not all_replicas:
+            first = await self._describe_on(addrs[0], rng)
+            if isinstance(first, Range):
+                return [first]
+            addrs = addrs[1:]
+        got = await asyncio.gather(*(self._describe_on(a, rng) for a in addrs))
+        return [r for r in got if isinstance(r, Range)]
+
+    async def _describe_on(self, addr: str, rng: Range) -> Range | SbpError:
+        """One data node's DESCRIBE_RANGES of ``rng``, or why it did not answer."""
+        req = DescribeRangesRequest(
+            timeout_ms=self.request_timeout_ms,
+            items=(DescribeRangeItem(stream_id=rng.stream_id, range_index=rng.range_index),),
+        )
+        try:
+            frame = await self.routing.request(addr, req)
+            items = DescribeRangesResponse.decode(frame.header).items
+            if not items:
+                return ReplicaUnavailableError(f"the data node at {addr} described no range")
+            items[0].status.raise_for_error()
+            if items[0].range is None:
+                return ReplicaUnavailableError(f"the data node at {addr} described no range")
+            return items[0].range
+        except SbpError as exc:
+            log.debug("event=describe_range_dn_failed addr=%s error=%s", addr, exc)
+            return exc
 
     async def start_offset(self, stream_id: int | str) -> int:
         """The stream's first readable offset."""
@@ -341,16 +426,43 @@ class AsyncClient:
         return max(stream.start_offset, first)
 
     async def end_offset(self, stream_id: int | str) -> int:
-        """The offset the next record appended to the stream will get (its current end)."""
+        """The offset after the stream's last committed record (the next one appended gets at
+        least this). Never smaller than an end this client returned before for the stream.
+
+        A writable range's end comes from its primary. While the primary cannot be reached (it
+        died and the PM has not sealed its range yet), this retries until the range is sealed
+        or the primary answers, within the retry deadline; at the deadline it returns the
+        highest committed offset the other replicas and the PM know.
+        """
         stream_id = await self.resolve_stream(stream_id)
-        ranges = await self.routing.ranges(stream_id, refresh=True)
-        if not ranges:
-            return 0
-        last = ranges[-1]
-        if last.sealed:
-            return last.end_offset
-        rng = await self.describe_range(stream_id, last.range_index)
-        return rng.end_offset if rng.sealed else rng.next_offset
+        attempts = Attempts(self.retry)
+        while True:
+            ranges = await self.routing.ranges(stream_id, refresh=True)
+            if not ranges:
+                return self._monotonic_end(stream_id, 0)
+            last = ranges[-1]
+            if last.sealed:
+                return self._monotonic_end(stream_id, last.end_offset)
+            addr = primary_address(last)
+            got: Range | SbpError = ReplicaUnavailableError(
+                f"range {stream_id}/{last.range_index} has no primary")
+            if addr:
+                got = await self._describe_on(addr, last)
+            if isinstance(got, Range):
+                return self._monotonic_end(
+                    stream_id, got.end_offset if got.sealed else got.next_offset)
+            others = await self._describe_on_replicas(last, all_replicas=True)
+            known = max([last.next_offset, *(r.end_offset if r.sealed else r.next_offset
+                                             for r in others)])
+            try:
+                await attempts.backoff(got)  # the primary's error: what we are waiting for
+            except SbpError:
+                return self._monotonic_end(stream_id, known)
+
+    def _monotonic_end(self, stream_id: int, end: int) -> int:
+        best = max(self._ends.get(stream_id, 0), end)
+        self._ends[stream_id] = best
+        return best
 
     # ------------------------------------------------------------------------ data plane
 
@@ -427,6 +539,7 @@ class AsyncClient:
         Raises the response's top-level error, or NoPmReachableError when no PM answers within
         the retry deadline.
         """
+        self._start_heartbeats()
         attempts = Attempts(self.retry)
         redirects = 0
         index = 0
@@ -466,6 +579,28 @@ class AsyncClient:
                     except SbpError:
                         raise self._give_up(last) from None
                     redirects = 0
+
+    def _start_heartbeats(self) -> None:
+        if self._heartbeat_task is None and not self._closed:
+            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeats())
+
+    async def _heartbeats(self) -> None:
+        """HEARTBEAT with this client's id to the PM and every data node it used, every
+        HEARTBEAT_INTERVAL_S until close (best effort: failures are ignored)."""
+        hb = HeartbeatRequest(client_id=self.client_id, client_role=ClientRole.CLIENT).encode()
+
+        async def one(addr: str) -> None:
+            try:
+                conn = await self._pool.get(addr)
+                await conn.request_one(HeartbeatRequest.OPCODE, hb,
+                                       timeout_s=HEARTBEAT_TIMEOUT_S)
+            except (SbpError, OSError) as exc:
+                log.debug("event=heartbeat_failed addr=%s error=%s", addr, exc)
+
+        while not self._closed:
+            pm = self._leader or self.pm_addresses[0]
+            await asyncio.gather(one(pm), *(one(a) for a in sorted(self.routing.addresses_used)))
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     def _give_up(self, last: SbpError) -> SbpError:
         if is_connection_error(last):

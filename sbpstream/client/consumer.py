@@ -450,7 +450,11 @@ class AsyncConsumer:
         if not addrs:
             raise OffsetOutOfRangeError(f"range {rng.range_index} of stream {self.stream_id} "
                                         "has no replicas")
-        addr = addrs[self._replica % len(addrs)]
+        # A writable range is read from its primary unless it just failed: a secondary learns
+        # the committed offset one replication round late, so the primary's last records would
+        # wait there for the next write. Sealed ranges and retries go round the replicas.
+        primary_first = not rng.sealed and self._attempts is None
+        addr = addrs[0] if primary_first else addrs[self._replica % len(addrs)]
         req = FetchRequest(
             max_wait_ms=wait_ms,
             min_bytes=1,

@@ -35,6 +35,9 @@ from sbpstream.protocol.messages import (
 
 M = TypeVar("M", bound=Message)
 
+ADDRESSES_USED_MAX = 1000
+"""Data node addresses remembered for the client's heartbeats (a cluster has far fewer)."""
+
 # Streams per coalesced LIST_RANGES request (well under the protocol's items-per-request limit,
 # and a response of this many streams' ranges stays far below the frame limit).
 MAX_RANGE_LOOKUPS_PER_REQUEST = 1000
@@ -78,6 +81,8 @@ class RangeRouter:
         self._ranges: dict[int, list[Range]] = {}
         self._waiters: dict[int, asyncio.Future[list[Range]]] = {}
         self._flusher: asyncio.Task[None] | None = None
+        #: Data nodes this client sent requests to (its heartbeats go to them too).
+        self.addresses_used: set[str] = set()
 
     # ----------------------------------------------------------------------------- the cache
 
@@ -197,7 +202,7 @@ class RangeRouter:
         timeout_ms: int | None = None,
     ) -> Frame:
         """One request to a data node whose answer is one frame (raises its system error)."""
-        conn = await self._pool.get(addr)
+        conn = await self._connect(addr)
         t = self.request_timeout_ms if timeout_ms is None else timeout_ms
         return await conn.request_one(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
 
@@ -207,16 +212,21 @@ class RangeRouter:
     ) -> list[Frame]:
         """Like :meth:`request` for an answer that may span several frames (APPEND answers
         items as they complete); returns every frame, the END frame last."""
-        conn = await self._pool.get(addr)
+        conn = await self._connect(addr)
         t = self.request_timeout_ms if timeout_ms is None else timeout_ms
         return await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
 
     async def connection(self, addr: str) -> Connection:
         """The pooled connection to the data node at ``addr`` (a subscription's BUFFER_ACKs
         must go on the connection its FETCH came in on)."""
+        return await self._connect(addr)
+
+    async def _connect(self, addr: str) -> Connection:
+        if addr not in self.addresses_used and len(self.addresses_used) < ADDRESSES_USED_MAX:
+            self.addresses_used.add(addr)
         return await self._pool.get(addr)
 
     async def stream(self, addr: str, req: Message, *, timeout_s: float) -> ResponseStream:
         """Send a request to a data node; iterate its answer's frames (FETCH long-polls)."""
-        conn = await self._pool.get(addr)
+        conn = await self._connect(addr)
         return await conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)

@@ -45,6 +45,7 @@ class Client(ClientBase):
         request_timeout_ms: int = 10000,
         retry_deadline_ms: int = 30000,
         connect_timeout_ms: int = 5000,
+        client_id: str | None = None,
     ) -> None:
         """Asyncio client of an sbpstream cluster.
 
@@ -61,6 +62,7 @@ class Client(ClientBase):
             request_timeout_ms=request_timeout_ms,
             retry_deadline_ms=retry_deadline_ms,
             connect_timeout_ms=connect_timeout_ms,
+            client_id=client_id,
         )
 
     def close(self) -> None:
@@ -138,7 +140,12 @@ class Client(ClientBase):
         replica_nums: int | None = None,
         retention_ms: int | None = None,
     ) -> Stream:
-        """Change a stream's replica count and/or retention; return its new description."""
+        """Change a stream's replica count and/or retention; return its new description.
+
+        A field left None is sent as absent (replica_nums 0, retention -1) and the PM keeps its
+        current value: no read-modify-write, so concurrent updates of different fields do not
+        undo each other.
+        """
         return self._runner.run(self._async.update_stream(
             stream_id,
             replica_nums=replica_nums,
@@ -164,7 +171,9 @@ class Client(ClientBase):
         return self._runner.run(self._async.list_ranges(stream_id))
 
     def describe_range(self, stream_id: int | str, range_index: int) -> Range:
-        """One range; for the writable range the primary data node answers authoritatively."""
+        """One range. A writable range is described by its replicas (the primary first): their
+        next_offset is the committed offset they hold; the PM answers when none does.
+        """
         return self._runner.run(self._async.describe_range(stream_id, range_index))
 
     def start_offset(self, stream_id: int | str) -> int:
@@ -172,7 +181,14 @@ class Client(ClientBase):
         return self._runner.run(self._async.start_offset(stream_id))
 
     def end_offset(self, stream_id: int | str) -> int:
-        """The offset the next record appended to the stream will get (its current end)."""
+        """The offset after the stream's last committed record (the next one appended gets at
+        least this). Never smaller than an end this client returned before for the stream.
+
+        A writable range's end comes from its primary. While the primary cannot be reached (it
+        died and the PM has not sealed its range yet), this retries until the range is sealed
+        or the primary answers, within the retry deadline; at the deadline it returns the
+        highest committed offset the other replicas and the PM know.
+        """
         return self._runner.run(self._async.end_offset(stream_id))
 
     def producer(

@@ -228,7 +228,9 @@ class AppendHandler:
 
     async def _after_lookup(self, stream_id: int, pending: list[tuple[AppendItem, memoryview]],
                             m: AppendRequest, timeout_s: float) -> list[AppendResult]:
-        await self.ctx.lookup_stream(stream_id)
+        t0 = time.monotonic()
+        await self.ctx.lookup_stream(stream_id, timeout_s)
+        timeout_s = max(0.001, timeout_s - (time.monotonic() - t0))  # the request's time left
         out: list[AppendResult] = []
         written: list[Written] = []
         for item, batch in pending:

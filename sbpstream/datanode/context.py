@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable
+from typing import Final
 
 from sbpstream.datanode.config import DataNodeConfig
 from sbpstream.datanode.limits import PM_CALL_TIMEOUT_S, PM_LOOKUP_TTL_S, PM_LOOKUP_WAIT_S
@@ -47,6 +48,11 @@ from sbpstream.store import FsyncPolicy, Store
 
 log = logging.getLogger("sbpstream.datanode")
 
+HEARTBEAT_RANGES_MAX: Final = 5000
+"""Most committed offsets one HEARTBEAT reports (about 40 bytes each: 200 KiB); the others
+go with the next heartbeat, so a node holding a million writable ranges still sends bounded
+frames."""
+
 
 class NodeContext:
     def __init__(self, config: DataNodeConfig, metrics: Metrics, pool: ConnectionPool,
@@ -65,6 +71,7 @@ class NodeContext:
         self._tasks: set[asyncio.Task[None]] = set()
         self._lookups: dict[int, tuple[float, asyncio.Task[None]]] = {}
         self._retention_ms: dict[int, int] = {}
+        self._reported: dict[tuple[int, int], int] = {}
 
     # ------------------------------------------------------------------ store, tasks
 
@@ -181,6 +188,47 @@ class NodeContext:
                      next_offset=st.next_offset, end_offset=st.end_offset if st.sealed else -1,
                      replica_nodes=info.replicas if info is not None else ())
 
+    def committed_range_message(self, stream_id: int, range_index: int) -> Range:
+        """DESCRIBE_RANGES' view: a writable range's next_offset is its committed offset
+        (what readers may read), never the store's next offset, which includes records not yet
+        acknowledged to their writer."""
+        rng = self.range_message(stream_id, range_index)
+        info = self.table.get(stream_id, range_index)
+        if rng.end_offset >= 0 or info is None:
+            return rng
+        committed = max(rng.start_offset, min(rng.next_offset, info.committed_offset))
+        return Range(rng.stream_id, rng.range_index, rng.start_offset, committed, -1,
+                     rng.replica_nodes)
+
+    def committed_progress(self, limit: int = HEARTBEAT_RANGES_MAX) -> list[Range]:
+        """Writable ranges whose committed offset moved since it was last reported (at most
+        ``limit``; the rest go with the next heartbeat). :meth:`progress_reported` marks them."""
+        out: list[Range] = []
+        alive: set[tuple[int, int]] = set()
+        for s in self.table.streams.values():
+            for r in s.ranges.values():
+                key = (r.stream_id, r.range_index)
+                alive.add(key)
+                if len(out) >= limit or self._reported.get(key) == r.committed_offset:
+                    continue
+                try:
+                    st = self.store.describe_range(r.stream_id, r.range_index)
+                except SbpError:
+                    continue
+                if st.sealed:
+                    self._reported[key] = r.committed_offset  # the PM knows a sealed end
+                    continue
+                out.append(Range(stream_id=r.stream_id, range_index=r.range_index,
+                                 start_offset=st.start_offset,
+                                 next_offset=max(st.start_offset, r.committed_offset)))
+        for key in [k for k in self._reported if k not in alive]:
+            del self._reported[key]
+        return out
+
+    def progress_reported(self, ranges: list[Range]) -> None:
+        for r in ranges:
+            self._reported[(r.stream_id, r.range_index)] = r.next_offset
+
     def first_range_message(self, stream_id: int) -> Range | None:
         live = sorted(r.range_index for r in self.store.ranges() if r.stream_id == stream_id)
         return self.range_message(stream_id, live[0]) if live else None
@@ -219,9 +267,11 @@ class NodeContext:
 
     # ------------------------------------------------------------------ streams at the PM
 
-    async def lookup_stream(self, stream_id: int) -> None:
+    async def lookup_stream(self, stream_id: int, wait_s: float = PM_LOOKUP_WAIT_S) -> None:
         """Ask the PM (once per PM_LOOKUP_TTL_S per stream) for a stream's ranges and adopt
-        the ones placed here: its SYNC_RANGES may not have arrived yet."""
+        the ones placed here: its SYNC_RANGES may not have arrived yet. Waits at most
+        ``wait_s`` (the caller's time left; never more than PM_LOOKUP_WAIT_S): the lookup goes
+        on for the next caller, this one stops waiting."""
         now = time.monotonic()
         ent = self._lookups.get(stream_id)
         if ent is None or now - ent[0] > PM_LOOKUP_TTL_S:
@@ -231,7 +281,7 @@ class NodeContext:
             ent = (now, asyncio.ensure_future(self._lookup(stream_id)))
             self._lookups[stream_id] = ent
         with contextlib.suppress(SbpError, TimeoutError):
-            async with asyncio.timeout(PM_LOOKUP_WAIT_S):
+            async with asyncio.timeout(max(0.0, min(wait_s, PM_LOOKUP_WAIT_S))):
                 await asyncio.shield(ent[1])
 
     async def _lookup(self, stream_id: int) -> None:

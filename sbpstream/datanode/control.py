@@ -135,7 +135,7 @@ class ControlHandlers:
             try:
                 res = DescribeRangeResult(
                     stream_id=it.stream_id,
-                    range=ctx.range_message(it.stream_id, it.range_index))
+                    range=ctx.committed_range_message(it.stream_id, it.range_index))
                 if it.digest_end_offset >= 0:  # sbpstream check
                     d = await range_digest(ctx, it.stream_id, it.range_index,
                                            it.digest_start_offset, it.digest_end_offset)

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from sbpstream.introspect.http import routes as admin_routes
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.ports import free_port
-from sbpstream.net.server import Handler, Server
+from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.protocol.errors import (
     ErrorCode,
     SbpError,
@@ -52,6 +53,7 @@ from sbpstream.protocol.messages import (
     HeartbeatResponse,
     ListRangesRequest,
     ListRangesResponse,
+    Range,
     ReportMetricsRequest,
     ReportMetricsResponse,
     TrimItem,
@@ -65,6 +67,9 @@ from sbpstream.protocol.opcodes import Opcode
 from sbpstream.store import Store, StoreConfig
 
 log = logging.getLogger("sbpstream.datanode")
+
+CLIENTS_MAX = 10_000
+"""SDK clients a data node remembers from their HEARTBEATs (least recently seen dropped first)."""
 
 NODE_ID_FILE = "node_id"
 STORE_DIR = "store"
@@ -86,6 +91,8 @@ class DataNode:
         self._store: Store | None = None
         self._closed = False
         self.fetch: FetchHandler | None = None
+        #: SDK clients that sent HEARTBEAT here: client_id -> (peer, monotonic last seen).
+        self.clients: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -124,6 +131,7 @@ class DataNode:
         handlers[Opcode.DESCRIBE_RANGES] = control.describe
         handlers[Opcode.TRIM_STREAMS] = control.trim
         handlers[Opcode.DELETE_STREAMS] = control.delete
+        handlers[Opcode.HEARTBEAT] = self._client_heartbeat
         self.server = Server(handlers, name="datanode")
         self.introspector = Introspector(self.server, "datanode", node_id=lambda: self.node_id,
                                          streams=DataNodeStreams(self.ctx))
@@ -292,15 +300,32 @@ class DataNode:
         log.info("event=registered node_id=%d advertise=%s pm=%s", self.node_id,
                  self.advertise, self.pm.current)
 
-    def _heartbeat_request(self) -> HeartbeatRequest:
+    def _heartbeat_request(self, progress: tuple[Range, ...] = ()) -> HeartbeatRequest:
         return HeartbeatRequest(client_id=f"datanode-{self.node_id}",
-                                client_role=ClientRole.DATA_NODE, data_node=self._me())
+                                client_role=ClientRole.DATA_NODE, data_node=self._me(),
+                                committed_ranges=progress)
+
+    async def _client_heartbeat(self, req: Request, resp: Responder) -> None:
+        """An SDK client's HEARTBEAT: remember it (bounded by CLIENTS_MAX) and echo it."""
+        hb = HeartbeatRequest.decode(req.header)
+        if hb.client_id:
+            self.clients.pop(hb.client_id, None)
+            self.clients[hb.client_id] = (str(req.conn.peer), time.monotonic())
+            while len(self.clients) > CLIENTS_MAX:
+                self.clients.popitem(last=False)
+        await resp.send(HeartbeatResponse(hb.client_id, hb.client_role, self._me()).encode())
 
     async def _heartbeat(self) -> None:
-        r = await self.pm.call(self._heartbeat_request(), HeartbeatResponse)
+        """Liveness, plus the committed offsets of writable ranges that moved (the PM answers
+        LIST_RANGES and DESCRIBE_RANGES with them, so a stream's end never goes backwards when
+        its primary cannot be reached)."""
+        progress = self.ctx.committed_progress()
+        r = await self.pm.call(self._heartbeat_request(tuple(progress)), HeartbeatResponse)
         if r.status.code:
             log.warning("event=heartbeat_rejected code=%d message=%r", r.status.code,
                         r.status.message)
+        else:
+            self.ctx.progress_reported(progress)
 
     async def _reconcile(self) -> None:
         """Learn this node's ranges from the PM; align the store with what the PM decided

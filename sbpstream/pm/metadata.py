@@ -183,7 +183,8 @@ class CreatedStream:
 @dataclass(frozen=True, slots=True)
 class SealOutcome:
     sealed: RangeMeta
-    new: RangeMeta
+    new: RangeMeta | None
+    """The successor; None when the range was sealed alone (too few live nodes to place one)."""
     producers: tuple[ProducerStateMeta, ...]
     created: bool
     """True when this call sealed the range; False when it was already sealed (idempotent)."""
@@ -297,10 +298,12 @@ class MetadataStore(Protocol):
         producers: Sequence[ProducerStateMeta],
     ) -> SealOutcome:
         """Seal writable range ``range_index`` at ``end_offset`` and open ``range_index + 1`` there
-        on ``new_replicas``, atomically. Already sealed (any sealed range with a successor): that
-        range, its successor and the producer states stored at its seal, ``created=False`` (a
-        replaying writer learns what an older range holds of it). RangeNotFoundError if there is
-        no such range, StreamDeletedError if deleted."""
+        on ``new_replicas``, atomically (no ``new_replicas``: seal it alone, ``new`` None; a
+        later call with replicas opens the successor of such a sealed last range). Already
+        sealed (any sealed range with a successor): that range, its successor and the producer
+        states stored at its seal, ``created=False`` (a replaying writer learns what an older
+        range holds of it). RangeNotFoundError if there is no such range, StreamDeletedError if
+        deleted."""
 
     async def get_seal_producers(
         self, stream_id: int, range_index: int

@@ -227,8 +227,11 @@ def seal_and_new(
     new_replicas: tuple[ReplicaMeta, ...],
     producers: Sequence[ProducerStateMeta],
 ) -> SealOutcome:
-    """Seal writable range ``idx`` at ``end_offset`` and open ``idx + 1`` there. A sealed range
-    with a successor answers with that pair and its stored producer states (idempotent)."""
+    """Seal writable range ``idx`` at ``end_offset`` and open ``idx + 1`` there on
+    ``new_replicas``; with no ``new_replicas``, seal it alone (too few live nodes for a new
+    range: reads must not wait for one). A sealed range with a successor answers with that pair
+    and its stored producer states (idempotent); a sealed last range gets its successor when
+    replicas are given."""
     live_stream(tx, sid)
     cur = tx.range(sid, idx)
     if cur is None:
@@ -238,19 +241,24 @@ def seal_and_new(
         nxt = tx.range(sid, idx + 1)
         if nxt is not None:  # any sealed range: its pair and its producer states
             return SealOutcome(cur, nxt, tx.producers(sid, idx), False)
-        end = cur.end_offset  # a sealed last range (never left by a rule): open its successor
-    elif end < cur.start_offset:
-        raise InvalidRequestError(f"seal end {end} is below range start {cur.start_offset}")
-    if not new_replicas:
-        raise InvalidRequestError("a new range needs at least one replica")
-    sealed = replace(cur, end_offset=end, next_offset=end)
-    new = RangeMeta(sid, idx + 1, end, WRITABLE_END_OFFSET, end, sorted_replicas(new_replicas))
-    tx.put_range(sealed)
-    tx.put_range(new)
-    if producers:
-        merged = {p.producer_id: p for p in tx.producers(sid, idx)}
-        merged.update((p.producer_id, p) for p in producers)
-        tx.put_producers(sid, idx, tuple(merged[k] for k in sorted(merged)))
+        if not new_replicas:
+            return SealOutcome(cur, None, tx.producers(sid, idx), False)
+        end = cur.end_offset  # sealed alone earlier: open its successor now
+        sealed = cur
+    else:
+        if end < cur.start_offset:
+            raise InvalidRequestError(f"seal end {end} is below range start {cur.start_offset}")
+        sealed = replace(cur, end_offset=end, next_offset=end)
+        tx.put_range(sealed)
+        if producers:
+            merged = {p.producer_id: p for p in tx.producers(sid, idx)}
+            merged.update((p.producer_id, p) for p in producers)
+            tx.put_producers(sid, idx, tuple(merged[k] for k in sorted(merged)))
+    new: RangeMeta | None = None
+    if new_replicas:
+        new = RangeMeta(sid, idx + 1, end, WRITABLE_END_OFFSET, end,
+                        sorted_replicas(new_replicas))
+        tx.put_range(new)
     return SealOutcome(sealed, new, tx.producers(sid, idx), True)
 
 

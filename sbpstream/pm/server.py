@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from sbpstream.introspect.cluster import ClusterView
@@ -28,17 +28,20 @@ from sbpstream.pm.config import PmConfig
 from sbpstream.pm.placement import NodeState
 from sbpstream.pm.repair import Repairer
 from sbpstream.pm.service import (
-    DN_CALL_TIMEOUT_S,
     LIST_RANGES_FRAME_MAX,
     DnSealReply,
     PmService,
+    call_timeout,
+    request_deadline,
 )
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     DataNodeNotFoundError,
     FencedLeaderError,
     InvalidRequestError,
+    NotEnoughDataNodesError,
     PmNotLeaderError,
+    RequestTimeoutError,
     SbpError,
 )
 from sbpstream.protocol.messages import ClientRole, Status
@@ -65,6 +68,23 @@ def _ok_or(err: SbpError | None) -> Status:
     return m.STATUS_OK if err is None else Status.of(err)
 
 
+@contextlib.asynccontextmanager
+async def within(timeout_ms: int, what: str) -> AsyncIterator[None]:
+    """Honour a request's ``timeout_ms`` (<= 0: none): the work inside is cancelled at the
+    deadline and the request is answered TIMEOUT (retriable); calls to data nodes made inside
+    take their bound from the same deadline (service.call_timeout)."""
+    if timeout_ms <= 0:
+        yield
+        return
+    with request_deadline(timeout_ms):
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                yield
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"{what} did not finish within its timeout_ms {timeout_ms}") from None
+
+
 class WireDataNodeApi:
     """:class:`~sbpstream.pm.service.DataNodeApi` over SBP, one pooled connection per node."""
 
@@ -87,7 +107,7 @@ class WireDataNodeApi:
 
     async def _call(self, node: NodeState, req: m.Message, resp_cls: type[RespT]) -> RespT:
         conn = await self.pool.get(node.advertise_addr)
-        frame = await conn.request_one(req.OPCODE, req.encode(), timeout_s=DN_CALL_TIMEOUT_S)
+        frame = await conn.request_one(req.OPCODE, req.encode(), timeout_s=call_timeout())
         resp = resp_cls.decode(frame.header)
         status = getattr(resp, "status", m.STATUS_OK)
         status.raise_for_error()
@@ -98,7 +118,7 @@ class WireDataNodeApi:
         for r in ranges:
             by_stream.setdefault(r.stream_id, []).append(self.to_range(r))
         req = m.SyncRangesRequest(
-            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            timeout_ms=int(call_timeout() * 1000),
             items=tuple(m.StreamRanges(sid, tuple(rs)) for sid, rs in by_stream.items()),
         )
         resp = await self._call(node, req, m.SyncRangesResponse)
@@ -110,7 +130,7 @@ class WireDataNodeApi:
 
     async def seal_range(self, node: NodeState, rng: md.RangeMeta, end_offset: int) -> DnSealReply:
         req = m.SealRangesRequest(
-            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            timeout_ms=int(call_timeout() * 1000),
             items=(m.SealItem(rng.stream_id, rng.range_index, end_offset),),
         )
         resp = await self._call(node, req, m.SealRangesResponse)
@@ -131,7 +151,7 @@ class WireDataNodeApi:
 
     async def describe_range(self, node: NodeState, stream_id: int, range_index: int) -> int:
         req = m.DescribeRangesRequest(
-            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            timeout_ms=int(call_timeout() * 1000),
             items=(m.DescribeRangeItem(stream_id, range_index),),
         )
         resp = await self._call(node, req, m.DescribeRangesResponse)
@@ -145,7 +165,7 @@ class WireDataNodeApi:
 
     async def trim_streams(self, node: NodeState, items: Sequence[tuple[int, int]]) -> None:
         req = m.TrimStreamsRequest(
-            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            timeout_ms=int(call_timeout() * 1000),
             items=tuple(m.TrimItem(sid, off) for sid, off in items),
         )
         resp = await self._call(node, req, m.TrimStreamsResponse)
@@ -153,7 +173,7 @@ class WireDataNodeApi:
 
     async def delete_streams(self, node: NodeState, stream_ids: Sequence[int]) -> None:
         req = m.DeleteStreamsRequest(
-            timeout_ms=int(DN_CALL_TIMEOUT_S * 1000),
+            timeout_ms=int(call_timeout() * 1000),
             items=tuple(m.Stream(stream_id=sid) for sid in stream_ids),
         )
         resp = await self._call(node, req, m.DeleteStreamsResponse)
@@ -334,7 +354,9 @@ class PmServer:
                 err = InvalidRequestError("a data node heartbeat needs data_node.node_id")
             else:
                 try:
-                    st = await self.service.node_seen(node.node_id, node.advertise_addr)
+                    st = await self.service.node_seen(
+                        node.node_id, node.advertise_addr,
+                        [(r.stream_id, r.range_index, r.next_offset) for r in hb.committed_ranges])
                     node = m.DataNode(st.node_id, st.advertise_addr)
                     req.conn.attributes[CONN_ROLE] = ClientRole.DATA_NODE
                     req.conn.attributes[CONN_NODE_ID] = st.node_id
@@ -342,13 +364,18 @@ class PmServer:
                     err = e
         elif hb.client_role == ClientRole.CLIENT:
             req.conn.attributes.setdefault(CONN_ROLE, ClientRole.CLIENT)
+            if hb.client_id:
+                self.service.client_seen(hb.client_id, str(req.conn.peer))
+            else:
+                err = InvalidRequestError("a client heartbeat needs client_id")
         await resp.send(m.HeartbeatResponse(hb.client_id, hb.client_role, node,
                                             _ok_or(err)).encode())
 
     async def _allocate_id(self, req: Request, resp: Responder) -> None:
         a = m.AllocateIdRequest.decode(req.header)
         try:
-            node_id = await self.service.allocate_node_id(a.host or str(req.conn.peer))
+            async with within(a.timeout_ms, "ALLOCATE_ID"):
+                node_id = await self.service.allocate_node_id(a.host or str(req.conn.peer))
             out = m.AllocateIdResponse(id=node_id)
         except SbpError as e:
             out = m.AllocateIdResponse(status=Status.of(e))
@@ -373,10 +400,11 @@ class PmServer:
 
     async def _create_streams(self, req: Request, resp: Responder) -> None:
         r = m.CreateStreamsRequest.decode(req.header)
-        outs = await self.service.create_streams(
-            [(it.replica_nums, it.retention_period_ms) for it in r.items],
-            names=[it.name for it in r.items],
-        )
+        async with within(r.timeout_ms, "CREATE_STREAMS"):
+            outs = await self.service.create_streams(
+                [(it.replica_nums, it.retention_period_ms) for it in r.items],
+                names=[it.name for it in r.items],
+            )
         items: list[m.CreateStreamResult] = []
         for it, o in zip(r.items, outs, strict=True):
             if isinstance(o, SbpError):
@@ -400,49 +428,53 @@ class PmServer:
     async def _delete_streams(self, req: Request, resp: Responder) -> None:
         r = m.DeleteStreamsRequest.decode(req.header)
         ids = [s.stream_id for s in r.items]
-        outs = await self.service.delete_streams(ids)
+        async with within(r.timeout_ms, "DELETE_STREAMS"):
+            outs = await self.service.delete_streams(ids)
         await resp.send(m.DeleteStreamsResponse(items=self._stream_results(ids, outs)).encode())
 
     async def _update_streams(self, req: Request, resp: Responder) -> None:
         r = m.UpdateStreamsRequest.decode(req.header)
         ids = [s.stream_id for s in r.items]
-        outs = await self.service.update_streams(
-            [(s.stream_id, s.replica_nums, s.retention_period_ms) for s in r.items]
-        )
+        async with within(r.timeout_ms, "UPDATE_STREAMS"):
+            outs = await self.service.update_streams(
+                [(s.stream_id, s.replica_nums, s.retention_period_ms) for s in r.items]
+            )
         await resp.send(m.UpdateStreamsResponse(items=self._stream_results(ids, outs)).encode())
 
     async def _describe_streams(self, req: Request, resp: Responder) -> None:
         r = m.DescribeStreamsRequest.decode(req.header)
-        if r.stream_ids or r.name:
-            outs = await self.service.describe_streams(r.stream_ids)
-            items = self._stream_results(r.stream_ids, outs)
-            if r.name:  # after the ids: the stream of that name
-                o = await self.service.describe_stream_named(r.name)
-                items += (m.StreamResult(m.Stream(name=r.name), Status.of(o))
-                          if isinstance(o, SbpError) else m.StreamResult(_stream(o)),)
-            out = m.DescribeStreamsResponse(items=items)
-        elif r.name_prefix:
-            try:
-                page, cont = await self.service.list_streams_by_prefix(
-                    r.name_prefix, r.continuation, r.limit)
-            except SbpError as e:
-                out = m.DescribeStreamsResponse(status=Status.of(e))
+        async with within(r.timeout_ms, "DESCRIBE_STREAMS"):
+            if r.stream_ids or r.name:
+                outs = await self.service.describe_streams(r.stream_ids)
+                items = self._stream_results(r.stream_ids, outs)
+                if r.name:  # after the ids: the stream of that name
+                    o = await self.service.describe_stream_named(r.name)
+                    items += (m.StreamResult(m.Stream(name=r.name), Status.of(o))
+                              if isinstance(o, SbpError) else m.StreamResult(_stream(o)),)
+                out = m.DescribeStreamsResponse(items=items)
+            elif r.name_prefix:
+                try:
+                    page, cont = await self.service.list_streams_by_prefix(
+                        r.name_prefix, r.continuation, r.limit)
+                except SbpError as e:
+                    out = m.DescribeStreamsResponse(status=Status.of(e))
+                else:
+                    out = m.DescribeStreamsResponse(
+                        items=tuple(m.StreamResult(_stream(s)) for s in page), continuation=cont)
             else:
+                page, cont = await self.service.list_streams(r.continuation, r.limit)
                 out = m.DescribeStreamsResponse(
-                    items=tuple(m.StreamResult(_stream(s)) for s in page), continuation=cont)
-        else:
-            page, cont = await self.service.list_streams(r.continuation, r.limit)
-            out = m.DescribeStreamsResponse(
-                items=tuple(m.StreamResult(_stream(s)) for s in page), continuation=cont
-            )
+                    items=tuple(m.StreamResult(_stream(s)) for s in page), continuation=cont
+                )
         await resp.send(out.encode())
 
     async def _trim_streams(self, req: Request, resp: Responder) -> None:
         r = m.TrimStreamsRequest.decode(req.header)
         from_dn = req.conn.attributes.get(CONN_ROLE) == ClientRole.DATA_NODE
-        outs = await self.service.trim_streams(
-            [(it.stream_id, it.trim_offset) for it in r.items], from_data_node=from_dn
-        )
+        async with within(r.timeout_ms, "TRIM_STREAMS"):
+            outs = await self.service.trim_streams(
+                [(it.stream_id, it.trim_offset) for it in r.items], from_data_node=from_dn
+            )
         items: list[m.TrimResult] = []
         for it, o in zip(r.items, outs, strict=True):
             if isinstance(o, SbpError):
@@ -454,11 +486,21 @@ class PmServer:
 
     async def _seal_ranges(self, req: Request, resp: Responder) -> None:
         r = m.SealRangesRequest.decode(req.header)
-        outs = await self.service.seal_ranges([(it.stream_id, it.range_index) for it in r.items])
+        async with within(r.timeout_ms, "SEAL_RANGES"):
+            outs = await self.service.seal_ranges(
+                [(it.stream_id, it.range_index) for it in r.items])
         items: list[m.SealResult] = []
         for it, o in zip(r.items, outs, strict=True):
             if isinstance(o, SbpError):
                 items.append(m.SealResult(it.stream_id, Status.of(o)))
+                continue
+            if o.new is None:
+                # sealed (readers see its end) but no successor yet: the writer retries
+                items.append(m.SealResult(it.stream_id, Status.of(NotEnoughDataNodesError(
+                    f"range {it.stream_id}/{it.range_index} is sealed at "
+                    f"{o.sealed.end_offset}, but too few data nodes are live to open the next "
+                    f"range on {len(o.sealed.replicas)} replicas; new writes wait for them")),
+                    (self.dn.to_range(o.sealed),)))
                 continue
             items.append(m.SealResult(
                 it.stream_id,
@@ -471,9 +513,10 @@ class PmServer:
 
     async def _describe_ranges(self, req: Request, resp: Responder) -> None:
         r = m.DescribeRangesRequest.decode(req.header)
-        outs = await self.service.describe_ranges(
-            [(it.stream_id, it.range_index) for it in r.items]
-        )
+        async with within(r.timeout_ms, "DESCRIBE_RANGES"):
+            outs = await self.service.describe_ranges(
+                [(it.stream_id, it.range_index) for it in r.items]
+            )
         items = tuple(
             m.DescribeRangeResult(it.stream_id, Status.of(o)) if isinstance(o, SbpError)
             else m.DescribeRangeResult(it.stream_id, m.STATUS_OK, self.dn.to_range(o))
@@ -487,9 +530,10 @@ class PmServer:
         r = m.ListRangesRequest.decode(req.header)
         sender = _FramedResults(resp)
         stream_owners = [o.stream_id for o in r.items if isinstance(o, m.StreamOwner)]
-        by_stream = dict(zip(
-            stream_owners, await self.service.list_stream_ranges(stream_owners), strict=True
-        )) if stream_owners else {}
+        async with within(r.timeout_ms, "LIST_RANGES"):
+            by_stream = dict(zip(
+                stream_owners, await self.service.list_stream_ranges(stream_owners), strict=True
+            )) if stream_owners else {}
         for owner in r.items:
             if isinstance(owner, m.StreamOwner):
                 got = by_stream[owner.stream_id]

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
@@ -27,6 +29,7 @@ from sbpstream.pm.metadata import (
     NodeMetrics,
     ProducerStateMeta,
     RangeMeta,
+    ReplicaMeta,
     SealOutcome,
     StreamMeta,
     StreamUpdate,
@@ -41,6 +44,7 @@ from sbpstream.protocol.errors import (
     InvalidStreamConfigError,
     LimitExceededError,
     MetadataError,
+    NotEnoughDataNodesError,
     OffsetOutOfRangeError,
     RangeNotFoundError,
     ReplicaUnavailableError,
@@ -54,6 +58,10 @@ from sbpstream.protocol.names import name_problem, validate_name_prefix, validat
 log = logging.getLogger("sbpstream.pm")
 
 T = TypeVar("T")
+
+RETENTION_UNCHANGED: Final = -1
+"""UPDATE_STREAMS' retention_period_ms meaning "keep the current retention" (0 means keep
+records forever, and a negative retention is otherwise invalid)."""
 
 MAX_REPLICA_NUMS: Final = 7
 """Highest replica_nums a stream may ask for. Every acknowledged write waits for all replicas
@@ -86,6 +94,58 @@ connect timeout per range."""
 
 SWEEP_CONCURRENCY: Final = 32
 """Ranges of dead nodes renewed at once: bounds the burst of data node calls and transactions."""
+
+PLACEMENT_WARMUP_S: Final = 3.0
+"""A PM that just started or was just elected leader has heard no heartbeat yet, so every node
+looks dead to placement. For this long (capped at node_timeout) a placement that finds too few
+live nodes waits for the registered nodes' heartbeats instead of answering
+NOT_ENOUGH_DATA_NODES at once; it ends early once every node with an address was heard. Data
+nodes heartbeat every second by default: three intervals cover a slow first one."""
+
+WARMUP_POLL_S: Final = 0.05
+"""How often a placement waiting out the warm-up looks at the registry again."""
+
+CLIENTS_MAX: Final = 10_000
+"""Live SDK clients remembered (by client_id, least recently seen dropped first): the table is
+for introspection, and a flood of client ids must not grow the PM without bound."""
+
+CLIENT_TIMEOUT_FACTOR: Final = 3
+"""A client is live while its last HEARTBEAT is at most node_timeout * this old (SDK clients
+heartbeat less often than data nodes: see client.HEARTBEAT_INTERVAL_S)."""
+
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "pm_request_deadline", default=None)
+
+
+@contextlib.contextmanager
+def request_deadline(timeout_ms: int) -> Iterator[None]:
+    """Within this block, calls to data nodes end by the request's deadline (``timeout_ms`` from
+    now; <= 0 sets none). Tasks started inside inherit it (contextvars)."""
+    token = _deadline.set(time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def call_timeout(default_s: float = 0.0) -> float:
+    """The bound of one internal call: ``default_s`` (DN_CALL_TIMEOUT_S if 0), or less when the
+    request that caused it has less time left (never below 1 ms)."""
+    bound = default_s or DN_CALL_TIMEOUT_S
+    deadline = _deadline.get()
+    if deadline is None:
+        return bound
+    return max(0.001, min(bound, deadline - time.monotonic()))
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    """An SDK client the PM heard a HEARTBEAT from."""
+
+    client_id: str
+    peer: str
+    last_seen: float
+    """Monotonic seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +246,13 @@ class PmService:
         self._renew_retry_at: dict[int, float] = {}
         self._unreachable_until: dict[int, float] = {}
         self._sweep_lock = asyncio.Lock()
+        self._alloc_lock = asyncio.Lock()
+        self._clients: OrderedDict[str, ClientInfo] = OrderedDict()
+        self.placement_warmup_s = PLACEMENT_WARMUP_S
 
     async def start(self) -> None:
-        """Load nodes and placement counts from metadata (the store must be open)."""
+        """Load nodes and placement counts from metadata (the store must be open). Liveness
+        starts afresh: placement waits out PLACEMENT_WARMUP_S for the nodes' heartbeats."""
         self.registry = NodeRegistry(self.node_timeout_ms, self.clock())
         self.registry.load(await self.meta.list_nodes())
         self.placer = Placer(self.registry, suspect=self._suspect)
@@ -197,10 +261,34 @@ class PmService:
 
     # ------------------------------------------------------------------ nodes
     async def allocate_node_id(self, host: str) -> int:
-        node_id = await self.meta.allocate_node_id(host, self.wall_ms())
-        self.registry.add(node_id, host)
+        """Idempotent per host: a host (a data node's advertise address) that already has an
+        id gets that id again, so a node that lost the answer (or its id file before its first
+        heartbeat) does not register twice."""
+        async with self._alloc_lock:
+            for st in self.registry.all():
+                if host and st.host == host:
+                    log.info("event=node_id_reallocated node_id=%d host=%s", st.node_id, host)
+                    return st.node_id
+            node_id = await self.meta.allocate_node_id(host, self.wall_ms())
+            self.registry.add(node_id, host)
         log.info("event=node_id_allocated node_id=%d host=%s", node_id, host)
         return node_id
+
+    # ------------------------------------------------------------------ SDK clients
+    def client_seen(self, client_id: str, peer: str) -> None:
+        """An SDK client's HEARTBEAT: remember it (bounded, see CLIENTS_MAX)."""
+        self._clients.pop(client_id, None)
+        self._clients[client_id] = ClientInfo(client_id, peer, self.clock())
+        while len(self._clients) > CLIENTS_MAX:
+            self._clients.popitem(last=False)
+
+    def live_clients(self) -> list[ClientInfo]:
+        """SDK clients heard from within node_timeout * CLIENT_TIMEOUT_FACTOR, by client id."""
+        limit = self.registry.node_timeout_s * CLIENT_TIMEOUT_FACTOR
+        now = self.clock()
+        for cid in [c for c, info in self._clients.items() if now - info.last_seen > limit]:
+            del self._clients[cid]
+        return sorted(self._clients.values(), key=lambda c: c.client_id)
 
     def _known_node(self, node_id: int) -> NodeState:
         st = self.registry.get(node_id)
@@ -210,9 +298,16 @@ class PmService:
             )
         return st
 
-    async def node_seen(self, node_id: int, advertise_addr: str) -> NodeState:
-        """A heartbeat (or metrics report) from a data node: it is alive at this address."""
+    async def node_seen(
+        self, node_id: int, advertise_addr: str,
+        committed: Sequence[tuple[int, int, int]] = (),
+    ) -> NodeState:
+        """A heartbeat (or metrics report) from a data node: it is alive at this address.
+        ``committed``: (stream_id, range_index, committed next offset) of its writable ranges
+        that moved; LIST_RANGES and DESCRIBE_RANGES answer with them (never lowered)."""
         st = self._known_node(node_id)
+        if committed:
+            await self.meta.record_next_offsets(committed)
         was_live = self.registry.is_live(node_id, self.clock())
         if self.registry.heartbeat(node_id, advertise_addr, self.clock()):
             await self.meta.update_node_address(node_id, advertise_addr)
@@ -253,6 +348,8 @@ class PmService:
                 out[i] = e
                 continue
             valid.append(i)
+        if valid:
+            await self._warm_up(max(items[i][0] for i in valid))
         placed = self.placer.place_many([items[i][0] for i in valid], self.clock())
         todo: list[tuple[int, NewStream]] = []
         for i, replicas in zip(valid, placed, strict=True):
@@ -327,8 +424,9 @@ class PmService:
     async def update_streams(
         self, items: Sequence[tuple[int, int, int]]
     ) -> list[StreamMeta | SbpError]:
-        """(stream_id, replica_nums, retention_period_ms). replica_nums 0 keeps the current
-        value; a new count applies from the stream's next range."""
+        """(stream_id, replica_nums, retention_period_ms). An absent field keeps its current
+        value: replica_nums 0 (the wire default) and retention_period_ms -1
+        (RETENTION_UNCHANGED). A new count applies from the stream's next range."""
         check_batch(len(items))
         current = await self.meta.get_streams([sid for sid, _, _ in items])
         out: list[StreamMeta | SbpError | None] = [None] * len(items)
@@ -339,12 +437,13 @@ class PmService:
                 out[i] = s
                 continue
             replica_nums = rn if rn != 0 else s.replica_nums
+            retention = s.retention_period_ms if ret == RETENTION_UNCHANGED else ret
             try:
-                validate_stream_config(replica_nums, ret)
+                validate_stream_config(replica_nums, retention)
             except SbpError as e:
                 out[i] = e
                 continue
-            todo.append((i, StreamUpdate(sid, replica_nums, ret)))
+            todo.append((i, StreamUpdate(sid, replica_nums, retention)))
         results = await self._guarded(
             self.meta.update_streams([u for _, u in todo], self.wall_ms()), len(todo)
         )
@@ -457,7 +556,7 @@ class PmService:
             return rng.next_offset
         try:
             nxt = await asyncio.wait_for(
-                self.dn.describe_range(st, rng.stream_id, rng.range_index), DN_CALL_TIMEOUT_S
+                self.dn.describe_range(st, rng.stream_id, rng.range_index), call_timeout()
             )
         except (SbpError, OSError, TimeoutError) as e:
             log.warning("event=describe_range_failed node_id=%d stream_id=%d range_index=%d "
@@ -521,42 +620,96 @@ class PmService:
         return list(await asyncio.gather(*(one(s, i) for s, i in items)))
 
     async def seal_and_new(self, stream_id: int, range_index: int, reason: str) -> SealOutcome:
+        """Seal a writable range at the end its reachable replicas can tell, and open the next
+        range. The seal never waits for placement: with too few live nodes for the next range
+        the range is sealed alone (``new`` is None; readers get its end at once) and a later
+        call opens the successor once enough nodes are live (NotEnoughDataNodesError until then).
+        """
         async with self._locks.hold((stream_id,)):
             cur = await self.meta.get_range(stream_id, range_index)
             if cur is None:
                 raise await self._missing_range_error(stream_id, range_index)
-            if not cur.writable:
-                # Idempotent: the pair already made (or a clear error), never a third range.
-                return await self.meta.seal_and_new(stream_id, range_index, cur.end_offset, (), ())
             (found,) = await self.meta.get_streams([stream_id])
             stream = self._live_or_error(stream_id, found)
             if isinstance(stream, SbpError):
                 raise stream
-            # Stop the replicas first (end -1): a replica that cannot be reached is then known
-            # as unreachable and the next range is not placed on it. If no node can take the
-            # next range, nothing is sealed for good (the stopped replicas stay stopped and a
-            # retried SEAL_RANGES redoes this).
-            first = await self._stop_replicas(cur)
-            new_replicas = self.placer.place(stream.replica_nums, self.clock())
-            new_ids = [r.node_id for r in new_replicas]
-            try:
-                end, producers = await self._finish_seal(cur, first)
-                result = await self.meta.seal_and_new(
-                    stream_id, range_index, end, new_replicas, producers
-                )
-            except BaseException:
-                self.placer.closed(new_ids)
-                raise
-            if result.created:
-                self.placer.closed(cur.node_ids)
+            if not cur.writable:
+                if await self.meta.get_range(stream_id, range_index + 1) is not None:
+                    # Idempotent: the pair already made, never a third range.
+                    return await self.meta.seal_and_new(stream_id, range_index, cur.end_offset,
+                                                        (), ())
+                result = await self._open_successor(stream, cur)
             else:
-                self.placer.closed(new_ids)
-        log.info("event=range_sealed stream_id=%d range_index=%d end_offset=%d new_nodes=%s "
-                 "reason=%s", stream_id, range_index, result.sealed.end_offset,
-                 ",".join(map(str, result.new.node_ids)), reason)
+                result = await self._seal_writable(stream, cur)
         if result.created:
+            log.info("event=range_sealed stream_id=%d range_index=%d end_offset=%d "
+                     "new_nodes=%s reason=%s", stream_id, range_index, result.sealed.end_offset,
+                     "-" if result.new is None else ",".join(map(str, result.new.node_ids)),
+                     reason)
+        if result.created and result.new is not None:
             await self._sync_ranges([result.new])
         return result
+
+    async def _seal_writable(self, stream: StreamMeta, cur: RangeMeta) -> SealOutcome:
+        # Stop the replicas first (end -1): a replica that cannot be reached is then known as
+        # unreachable and the next range is not placed on it. Then seal at what the stopped
+        # replicas hold, whether or not the next range can be placed.
+        first = await self._stop_replicas(cur)
+        try:
+            new_replicas: tuple[ReplicaMeta, ...] = self.placer.place(
+                stream.replica_nums, self.clock())
+        except NotEnoughDataNodesError as e:
+            new_replicas = ()
+            log.warning("event=seal_without_successor stream_id=%d range_index=%d error=%r",
+                        cur.stream_id, cur.range_index, str(e))
+        new_ids = [r.node_id for r in new_replicas]
+        try:
+            end, producers = await self._finish_seal(cur, first)
+            result = await self.meta.seal_and_new(
+                cur.stream_id, cur.range_index, end, new_replicas, producers
+            )
+        except BaseException:
+            self.placer.closed(new_ids)
+            raise
+        if result.created:
+            self.placer.closed(cur.node_ids)
+        if not result.created or result.new is None or result.new.node_ids != tuple(
+                sorted_replicas_ids(new_replicas)):
+            self.placer.closed(new_ids)
+        return result
+
+    async def _open_successor(self, stream: StreamMeta, cur: RangeMeta) -> SealOutcome:
+        """The successor of a range sealed while too few nodes were live for it."""
+        new_replicas = await self._place(stream.replica_nums)
+        new_ids = [r.node_id for r in new_replicas]
+        try:
+            result = await self.meta.seal_and_new(cur.stream_id, cur.range_index,
+                                                  cur.end_offset, new_replicas, ())
+        except BaseException:
+            self.placer.closed(new_ids)
+            raise
+        if result.new is None or result.new.node_ids != tuple(sorted_replicas_ids(new_replicas)):
+            self.placer.closed(new_ids)
+        return result
+
+    async def _place(self, count: int) -> tuple[ReplicaMeta, ...]:
+        await self._warm_up(count)
+        return self.placer.place(count, self.clock())
+
+    async def _warm_up(self, count: int) -> None:
+        """Just started or elected: wait (at most PLACEMENT_WARMUP_S) until ``count`` nodes are
+        live or every node with an address was heard, so placement does not answer
+        NOT_ENOUGH_DATA_NODES only because heartbeats have not arrived yet."""
+        window = min(self.placement_warmup_s, self.registry.node_timeout_s)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + window
+        while self.clock() - self.registry.started_at < window and loop.time() < give_up:
+            now = self.clock()
+            if len(self.placer.loads(now)) >= count:
+                return
+            if all(st.last_seen is not None for st in self.registry.all() if st.advertise_addr):
+                return
+            await asyncio.sleep(WARMUP_POLL_S)
 
     async def _stop_replicas(self, rng: RangeMeta) -> list[tuple[NodeState, DnSealReply]]:
         """Ask every replica that may be called to stop (-1); the ones that answered."""
@@ -590,7 +743,7 @@ class PmService:
         async def call(st: NodeState) -> tuple[NodeState, DnSealReply] | None:
             try:
                 reply = await asyncio.wait_for(
-                    self.dn.seal_range(st, rng, end_offset), DN_CALL_TIMEOUT_S
+                    self.dn.seal_range(st, rng, end_offset), call_timeout()
                 )
             except RangeNotFoundError:
                 # The node never heard of the range, so it holds nothing of it.
@@ -650,7 +803,7 @@ class PmService:
             for i in range(0, len(items), chunk):
                 part = items[i : i + chunk]
                 try:
-                    await asyncio.wait_for(fn(st, part), DN_CALL_TIMEOUT_S)
+                    await asyncio.wait_for(fn(st, part), call_timeout())
                 except (SbpError, OSError, TimeoutError) as e:
                     self._call_failed(st, e)
                     log.warning("event=%s_failed node_id=%d advertise_addr=%s items=%d "
@@ -708,6 +861,11 @@ class PmService:
         else:
             self._renewed_dead.add(node_id)
         return len(ranges) - len(errors)
+
+
+def sorted_replicas_ids(replicas: Iterable[ReplicaMeta]) -> list[int]:
+    """Node ids in the order metadata keeps replicas: primary first, then by node id."""
+    return [r.node_id for r in sorted(replicas, key=lambda r: (not r.is_primary, r.node_id))]
 
 
 def _merge_producers(replies: Sequence[DnSealReply]) -> tuple[ProducerStateMeta, ...]:

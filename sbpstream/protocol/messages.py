@@ -291,6 +291,7 @@ class HeartbeatRequest(Message):
     client_id: str = ""
     client_role: ClientRole = ClientRole.UNSPECIFIED
     data_node: DataNode | None = None  # None for SDK clients
+    committed_ranges: tuple[Range, ...] = ()  # project: a data node's committed next offsets
 
 
 @response(Opcode.HEARTBEAT)

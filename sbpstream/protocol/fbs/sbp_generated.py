@@ -637,10 +637,36 @@ class HeartbeatRequest(object):
             return obj
         return None
 
-def HeartbeatRequestStart(builder): builder.StartObject(3)
+    # HeartbeatRequest
+    def CommittedRanges(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = Range()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # HeartbeatRequest
+    def CommittedRangesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # HeartbeatRequest
+    def CommittedRangesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
+def HeartbeatRequestStart(builder): builder.StartObject(4)
 def HeartbeatRequestAddClientId(builder, clientId): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(clientId), 0)
 def HeartbeatRequestAddClientRole(builder, clientRole): builder.PrependInt8Slot(1, clientRole, 0)
 def HeartbeatRequestAddDataNode(builder, dataNode): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(dataNode), 0)
+def HeartbeatRequestAddCommittedRanges(builder, committedRanges): builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(committedRanges), 0)
+def HeartbeatRequestStartCommittedRangesVector(builder, numElems): return builder.StartVector(4, numElems, 4)
 def HeartbeatRequestEnd(builder): return builder.EndObject()
 
 
