@@ -22,6 +22,7 @@ from sbpstream.datanode.config import DataNodeConfig
 from sbpstream.datanode.limits import PM_CALL_TIMEOUT_S, PM_LOOKUP_TTL_S, PM_LOOKUP_WAIT_S
 from sbpstream.datanode.metrics import Metrics
 from sbpstream.datanode.pmclient import PmClient
+from sbpstream.datanode.quota import NodeQuotas
 from sbpstream.datanode.ranges import RangeInfo, RangeTable
 from sbpstream.datanode.replication import Replicators
 from sbpstream.net.client import ConnectionPool
@@ -56,6 +57,7 @@ class NodeContext:
         self.pm = pm
         self.table = RangeTable()
         self.replicators = Replicators(self)
+        self.quotas = NodeQuotas()  # issue 22: quotas enforced here (sbpstream.datanode.quota)
         self.node_id = -1
         self.closing = False
         self._store: Store | None = None

@@ -108,6 +108,7 @@ class DataNode:
             self.advertise = f"{cfg.host}:{self.port}"
         await self._register()
         await self._reconcile()
+        await self._pull_quotas_at_start()
         handlers: dict[int, Handler] = {}
         control = ControlHandlers(self.ctx)
         handlers[Opcode.APPEND] = AppendHandler(self.ctx)
@@ -117,12 +118,15 @@ class DataNode:
         handlers[Opcode.DESCRIBE_RANGES] = control.describe
         handlers[Opcode.TRIM_STREAMS] = control.trim
         handlers[Opcode.DELETE_STREAMS] = control.delete
+        handlers[Opcode.HEARTBEAT] = self.ctx.quotas.heartbeat  # an SDK declares its client id
+        handlers[Opcode.QUOTA_COUNTERS] = self.ctx.quotas.counters
         self.server = Server(handlers, name="datanode")
         await self.server.start(cfg.host, self.port)
         self.port = self.server.port
         spawn = self.ctx.spawn
         spawn(self._every(cfg.heartbeat_interval_ms, self._heartbeat, "heartbeat"))
         spawn(self._every(cfg.metrics_interval_ms, self._report_metrics, "metrics"))
+        spawn(self._every(cfg.heartbeat_interval_ms, self._pull_quotas, "quotas"))
         spawn(self._every(cfg.retention_interval_ms, self._retention, "retention"))
         spawn(self._every(cfg.compaction_interval_ms, self._compact, "compaction"))
         if cfg.metrics_port >= 0:
@@ -278,6 +282,16 @@ class DataNode:
         if r.status.code:
             log.warning("event=heartbeat_rejected code=%d message=%r", r.status.code,
                         r.status.message)
+
+    async def _pull_quotas(self) -> None:
+        await self.ctx.quotas.pull(self.pm)
+
+    async def _pull_quotas_at_start(self) -> None:
+        """Quotas are known before the first request; a PM without them is not fatal."""
+        try:
+            await self._pull_quotas()
+        except SbpError as exc:
+            log.warning("event=quotas_pull_failed error=%r", str(exc))
 
     async def _reconcile(self) -> None:
         """Learn this node's ranges from the PM; align the store with what the PM decided
