@@ -27,6 +27,7 @@ class Keys:
         self._range = p + b"/ranges/"
         self._producers = p + b"/seal_producers/"
         self._node = p + b"/nodes/"
+        self._quota = p + b"/quotas/"
 
     def counter(self, name: str) -> bytes:
         return self._counter + name.encode()
@@ -54,8 +55,14 @@ class Keys:
     def node(self, nid: int) -> bytes:
         return self._node + b"%010d" % nid
 
+    def quota(self, key: str) -> bytes:
+        """A quota record (issue 22): ``quotas/default``, ``quotas/client/<id>``, ..."""
+        return self._quota + key.encode()
+
     def parse(self, key: bytes) -> tuple[str, tuple[int, ...]] | None:
         """(kind, ids) for a key under the root; None for anything else."""
+        if key.startswith(self._quota):
+            return "quota:" + key[len(self._quota):].decode(errors="replace"), ()
         for kind, head in (("stream", self._stream), ("range", self._range),
                            ("node", self._node), ("producers", self._producers)):
             if key.startswith(head):

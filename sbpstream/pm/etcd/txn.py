@@ -6,7 +6,13 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from sbpstream.pm.etcd.cache import Cache
-from sbpstream.pm.etcd.codec import encode_node, encode_producers, encode_range, encode_stream
+from sbpstream.pm.etcd.codec import (
+    encode_node,
+    encode_producers,
+    encode_quota,
+    encode_range,
+    encode_stream,
+)
 from sbpstream.pm.rules import sorted_replicas
 from sbpstream.pm.staging import Layer
 
@@ -53,6 +59,13 @@ class TxnOps:
                          cache.producers_rev(sid, idx), ps)
         for n in layer.nodes.values():
             ops._put(k.node(n.node_id), encode_node(n), cache.node_rev(n.node_id), n)
+        for key, q in layer.quotas.items():
+            if q is not None:
+                ops._put(k.quota(key), encode_quota(q), cache.quota_rev(key), q)
+            else:  # a delete: the one key, as a span [key, key + b"\0")
+                span = (k.quota(key), k.quota(key) + b"\0")
+                ops.spans.append(span)
+                ops.nbytes += 2 * len(span[0]) + 1 + OP_OVERHEAD_BYTES
         return ops
 
     def _put(self, key: bytes, value: bytes, cached_rev: int, decoded: object) -> None:
