@@ -58,6 +58,7 @@ from sbpstream.protocol.messages import (
     UpdateStreamsRequest,
     UpdateStreamsResponse,
 )
+from sbpstream.quota.model import validate_client_id
 
 log = logging.getLogger("sbpstream.client")
 
@@ -74,7 +75,8 @@ class AsyncClient:
     for ``$SBPSTREAM_PM`` (default ``127.0.0.1:12378``). ``request_timeout_ms`` bounds
     one attempt of one request; RETRIABLE errors are retried with exponential backoff
     until ``retry_deadline_ms`` has passed in total. Use as ``async with AsyncClient()
-    as c:`` or call :meth:`close`.
+    as c:`` or call :meth:`close`. ``client_id`` names this client to the data nodes, which
+    apply the quotas of that id (docs/operations.md, Quotas); "" is the default quota's.
     """
 
     def __init__(
@@ -84,7 +86,9 @@ class AsyncClient:
         request_timeout_ms: int = 10_000,
         retry_deadline_ms: int = 30_000,
         connect_timeout_ms: int = int(DEFAULT_CONNECT_TIMEOUT_S * 1000),
+        client_id: str = "",
     ) -> None:
+        self.client_id = validate_client_id(client_id)
         self.pm_addresses: list[str] = pm_addresses(pm)
         self.request_timeout_ms = request_timeout_ms
         self.retry = RetryPolicy(deadline_ms=retry_deadline_ms)
@@ -93,7 +97,8 @@ class AsyncClient:
         #: The range cache and data-node requests, shared by this client's producers and
         #: consumers (see :class:`~sbpstream.client.routing.RangeRouter`).
         self.routing = RangeRouter(self._pool, self._pm_call,
-                                   request_timeout_ms=request_timeout_ms, retry=self.retry)
+                                   request_timeout_ms=request_timeout_ms, retry=self.retry,
+                                   client_id=self.client_id)
         self._closed = False
 
     async def __aenter__(self) -> AsyncClient:

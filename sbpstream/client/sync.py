@@ -46,6 +46,7 @@ class Client(ClientBase):
         request_timeout_ms: int = 10000,
         retry_deadline_ms: int = 30000,
         connect_timeout_ms: int = 5000,
+        client_id: str = "",
     ) -> None:
         """Asyncio client of an sbpstream cluster.
 
@@ -53,7 +54,8 @@ class Client(ClientBase):
         for ``$SBPSTREAM_PM`` (default ``127.0.0.1:12378``). ``request_timeout_ms`` bounds
         one attempt of one request; RETRIABLE errors are retried with exponential backoff
         until ``retry_deadline_ms`` has passed in total. Use as ``async with AsyncClient()
-        as c:`` or call :meth:`close`.
+        as c:`` or call :meth:`close`. ``client_id`` names this client to the data nodes, which
+        apply the quotas of that id (docs/operations.md, Quotas); "" is the default quota's.
         """
         self._runner = LoopThread()
         self._async = self._runner.call(
@@ -62,6 +64,7 @@ class Client(ClientBase):
             request_timeout_ms=request_timeout_ms,
             retry_deadline_ms=retry_deadline_ms,
             connect_timeout_ms=connect_timeout_ms,
+            client_id=client_id,
         )
 
     def close(self) -> None:
@@ -218,6 +221,13 @@ class Producer(ProducerBase):
         return self
 
     @property
+    def throttle_time_ms(self) -> int:
+        """Quotas: total throttle_time_ms the data nodes asked of this producer's client (it
+        waits each one out before its next request to that node).
+        """
+        return self._async.throttle_time_ms
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes of records sent but not yet acknowledged."""
         return self._async.buffered_bytes
@@ -271,6 +281,13 @@ class Consumer(ConsumerBase):
         self._runner = runner
         self._async = obj
         return self
+
+    @property
+    def throttle_time_ms(self) -> int:
+        """Quotas: total throttle_time_ms the data nodes asked of this consumer's client (it
+        waits each one out before its next FETCH from that node).
+        """
+        return self._async.throttle_time_ms
 
     @property
     def position(self) -> int | None:
