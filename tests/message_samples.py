@@ -98,5 +98,6 @@ SAMPLES: list[m.Message] = [
     m.DescribeQuotasRequest(1_000),
     m.DescribeQuotasResponse(13, ERR, (QUOTA, m.Quota(2, "42", 5, 6, 7))),
     m.QuotaCountersRequest(1_000),
-    m.QuotaCountersResponse(14, ERR, (m.QuotaCounter("c/client-1/produce", -7, 4, 2),), 10_000, 3),
+    m.QuotaCountersResponse(14, ERR, (m.QuotaCounter("c/client-1/produce", -7, 4, 2),), 10_000, 3,
+                            (QUOTA,)),
 ]

@@ -18,7 +18,7 @@ from typing import TypeVar
 from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts, is_connection_error
-from sbpstream.client.routing import RangeRouter, primary_address
+from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
     Compression,
@@ -33,6 +33,7 @@ from sbpstream.protocol.errors import (
     ErrorCode,
     InvalidRequestError,
     NoPmReachableError,
+    ProtocolViolationError,
     RangeNotFoundError,
     SbpError,
     StreamNotFoundError,
@@ -44,21 +45,33 @@ from sbpstream.protocol.messages import (
     CreateStreamItem,
     CreateStreamsRequest,
     CreateStreamsResponse,
+    DeleteQuotasRequest,
+    DeleteQuotasResponse,
     DeleteStreamsRequest,
     DeleteStreamsResponse,
+    DescribeQuotasRequest,
+    DescribeQuotasResponse,
     DescribeRangeItem,
     DescribeRangesRequest,
     DescribeRangesResponse,
     DescribeStreamsRequest,
     DescribeStreamsResponse,
     Message,
+    Quota,
+    QuotaCountersRequest,
+    QuotaCountersResponse,
+    QuotaResult,
+    SetQuotasRequest,
+    SetQuotasResponse,
+    Status,
     TrimItem,
     TrimStreamsRequest,
     TrimStreamsResponse,
     UpdateStreamsRequest,
     UpdateStreamsResponse,
 )
-from sbpstream.quota.model import validate_client_id
+from sbpstream.quota.model import QuotaKind, QuotaSpec, validate_client_id
+from sbpstream.quota.model import validate as validate_quota
 
 log = logging.getLogger("sbpstream.client")
 
@@ -230,6 +243,47 @@ class AsyncClient:
         """Delete one stream."""
         await self.delete_streams([stream_id])
 
+    # ------------------------------------------------------------------------------- quotas
+
+    async def set_quota(self, quota: QuotaSpec) -> QuotaSpec:
+        """Create or replace a quota at the PM (hostile values raise InvalidRequestError
+        here, before anything is sent); returns it as stored. Data nodes apply it within a
+        heartbeat interval."""
+        q = validate_quota(quota)
+        resp = await self._pm_call(SetQuotasRequest(
+            timeout_ms=self.request_timeout_ms, quotas=(_quota_msg(q),)), SetQuotasResponse)
+        return _quota_result(resp.status, resp.results)
+
+    async def delete_quota(self, kind: QuotaKind, name: str = "") -> QuotaSpec:
+        """Delete the quota of a client id, a stream (``name`` = its id) or the default."""
+        resp = await self._pm_call(DeleteQuotasRequest(
+            timeout_ms=self.request_timeout_ms, quotas=(Quota(int(kind), name),)),
+            DeleteQuotasResponse)
+        return _quota_result(resp.status, resp.results)
+
+    async def list_quotas(self) -> list[QuotaSpec]:
+        """Every quota the PM stores, by key."""
+        resp = await self._pm_call(DescribeQuotasRequest(timeout_ms=self.request_timeout_ms),
+                                   DescribeQuotasResponse)
+        resp.status.raise_for_error()
+        return [_quota_spec(q) for q in resp.quotas]
+
+    async def quota_counters(self, address: str) -> QuotaCountersResponse:
+        """The live quota counters of one data node, with their remaining TTL."""
+        frame = await self.routing.request(
+            address, QuotaCountersRequest(timeout_ms=self.request_timeout_ms))
+        resp = QuotaCountersResponse.decode(frame.header)
+        resp.status.raise_for_error()
+        return resp
+
+    async def data_node_addresses(self) -> list[str]:
+        """The data nodes holding a replica of any stream's range (sorted)."""
+        found: set[str] = set()
+        for s in await self.list_streams():
+            for r in await self.routing.ranges(s.stream_id, refresh=True):
+                found.update(replica_addresses(r))
+        return sorted(found)
+
     # ------------------------------------------------------------------------------- ranges
 
     async def list_ranges(self, stream_id: int) -> list[Range]:
@@ -393,6 +447,25 @@ class AsyncClient:
                 f"no placement manager reachable at {','.join(self.pm_addresses)} ({last.message})"
             )
         return last
+
+
+def _quota_msg(q: QuotaSpec) -> Quota:
+    return Quota(int(q.kind), q.name, *q.rates())
+
+
+def _quota_spec(q: Quota) -> QuotaSpec:
+    return QuotaSpec(QuotaKind(q.kind), q.name, q.produce_bytes_per_s, q.fetch_bytes_per_s,
+                     q.requests_per_s)
+
+
+def _quota_result(status: Status, results: Sequence[QuotaResult]) -> QuotaSpec:
+    status.raise_for_error()
+    if len(results) != 1:
+        raise ProtocolViolationError(f"{len(results)} results for one quota")
+    results[0].status.raise_for_error()
+    if results[0].quota is None:
+        raise ProtocolViolationError("a quota result without its quota")
+    return _quota_spec(results[0].quota)
 
 
 def _merge_frames(resp_cls: type[M], frames: Sequence[Frame]) -> M:

@@ -25,6 +25,9 @@ from sbpstream.client.types import (
     Compression,
     ConsumedRecord,
     Headers,
+    QuotaCountersResponse,
+    QuotaKind,
+    QuotaSpec,
     Range,
     Record,
     StartPosition,
@@ -132,6 +135,29 @@ class Client(ClientBase):
     def delete_stream(self, stream_id: int) -> None:
         """Delete one stream."""
         self._runner.run(self._async.delete_stream(stream_id))
+
+    def set_quota(self, quota: QuotaSpec) -> QuotaSpec:
+        """Create or replace a quota at the PM (hostile values raise InvalidRequestError
+        here, before anything is sent); returns it as stored. Data nodes apply it within a
+        heartbeat interval.
+        """
+        return self._runner.run(self._async.set_quota(quota))
+
+    def delete_quota(self, kind: QuotaKind, name: str = "") -> QuotaSpec:
+        """Delete the quota of a client id, a stream (``name`` = its id) or the default."""
+        return self._runner.run(self._async.delete_quota(kind, name))
+
+    def list_quotas(self) -> list[QuotaSpec]:
+        """Every quota the PM stores, by key."""
+        return self._runner.run(self._async.list_quotas())
+
+    def quota_counters(self, address: str) -> QuotaCountersResponse:
+        """The live quota counters of one data node, with their remaining TTL."""
+        return self._runner.run(self._async.quota_counters(address))
+
+    def data_node_addresses(self) -> list[str]:
+        """The data nodes holding a replica of any stream's range (sorted)."""
+        return self._runner.run(self._async.data_node_addresses())
 
     def list_ranges(self, stream_id: int) -> list[Range]:
         """The stream's ranges from the PM, by range index (the last one is writable)."""

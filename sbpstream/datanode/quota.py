@@ -29,6 +29,7 @@ from sbpstream.protocol.messages import (
     DescribeQuotasResponse,
     HeartbeatRequest,
     HeartbeatResponse,
+    Quota,
     QuotaCounter,
     QuotaCountersRequest,
     QuotaCountersResponse,
@@ -45,6 +46,7 @@ class NodeQuotas:
     def __init__(self, window_ms: int = DEFAULT_QUOTA_WINDOW_MS) -> None:
         self.enforcer = QuotaEnforcer(window_ms)
         self.loaded = 0  # quotas held, as last pulled
+        self.specs: list[QuotaSpec] = []
 
     def charge(self, conn: ServerConnection, rate: int, amount: int,
                per_stream: Mapping[int, int]) -> int:
@@ -72,7 +74,8 @@ class NodeQuotas:
         views = tab.query(time.monotonic_ns(), TtlType.MILLISECONDS)
         await resp.send(QuotaCountersResponse(
             counters=tuple(QuotaCounter(v.key, v.quota, int(v.ttl_type), v.ttl) for v in views),
-            max_counters=tab.max_counters, overflowed=tab.overflowed).encode())
+            max_counters=tab.max_counters, overflowed=tab.overflowed,
+            quotas=tuple(Quota(int(q.kind), q.name, *q.rates()) for q in self.specs)).encode())
 
     async def pull(self, pm: PmClient) -> None:
         """Replace the quotas enforced here with the PM's."""
@@ -82,6 +85,7 @@ class NodeQuotas:
         specs = [QuotaSpec(QuotaKind(q.kind), q.name, q.produce_bytes_per_s,
                            q.fetch_bytes_per_s, q.requests_per_s) for q in r.quotas]
         self.enforcer.load(specs)
+        self.specs = specs
         if len(specs) != self.loaded:
             log.info("event=quotas_loaded count=%d", len(specs))
         self.loaded = len(specs)

@@ -765,6 +765,7 @@ class QuotaCountersResponse(Message):
     counters: tuple[QuotaCounter, ...] = ()
     max_counters: int = 0
     overflowed: int = 0
+    quotas: tuple[Quota, ...] = ()  # the quotas the node enforces
 
 
 # -------------------------------------------------------------------------------------- registries

@@ -4038,13 +4038,39 @@ class QuotaCountersResponse(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
-def QuotaCountersResponseStart(builder): builder.StartObject(5)
+    # QuotaCountersResponse
+    def Quotas(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = Quota()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # QuotaCountersResponse
+    def QuotasLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # QuotaCountersResponse
+    def QuotasIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        return o == 0
+
+def QuotaCountersResponseStart(builder): builder.StartObject(6)
 def QuotaCountersResponseAddThrottleTimeMs(builder, throttleTimeMs): builder.PrependInt32Slot(0, throttleTimeMs, 0)
 def QuotaCountersResponseAddStatus(builder, status): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(status), 0)
 def QuotaCountersResponseAddCounters(builder, counters): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(counters), 0)
 def QuotaCountersResponseStartCountersVector(builder, numElems): return builder.StartVector(4, numElems, 4)
 def QuotaCountersResponseAddMaxCounters(builder, maxCounters): builder.PrependInt32Slot(3, maxCounters, 0)
 def QuotaCountersResponseAddOverflowed(builder, overflowed): builder.PrependInt64Slot(4, overflowed, 0)
+def QuotaCountersResponseAddQuotas(builder, quotas): builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(quotas), 0)
+def QuotaCountersResponseStartQuotasVector(builder, numElems): return builder.StartVector(4, numElems, 4)
 def QuotaCountersResponseEnd(builder): return builder.EndObject()
 
 
