@@ -173,6 +173,16 @@ class DataNode:
             Sample(f"{p}_memory_rss_bytes", "gauge", "resident memory", rss_bytes()),
             Sample(f"{p}_replication_ranges", "gauge",
                    "primary ranges forwarding to secondaries", len(self.ctx.replicators.by_range)),
+            Sample(f"{p}_quota_throttled", "counter",
+                   "requests answered with a throttle time (over a quota)",
+                   self.ctx.quotas.enforcer.throttled),
+            Sample(f"{p}_quota_throttle_ms", "counter", "throttle times handed out, added up",
+                   self.ctx.quotas.enforcer.throttle_ms_total),
+            Sample(f"{p}_quota_counters", "gauge", "live quota counters",
+                   len(self.ctx.quotas.enforcer.counters)),
+            Sample(f"{p}_quota_overflowed", "counter",
+                   "charges made to the shared overflow counter (counter table full)",
+                   self.ctx.quotas.enforcer.counters.overflowed),
         ]
         return out
 
