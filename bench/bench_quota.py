@@ -88,9 +88,9 @@ async def unthrottled(pm: str, records: int, runs: int) -> dict[str, Any]:
     async with AsyncClient(pm, client_id="bench-admin") as admin:
         for q in await admin.list_quotas():
             await admin.delete_quota(q.kind, q.name)
-        sid = await admin.create_stream()
-        async with AsyncClient(pm, client_id="bench-free") as c:
-            for i in range(2 * runs):
+        for i in range(2 * runs):
+            sid = await admin.create_stream()  # a fresh producer id and stream per run
+            async with AsyncClient(pm, client_id="bench-free") as c:
                 mode = "no quotas" if i % 2 == 0 else "quota enforced"
                 if mode == "quota enforced":
                     await admin.set_quota(QuotaSpec(QuotaKind.DEFAULT, "", MAX_BYTES_PER_S,
@@ -102,10 +102,10 @@ async def unthrottled(pm: str, records: int, runs: int) -> dict[str, Any]:
                 small = b"r" * 100
                 async with c.producer(linger_ms=2) as p:
                     t0 = loop.time()
-                    for _ in range(records):
-                        await p.send(sid, small)
+                    futs = [await p.send(sid, small) for _ in range(records)]
                     await p.flush()
                     rates[mode].append(records / (loop.time() - t0))
+                    assert all(f.exception() is None for f in futs)
                 assert c.routing.throttle.throttled_responses == 0
     med = {k: statistics.median(v) for k, v in rates.items()}
     ratio = med["quota enforced"] / med["no quotas"]
