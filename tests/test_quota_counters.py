@@ -123,3 +123,14 @@ def test_hostile_quota_values_are_refused_clearly(spec: QuotaSpec, message: str)
 def test_valid_quota_is_normalized() -> None:
     assert validate(QuotaSpec(QuotaKind.STREAM, "007", 5)).name == "7"
     assert validate(QuotaSpec(QuotaKind.DEFAULT, "", MAX_BYTES_PER_S)).key == "default"
+
+
+def test_throttle_time_is_read_off_response_headers() -> None:
+    from sbpstream.protocol import messages as m
+    from sbpstream.quota.wire import throttle_time_ms_of
+
+    for resp in (m.AppendResponse(1234, items=(m.AppendResult(1, 2, 3),)),
+                 m.FetchResponse(77), m.AppendResponse(0), m.FetchResponse()):
+        assert throttle_time_ms_of(resp.encode()) == resp.throttle_time_ms
+    for junk in (b"", b"\x00" * 3, b"\xff" * 16, bytes(range(40))):
+        assert throttle_time_ms_of(junk) >= 0  # never raises; malformed reads as some count
