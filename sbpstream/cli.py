@@ -55,7 +55,11 @@ from sbpstream.protocol.errors import (
     StreamDeletedError,
     StreamNotFoundError,
 )
+from sbpstream.protocol.messages import QuotaCountersResponse
 from sbpstream.protocol.names import name_problem
+from sbpstream.quota.counters import TtlType
+from sbpstream.quota.model import UNLIMITED, QuotaKind, QuotaSpec
+from sbpstream.quota.model import validate as validate_quota
 from sbpstream.records import RecordTooLargeError
 
 T = TypeVar("T")
@@ -277,7 +281,8 @@ def _client(pm: str, timeout_ms: int) -> AsyncClient:
     waiting.use_pm(pm)
     try:
         return AsyncClient(pm, retry_deadline_ms=timeout_ms,
-                           request_timeout_ms=min(10_000, max(1000, timeout_ms)))
+                           request_timeout_ms=min(10_000, max(1000, timeout_ms)),
+                           client_id=_CLIENT["id"])
     except ValueError as exc:
         fail(f"--pm: {exc}", EXIT_USAGE)
 
@@ -768,7 +773,7 @@ def produce(
     sep = key_separator.encode() if key_separator is not None else None
     _valid_pm(pm)
     try:
-        with Client(pm, retry_deadline_ms=timeout_ms) as c:
+        with Client(pm, retry_deadline_ms=timeout_ms, client_id=_CLIENT["id"]) as c:
             sid = c.resolve_stream(_stream_ref(stream))
             c.describe_stream(sid)  # a clear error before reading any input
             p = c.producer(compression=_compression(compression), linger_ms=linger_ms)
@@ -1311,6 +1316,142 @@ def check(
         raise typer.Exit(EXIT_ERROR)
 
 
+# ------------------------------------------------------------------------------------ quotas
+
+quota_app = typer.Typer(
+    help="Quotas per client id, per stream, or default: set, list, delete; live counters.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(quota_app, name="quota")
+
+CLIENT_ID_ENV = "SBPSTREAM_CLIENT_ID"
+_CLIENT = {"id": os.environ.get(CLIENT_ID_ENV, "")}
+"""The client id every client command sends (``--client-id ID`` anywhere on the command line
+of a command other than ``quota``, or $SBPSTREAM_CLIENT_ID): the data nodes apply its quotas."""
+
+
+def _take_client_id(argv: list[str]) -> list[str]:
+    """Remove ``--client-id ID`` / ``--client-id=ID`` from a client command's arguments and
+    remember it; ``quota`` commands keep theirs (there it names the quota's client)."""
+    words = [a for a in argv if not a.startswith("-")]
+    if words[:1] == ["quota"]:
+        return argv
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--client-id":
+            value = next(it, None)
+            if value is None:
+                fail("--client-id needs a value", EXIT_USAGE)
+            _CLIENT["id"] = value
+        elif a.startswith("--client-id="):
+            _CLIENT["id"] = a.split("=", 1)[1]
+        else:
+            out.append(a)
+    return out
+
+
+def _entity(client_id: str | None, stream: int | None, default: bool) -> tuple[QuotaKind, str]:
+    given = [x for x in (client_id is not None, stream is not None, default) if x]
+    if len(given) != 1:
+        fail("name exactly one of --client-id ID, --stream S, --default", EXIT_USAGE)
+    if client_id is not None:
+        return QuotaKind.CLIENT, client_id
+    if stream is not None:
+        return QuotaKind.STREAM, str(stream)
+    return QuotaKind.DEFAULT, ""
+
+
+QClientOption = Annotated[str | None, typer.Option("--client-id", help="A client id's quota.")]
+QStreamOption = Annotated[int | None, typer.Option("--stream", help="A stream's quota.")]
+QDefaultOption = Annotated[bool, typer.Option(
+    "--default", help="The default quota (each client id without its own).")]
+
+
+def _rate(n: int | None) -> str:
+    return "-" if n is None or n == UNLIMITED else f"{n:,}"
+
+
+@quota_app.command("set")
+def quota_set(
+    pm: PmOption = DEFAULT_PM,
+    client_id: QClientOption = None,
+    stream: QStreamOption = None,
+    default: QDefaultOption = False,
+    produce_bytes_per_s: Annotated[int | None, typer.Option(
+        "--produce-bytes-per-s", help="Bytes/s a client (or all, for a stream) may append.")
+                                   ] = None,
+    fetch_bytes_per_s: Annotated[int | None, typer.Option(
+        "--fetch-bytes-per-s", help="Bytes/s it may fetch.")] = None,
+    requests_per_s: Annotated[int | None, typer.Option(
+        "--requests-per-s", help="APPEND and FETCH requests/s.")] = None,
+    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+) -> None:
+    """Create or replace a quota (each data node enforces it for its own traffic)."""
+    kind, name = _entity(client_id, stream, default)
+    spec = QuotaSpec(kind, name,
+                     UNLIMITED if produce_bytes_per_s is None else produce_bytes_per_s,
+                     UNLIMITED if fetch_bytes_per_s is None else fetch_bytes_per_s,
+                     UNLIMITED if requests_per_s is None else requests_per_s)
+    try:
+        validate_quota(spec)
+    except SbpError as exc:
+        fail(exc.message, EXIT_USAGE)
+    q = _run(pm, timeout_ms, lambda c: c.set_quota(spec))
+    out_console.print(f"quota {q.key}: produce {_rate(q.produce_bytes_per_s)} B/s, fetch "
+                      f"{_rate(q.fetch_bytes_per_s)} B/s, requests {_rate(q.requests_per_s)}/s",
+                      markup=False)
+
+
+@quota_app.command("list")
+def quota_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+               ) -> None:
+    """Every quota the PM stores (- = not limited by this quota)."""
+    quotas = _run(pm, timeout_ms, lambda c: c.list_quotas())
+    t = Table("QUOTA", "PRODUCE B/S", "FETCH B/S", "REQUESTS/S", box=None)
+    for q in quotas:
+        t.add_row(q.key, _rate(q.produce_bytes_per_s), _rate(q.fetch_bytes_per_s),
+                  _rate(q.requests_per_s))
+    out_console.print(t)
+
+
+@quota_app.command("delete")
+def quota_delete(
+    pm: PmOption = DEFAULT_PM,
+    client_id: QClientOption = None,
+    stream: QStreamOption = None,
+    default: QDefaultOption = False,
+    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+) -> None:
+    """Delete a quota."""
+    kind, name = _entity(client_id, stream, default)
+    q = _run(pm, timeout_ms, lambda c: c.delete_quota(kind, name))
+    out_console.print(f"deleted quota {q.key}", markup=False)
+
+
+@quota_app.command("counters")
+def quota_counters(
+    pm: PmOption = DEFAULT_PM,
+    node: Annotated[list[str] | None, typer.Option(
+        "--node", help="A data node HOST:PORT (repeatable); default: every node holding a "
+        "range of some stream.")] = None,
+    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+) -> None:
+    """The live Throttr-style counters of the data nodes: quota left in the window and the
+    TTL left (Throttr's QUERY)."""
+    async def body(c: AsyncClient) -> list[tuple[str, QuotaCountersResponse]]:
+        nodes = node or await c.data_node_addresses()
+        return [(a, await c.quota_counters(a)) for a in nodes]
+
+    t = Table("NODE", "COUNTER", "QUOTA LEFT", "TTL LEFT", box=None)
+    for addr, resp in _run(pm, timeout_ms, body):
+        for k in resp.counters:
+            unit = TtlType(k.ttl_type).name.lower() if k.ttl_type in range(1, 7) else "?"
+            t.add_row(addr, k.key, f"{k.quota:,}", f"{k.ttl} {unit}")
+    out_console.print(t)
+
+
 # ------------------------------------------------------------------------------------- main
 
 
@@ -1320,7 +1461,8 @@ def main(argv: list[str] | None = None) -> None:
     # the SDK's warnings (e.g. event=append_failed) are summed up by the command's own error line
     logging.getLogger("sbpstream.client").addHandler(logging.NullHandler())
     try:
-        rv = app(args=argv, prog_name="sbpstream", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        rv = app(args=_take_client_id(list(args)), prog_name="sbpstream", standalone_mode=False)
     except TyperException as exc:
         ctx = getattr(exc, "ctx", None)
         if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:

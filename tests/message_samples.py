@@ -28,6 +28,7 @@ RANGE = m.Range(
 RANGE2 = dataclasses.replace(RANGE, range_index=4, start_offset=1_500, next_offset=1_600)
 STREAM = m.Stream(42, 3, 86_400_000, 1_000, "orders.eu-1")
 PRODUCER = m.ProducerState(1 << 40, 3, 99, 1_400)
+QUOTA = m.Quota(1, "client-1", 1 << 20, 2 << 20, 500)
 
 SAMPLES: list[m.Message] = [
     m.PingRequest(),
@@ -100,4 +101,13 @@ SAMPLES: list[m.Message] = [
     m.ConnectionsResponse(ERR, 12),
     m.WhoamiRequest(),
     m.WhoamiResponse(ERR, 1 << 33, "127.0.0.1:50000", "client-1", m.ClientRole.CLIENT),
+    m.SetQuotasRequest(1_000, (QUOTA, m.Quota(0, "", -1, 1 << 30, -1))),
+    m.SetQuotasResponse(11, ERR, (m.QuotaResult(QUOTA, ERR),)),
+    m.DeleteQuotasRequest(1_000, (QUOTA,)),
+    m.DeleteQuotasResponse(12, ERR, (m.QuotaResult(QUOTA, ERR2),)),
+    m.DescribeQuotasRequest(1_000),
+    m.DescribeQuotasResponse(13, ERR, (QUOTA, m.Quota(2, "42", 5, 6, 7))),
+    m.QuotaCountersRequest(1_000),
+    m.QuotaCountersResponse(14, ERR, (m.QuotaCounter("c/client-1/produce", -7, 4, 2),), 10_000, 3,
+                            (QUOTA,)),
 ]

@@ -165,7 +165,7 @@ def test_header_length_beyond_frame_goaway_and_close(raw: Raw) -> None:
 def test_known_opcode_not_served_is_unsupported(raw: Raw) -> None:
     hdr = CreateStreamsRequest(items=(CreateStreamItem(replica_nums=1),)).encode()
     for rid, op in ((15, Opcode.CREATE_STREAMS), (16, Opcode.LIST_RANGES),
-                    (17, Opcode.HEARTBEAT), (18, Opcode.REPORT_METRICS)):
+                    (17, Opcode.ALLOCATE_ID), (18, Opcode.REPORT_METRICS)):
         raw.send(raw_frame(op, rid, hdr))
         f = raw.frames(1)[0]
         assert f.request_id == rid and system_error(f) == ErrorCode.UNSUPPORTED_OPERATION

@@ -432,3 +432,28 @@ def test_open_metadata_picks_the_backend(tmp_path: Path) -> None:
     assert isinstance(open_metadata("etcd://127.0.0.1:2379/p"), EtcdMetadataStore)
     with pytest.raises(ValueError):
         open_metadata("mysql://db")
+
+
+async def test_quotas_set_replace_delete_persist(backend: Backend) -> None:
+    """Quotas (issue 22): the same rules on both stores, surviving a reopen."""
+    from sbpstream.quota.model import UNLIMITED, QuotaKind, QuotaSpec
+
+    s = backend.store
+    a = QuotaSpec(QuotaKind.CLIENT, "app-1", 1000, UNLIMITED, 50)
+    d = QuotaSpec(QuotaKind.DEFAULT, "", 10_000)
+    bad = QuotaSpec(QuotaKind.STREAM, "7", 0)
+    outs = await s.set_quotas([a, d, bad, QuotaSpec(QuotaKind.STREAM, "07", 5, 6, 7)])
+    assert outs[:2] == [a, d]
+    assert isinstance(outs[2], InvalidRequestError) and "= 0" in outs[2].message
+    assert outs[3] == QuotaSpec(QuotaKind.STREAM, "7", 5, 6, 7)
+    a2 = QuotaSpec(QuotaKind.CLIENT, "app-1", 2000)
+    assert await s.set_quotas([a2]) == [a2]  # replaces, whole
+    s = await backend.reopen()
+    assert {q.key: q for q in await s.list_quotas()} == {
+        "client/app-1": a2, "default": d, "stream/7": QuotaSpec(QuotaKind.STREAM, "7", 5, 6, 7)}
+    outs = await s.delete_quotas([(int(QuotaKind.DEFAULT), ""), (int(QuotaKind.CLIENT), "nope")])
+    assert outs[0] == d
+    assert isinstance(outs[1], InvalidRequestError)
+    assert "no quota for client/nope" in outs[1].message
+    s = await backend.reopen()
+    assert sorted(q.key for q in await s.list_quotas()) == ["client/app-1", "stream/7"]

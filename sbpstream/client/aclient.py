@@ -40,6 +40,7 @@ from sbpstream.protocol.errors import (
     InvalidRequestError,
     InvalidStreamConfigError,
     NoPmReachableError,
+    ProtocolViolationError,
     RangeNotFoundError,
     ReplicaUnavailableError,
     SbpError,
@@ -53,8 +54,12 @@ from sbpstream.protocol.messages import (
     CreateStreamItem,
     CreateStreamsRequest,
     CreateStreamsResponse,
+    DeleteQuotasRequest,
+    DeleteQuotasResponse,
     DeleteStreamsRequest,
     DeleteStreamsResponse,
+    DescribeQuotasRequest,
+    DescribeQuotasResponse,
     DescribeRangeItem,
     DescribeRangesRequest,
     DescribeRangesResponse,
@@ -62,6 +67,13 @@ from sbpstream.protocol.messages import (
     DescribeStreamsResponse,
     HeartbeatRequest,
     Message,
+    Quota,
+    QuotaCountersRequest,
+    QuotaCountersResponse,
+    QuotaResult,
+    SetQuotasRequest,
+    SetQuotasResponse,
+    Status,
     TrimItem,
     TrimStreamsRequest,
     TrimStreamsResponse,
@@ -69,6 +81,8 @@ from sbpstream.protocol.messages import (
     UpdateStreamsResponse,
 )
 from sbpstream.protocol.names import name_problem, parse_stream_ref, validate_name_prefix
+from sbpstream.quota.model import QuotaKind, QuotaSpec, validate_client_id
+from sbpstream.quota.model import validate as validate_quota
 
 log = logging.getLogger("sbpstream.client")
 
@@ -101,7 +115,8 @@ class AsyncClient:
     for ``$SBPSTREAM_PM`` (default ``127.0.0.1:12378``). ``request_timeout_ms`` bounds
     one attempt of one request; RETRIABLE errors are retried with exponential backoff
     until ``retry_deadline_ms`` has passed in total. Use as ``async with AsyncClient()
-    as c:`` or call :meth:`close`.
+    as c:`` or call :meth:`close`. ``client_id`` names this client to the data nodes, which
+    apply the quotas of that id (docs/operations.md, Quotas); "" is the default quota's.
     """
 
     def __init__(
@@ -114,8 +129,9 @@ class AsyncClient:
         client_id: str | None = None,
     ) -> None:
         self.pm_addresses: list[str] = pm_addresses(pm)
-        #: Sent in HEARTBEAT to the PM and the data nodes this client uses.
-        self.client_id = client_id or new_client_id()
+        #: Sent in HEARTBEAT to the PM and the data nodes this client uses; data nodes apply
+        #: quotas per client id (issue 22). Default: unique to this client.
+        self.client_id = validate_client_id(client_id) if client_id else new_client_id()
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._ends: dict[int, int] = {}
         self.request_timeout_ms = request_timeout_ms
@@ -125,7 +141,8 @@ class AsyncClient:
         #: The range cache and data-node requests, shared by this client's producers and
         #: consumers (see :class:`~sbpstream.client.routing.RangeRouter`).
         self.routing = RangeRouter(self._pool, self._pm_call,
-                                   request_timeout_ms=request_timeout_ms, retry=self.retry)
+                                   request_timeout_ms=request_timeout_ms, retry=self.retry,
+                                   client_id=self.client_id)
         self._closed = False
         self._names: dict[str, int] = {}
         """Stream name -> id, as DESCRIBE_STREAMS answered (names are immutable while the
@@ -351,6 +368,47 @@ class AsyncClient:
     async def delete_stream(self, stream_id: int | str) -> None:
         """Delete one stream."""
         await self.delete_streams([stream_id])
+
+    # ------------------------------------------------------------------------------- quotas
+
+    async def set_quota(self, quota: QuotaSpec) -> QuotaSpec:
+        """Create or replace a quota at the PM (hostile values raise InvalidRequestError
+        here, before anything is sent); returns it as stored. Data nodes apply it within a
+        heartbeat interval."""
+        q = validate_quota(quota)
+        resp = await self._pm_call(SetQuotasRequest(
+            timeout_ms=self.request_timeout_ms, quotas=(_quota_msg(q),)), SetQuotasResponse)
+        return _quota_result(resp.status, resp.results)
+
+    async def delete_quota(self, kind: QuotaKind, name: str = "") -> QuotaSpec:
+        """Delete the quota of a client id, a stream (``name`` = its id) or the default."""
+        resp = await self._pm_call(DeleteQuotasRequest(
+            timeout_ms=self.request_timeout_ms, quotas=(Quota(int(kind), name),)),
+            DeleteQuotasResponse)
+        return _quota_result(resp.status, resp.results)
+
+    async def list_quotas(self) -> list[QuotaSpec]:
+        """Every quota the PM stores, by key."""
+        resp = await self._pm_call(DescribeQuotasRequest(timeout_ms=self.request_timeout_ms),
+                                   DescribeQuotasResponse)
+        resp.status.raise_for_error()
+        return [_quota_spec(q) for q in resp.quotas]
+
+    async def quota_counters(self, address: str) -> QuotaCountersResponse:
+        """The live quota counters of one data node, with their remaining TTL."""
+        frame = await self.routing.request(
+            address, QuotaCountersRequest(timeout_ms=self.request_timeout_ms))
+        resp = QuotaCountersResponse.decode(frame.header)
+        resp.status.raise_for_error()
+        return resp
+
+    async def data_node_addresses(self) -> list[str]:
+        """The data nodes holding a replica of any stream's range (sorted)."""
+        found: set[str] = set()
+        for s in await self.list_streams():
+            for r in await self.routing.ranges(s.stream_id, refresh=True):
+                found.update(replica_addresses(r))
+        return sorted(found)
 
     # ------------------------------------------------------------------------------- ranges
 
@@ -608,6 +666,25 @@ class AsyncClient:
                 f"no placement manager reachable at {','.join(self.pm_addresses)} ({last.message})"
             )
         return last
+
+
+def _quota_msg(q: QuotaSpec) -> Quota:
+    return Quota(int(q.kind), q.name, *q.rates())
+
+
+def _quota_spec(q: Quota) -> QuotaSpec:
+    return QuotaSpec(QuotaKind(q.kind), q.name, q.produce_bytes_per_s, q.fetch_bytes_per_s,
+                     q.requests_per_s)
+
+
+def _quota_result(status: Status, results: Sequence[QuotaResult]) -> QuotaSpec:
+    status.raise_for_error()
+    if len(results) != 1:
+        raise ProtocolViolationError(f"{len(results)} results for one quota")
+    results[0].status.raise_for_error()
+    if results[0].quota is None:
+        raise ProtocolViolationError("a quota result without its quota")
+    return _quota_spec(results[0].quota)
 
 
 def _merge_frames(resp_cls: type[M], frames: Sequence[Frame]) -> M:

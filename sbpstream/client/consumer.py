@@ -133,6 +133,12 @@ class AsyncConsumer:
     # --------------------------------------------------------------------------------- API
 
     @property
+    def throttle_time_ms(self) -> int:
+        """Quotas: total throttle_time_ms the data nodes asked of this consumer's client (it
+        waits each one out before its next FETCH from that node)."""
+        return self._routing.throttle.throttle_time_ms_total
+
+    @property
     def position(self) -> int | None:
         """The offset of the next record to return (None until the start is resolved)."""
         if self._position is None:

@@ -287,6 +287,12 @@ class AsyncProducer:
     # --------------------------------------------------------------------------------- API
 
     @property
+    def throttle_time_ms(self) -> int:
+        """Quotas: total throttle_time_ms the data nodes asked of this producer's client (it
+        waits each one out before its next request to that node)."""
+        return self._routing.throttle.throttle_time_ms_total
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes of records sent but not yet acknowledged."""
         return self._buffered

@@ -14,7 +14,9 @@ a seal, a refresh) is the caller's policy; :meth:`RangeRouter.invalidate` and
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from sbpstream.client.retry import Attempts
@@ -23,6 +25,9 @@ from sbpstream.net.client import Connection, ConnectionPool, ResponseStream
 from sbpstream.protocol.errors import ErrorCode, StreamNotFoundError
 from sbpstream.protocol.frame import Buffer, Frame
 from sbpstream.protocol.messages import (
+    ClientRole,
+    HeartbeatRequest,
+    HeartbeatResponse,
     ListRangesRequest,
     ListRangesResponse,
     Message,
@@ -32,6 +37,8 @@ from sbpstream.protocol.messages import (
     SealResult,
     StreamOwner,
 )
+from sbpstream.protocol.opcodes import Opcode
+from sbpstream.quota.wire import throttle_time_ms_of
 
 M = TypeVar("M", bound=Message)
 
@@ -63,6 +70,44 @@ def replica_addresses(rng: Range) -> list[str]:
     return [r.data_node.advertise_addr for r in reps if r.data_node.advertise_addr]
 
 
+@dataclass(slots=True)
+class ThrottleStats:
+    """Quotas (issue 22): how often data nodes throttled this client, and for how long."""
+
+    throttled_responses: int = 0  # responses that carried throttle_time_ms > 0
+    throttle_time_ms_total: int = 0  # their throttle times added up
+    waits: int = 0  # requests that waited out a throttle before going
+
+
+class _Observed:
+    """A FETCH's response stream that notes the throttle time of its frames."""
+
+    def __init__(self, inner: ResponseStream, note: ThrottleNote) -> None:
+        self._inner = inner
+        self._note = note
+
+    def __aiter__(self) -> _Observed:
+        return self
+
+    async def __anext__(self) -> Frame:
+        frame = await self._inner.__anext__()
+        self._note(frame.header)
+        return frame
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _Observed:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class ThrottleNote(Protocol):
+    def __call__(self, header: Buffer) -> None: ...
+
+
 class RangeRouter:
     """Range cache, seal requests and data-node requests of one client.
 
@@ -72,7 +117,7 @@ class RangeRouter:
 
     def __init__(
         self, pool: ConnectionPool, pm_call: PmCall, *, request_timeout_ms: int,
-        retry: RetryPolicy,
+        retry: RetryPolicy, client_id: str = "",
     ) -> None:
         self._pool = pool
         self._pm_call = pm_call
@@ -83,6 +128,13 @@ class RangeRouter:
         self._flusher: asyncio.Task[None] | None = None
         #: Data nodes this client sent requests to (its heartbeats go to them too).
         self.addresses_used: set[str] = set()
+        # Quotas (issue 22): the client id declared on each data-node connection (HEARTBEAT),
+        # and when each node allows this client's next request (event-loop time).
+        self.client_id = client_id
+        self.throttle = ThrottleStats()
+        self._throttled_until: dict[str, float] = {}
+        self._declared: weakref.WeakKeyDictionary[Connection, asyncio.Future[None]] = (
+            weakref.WeakKeyDictionary())
 
     # ----------------------------------------------------------------------------- the cache
 
@@ -202,9 +254,11 @@ class RangeRouter:
         timeout_ms: int | None = None,
     ) -> Frame:
         """One request to a data node whose answer is one frame (raises its system error)."""
-        conn = await self._connect(addr)
+        conn = await self._node_conn(addr)
         t = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        return await conn.request_one(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+        frame = await conn.request_one(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+        self._note_throttle(addr, req.OPCODE, frame.header)
+        return frame
 
     async def request_all(
         self, addr: str, req: Message, payload: Buffer | Sequence[Buffer] = b"",
@@ -212,21 +266,64 @@ class RangeRouter:
     ) -> list[Frame]:
         """Like :meth:`request` for an answer that may span several frames (APPEND answers
         items as they complete); returns every frame, the END frame last."""
-        conn = await self._connect(addr)
+        conn = await self._node_conn(addr)
         t = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        return await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+        frames = await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+        if frames:
+            self._note_throttle(addr, req.OPCODE, frames[-1].header)
+        return frames
 
     async def connection(self, addr: str) -> Connection:
-        """The pooled connection to the data node at ``addr`` (a subscription's BUFFER_ACKs
-        must go on the connection its FETCH came in on)."""
-        return await self._connect(addr)
+        """The connection to the data node at ``addr`` (a subscription's BUFFER_ACKs must go on
+        the connection its FETCH came in on), as :meth:`_node_conn` gives it."""
+        return await self._node_conn(addr)
 
-    async def _connect(self, addr: str) -> Connection:
-        if addr not in self.addresses_used and len(self.addresses_used) < ADDRESSES_USED_MAX:
-            self.addresses_used.add(addr)
-        return await self._pool.get(addr)
-
-    async def stream(self, addr: str, req: Message, *, timeout_s: float) -> ResponseStream:
+    async def stream(self, addr: str, req: Message, *, timeout_s: float) -> _Observed:
         """Send a request to a data node; iterate its answer's frames (FETCH long-polls)."""
-        conn = await self._connect(addr)
-        return await conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
+        conn = await self._node_conn(addr)
+        rs = await conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
+        return _Observed(rs, lambda header: self._note_throttle(addr, req.OPCODE, header))
+
+    # ------------------------------------------------------------- quotas (issue 22)
+
+    async def _node_conn(self, addr: str) -> Connection:
+        """The connection to a data node, once any throttle of that node is waited out, with
+        this client's id declared on it (one HEARTBEAT per new connection)."""
+        until = self._throttled_until.get(addr)
+        if until is not None:
+            delay = until - asyncio.get_running_loop().time()
+            if delay > 0:
+                self.throttle.waits += 1
+                await asyncio.sleep(delay)
+            self._throttled_until.pop(addr, None)
+        if addr not in self.addresses_used and len(self.addresses_used) < ADDRESSES_USED_MAX:
+            self.addresses_used.add(addr)  # the client's heartbeats go to it too
+        conn = await self._pool.get(addr)
+        if self.client_id:
+            fut = self._declared.get(conn)
+            if fut is None:
+                fut = self._declared[conn] = asyncio.ensure_future(self._declare(conn))
+            await asyncio.shield(fut)
+        return conn
+
+    async def _declare(self, conn: Connection) -> None:
+        hb = HeartbeatRequest(client_id=self.client_id, client_role=ClientRole.CLIENT)
+        try:
+            frame = await conn.request_one(hb.OPCODE, hb.encode(),
+                                           timeout_s=self.request_timeout_ms / 1000)
+        except BaseException:
+            self._declared.pop(conn, None)  # the next request tries again
+            raise
+        HeartbeatResponse.decode(frame.header).status.raise_for_error()
+
+    def _note_throttle(self, addr: str, opcode: int, header: Buffer) -> None:
+        if opcode not in (Opcode.APPEND, Opcode.FETCH):
+            return
+        ms = throttle_time_ms_of(header)
+        if ms <= 0:
+            return
+        self.throttle.throttled_responses += 1
+        self.throttle.throttle_time_ms_total += ms
+        until = asyncio.get_running_loop().time() + ms / 1000
+        if until > self._throttled_until.get(addr, 0.0):
+            self._throttled_until[addr] = until

@@ -24,6 +24,9 @@ from sbpstream.client.types import (
     ColumnBatch,
     Compression,
     ConsumedRecord,
+    QuotaCountersResponse,
+    QuotaKind,
+    QuotaSpec,
     Range,
     Record,
     StartPosition,
@@ -53,7 +56,8 @@ class Client(ClientBase):
         for ``$SBPSTREAM_PM`` (default ``127.0.0.1:12378``). ``request_timeout_ms`` bounds
         one attempt of one request; RETRIABLE errors are retried with exponential backoff
         until ``retry_deadline_ms`` has passed in total. Use as ``async with AsyncClient()
-        as c:`` or call :meth:`close`.
+        as c:`` or call :meth:`close`. ``client_id`` names this client to the data nodes, which
+        apply the quotas of that id (docs/operations.md, Quotas); "" is the default quota's.
         """
         self._runner = LoopThread()
         self._async = self._runner.call(
@@ -166,6 +170,29 @@ class Client(ClientBase):
         """Delete one stream."""
         self._runner.run(self._async.delete_stream(stream_id))
 
+    def set_quota(self, quota: QuotaSpec) -> QuotaSpec:
+        """Create or replace a quota at the PM (hostile values raise InvalidRequestError
+        here, before anything is sent); returns it as stored. Data nodes apply it within a
+        heartbeat interval.
+        """
+        return self._runner.run(self._async.set_quota(quota))
+
+    def delete_quota(self, kind: QuotaKind, name: str = "") -> QuotaSpec:
+        """Delete the quota of a client id, a stream (``name`` = its id) or the default."""
+        return self._runner.run(self._async.delete_quota(kind, name))
+
+    def list_quotas(self) -> list[QuotaSpec]:
+        """Every quota the PM stores, by key."""
+        return self._runner.run(self._async.list_quotas())
+
+    def quota_counters(self, address: str) -> QuotaCountersResponse:
+        """The live quota counters of one data node, with their remaining TTL."""
+        return self._runner.run(self._async.quota_counters(address))
+
+    def data_node_addresses(self) -> list[str]:
+        """The data nodes holding a replica of any stream's range (sorted)."""
+        return self._runner.run(self._async.data_node_addresses())
+
     def list_ranges(self, stream_id: int | str) -> list[Range]:
         """The stream's ranges from the PM, by range index (the last one is writable)."""
         return self._runner.run(self._async.list_ranges(stream_id))
@@ -271,6 +298,13 @@ class Producer(ProducerBase):
         return self
 
     @property
+    def throttle_time_ms(self) -> int:
+        """Quotas: total throttle_time_ms the data nodes asked of this producer's client (it
+        waits each one out before its next request to that node).
+        """
+        return self._async.throttle_time_ms
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes of records sent but not yet acknowledged."""
         return self._async.buffered_bytes
@@ -329,6 +363,13 @@ class Consumer(ConsumerBase):
         self._async = obj
         self._setup()
         return self
+
+    @property
+    def throttle_time_ms(self) -> int:
+        """Quotas: total throttle_time_ms the data nodes asked of this consumer's client (it
+        waits each one out before its next FETCH from that node).
+        """
+        return self._async.throttle_time_ms
 
     @property
     def position(self) -> int | None:

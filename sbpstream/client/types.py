@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple
 
-from sbpstream.protocol.messages import ProducerState, Range, ReplicaNode, Stream
+from sbpstream.protocol.messages import (
+    ProducerState,
+    QuotaCountersResponse,
+    Range,
+    ReplicaNode,
+    Stream,
+)
+from sbpstream.quota.model import QuotaKind, QuotaSpec
 from sbpstream.records import CODEC_LZ4, CODEC_NONE, CODEC_ZSTD, Columns, Record
 
 __all__ = [
@@ -24,6 +31,9 @@ __all__ = [
     "ConsumedRecord",
     "Headers",
     "ProducerState",
+    "QuotaCountersResponse",
+    "QuotaKind",
+    "QuotaSpec",
     "Range",
     "Record",
     "ReplicaNode",

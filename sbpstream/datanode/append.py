@@ -44,6 +44,7 @@ from sbpstream.protocol.messages import (
     AppendResult,
     Status,
 )
+from sbpstream.quota.enforcer import PRODUCE
 from sbpstream.store import AppendOutcome
 
 if TYPE_CHECKING:
@@ -127,6 +128,7 @@ class AppendHandler:
         ctx.metrics.c.append_requests += 1
         ctx.metrics.c.append_items += len(batches)
         timeout_s = (m.timeout_ms if m.timeout_ms > 0 else DEFAULT_APPEND_TIMEOUT_MS) / 1000.0
+        throttle_ms = 0 if m.replication else self._charge(req, m)
 
         now_results: list[AppendResult] = []
         lookups: dict[int, list[tuple[AppendItem, memoryview]]] = {}
@@ -147,7 +149,7 @@ class AppendHandler:
         if not lookups and not now_results:  # the common case: one group, one frame
             sent = await self._guard(self._complete(written, m, timeout_s),
                                      [w.item for w in written])
-            await resp.send(AppendResponse(items=tuple(sent)).encode())
+            await resp.send(AppendResponse(throttle_ms, items=tuple(sent)).encode())
             self._account(sent, t0)
             return
         tasks: list[asyncio.Task[list[AppendResult]]] = []
@@ -159,11 +161,18 @@ class AppendHandler:
             tasks.append(loop.create_task(self._guard(
                 self._after_lookup(sid, pending, m, timeout_s), [it for it, _ in pending])))
         try:
-            await self._respond(resp, now_results, tasks, sent)
+            await self._respond(resp, now_results, tasks, sent, throttle_ms)
         finally:
             for t in tasks:
                 t.cancel()
         self._account(sent, t0)
+
+    def _charge(self, req: Request, m: AppendRequest) -> int:
+        """Quotas (issue 22): the payload's bytes as produce, by stream; the throttle time."""
+        per_stream: dict[int, int] = {}
+        for it in m.items:
+            per_stream[it.stream_id] = per_stream.get(it.stream_id, 0) + it.batch_length
+        return self.ctx.quotas.charge(req.conn, PRODUCE, len(req.payload), per_stream)
 
     def _account(self, sent: list[AppendResult], t0: float) -> None:
         self.ctx.metrics.c.append_failed += sum(1 for r in sent if r.status.code)
@@ -172,23 +181,25 @@ class AppendHandler:
     @staticmethod
     async def _respond(resp: Responder, first: list[AppendResult],
                        tasks: list[asyncio.Task[list[AppendResult]]],
-                       sent: list[AppendResult]) -> None:
-        """One frame per group as it completes; the last one carries END."""
+                       sent: list[AppendResult], throttle_ms: int = 0) -> None:
+        """One frame per group as it completes; the last one carries END. Each carries the
+        request's throttle time."""
         pending: set[asyncio.Task[list[AppendResult]]] = set(tasks)
         ready = first
         if ready and pending:
-            await resp.send(AppendResponse(items=tuple(ready)).encode(), end=False)
+            await resp.send(AppendResponse(throttle_ms, items=tuple(ready)).encode(), end=False)
             sent.extend(ready)
             ready = []
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 ready.extend(t.result())
-            await resp.send(AppendResponse(items=tuple(ready)).encode(), end=not pending)
+            await resp.send(AppendResponse(throttle_ms, items=tuple(ready)).encode(),
+                            end=not pending)
             sent.extend(ready)
             ready = []
         if not resp.finished:
-            await resp.send(AppendResponse(items=tuple(ready)).encode(), end=True)
+            await resp.send(AppendResponse(throttle_ms, items=tuple(ready)).encode(), end=True)
             sent.extend(ready)
 
     @staticmethod

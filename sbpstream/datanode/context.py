@@ -23,6 +23,7 @@ from sbpstream.datanode.config import DataNodeConfig
 from sbpstream.datanode.limits import PM_CALL_TIMEOUT_S, PM_LOOKUP_TTL_S, PM_LOOKUP_WAIT_S
 from sbpstream.datanode.metrics import Metrics
 from sbpstream.datanode.pmclient import PmClient
+from sbpstream.datanode.quota import NodeQuotas
 from sbpstream.datanode.ranges import RangeInfo, RangeTable
 from sbpstream.datanode.replication import Replicators
 from sbpstream.datanode.rereplicate import Rereplicator
@@ -65,6 +66,7 @@ class NodeContext:
         self.stream_stats = StreamCounterTable()  # STATS: traffic per stream (append, fetch)
         self.replicators = Replicators(self)
         self.rereplicator = Rereplicator(self)
+        self.quotas = NodeQuotas()  # issue 22: quotas enforced here (sbpstream.datanode.quota)
         self.node_id = -1
         self.closing = False
         self._store: Store | None = None

@@ -42,6 +42,7 @@ from sbpstream.protocol.errors import (
     SbpError,
 )
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse, FetchResult, Status
+from sbpstream.quota.enforcer import FETCH
 
 if TYPE_CHECKING:
     from sbpstream.datanode.context import NodeContext
@@ -68,6 +69,8 @@ class FramePacker:
         self.frame_payload = 0
         self.total_bytes = 0
         self.frames = 0
+        self.stream_bytes: dict[int, int] = {}  # quotas: bytes served per stream
+        self.throttle_ms = 0  # quotas: set before the END frame, carried by it
 
     async def add(self, result: FetchResult, view: memoryview | None = None) -> None:
         size = 0 if view is None else len(view)
@@ -79,11 +82,14 @@ class FramePacker:
             self.parts.append(view)
             self.frame_payload += size
             self.total_bytes += size
+            sid = result.stream_id
+            self.stream_bytes[sid] = self.stream_bytes.get(sid, 0) + size
 
     async def flush(self, *, end: bool) -> None:
         if not end and not self.results:
             return
-        header = FetchResponse(status=self.status, items=tuple(self.results)).encode()
+        header = FetchResponse(self.throttle_ms if end else 0, status=self.status,
+                               items=tuple(self.results)).encode()
         parts, self.parts, self.results, self.frame_payload = self.parts, [], [], 0
         await self.resp.send(header, parts, end=end)
         self.frames += 1
@@ -144,12 +150,17 @@ class FetchHandler:
             for st in states:
                 if not st.answered:
                     await out.add(self._result(st, 0))
+            out.throttle_ms = self._charge(req, out)
             await out.flush(end=True)
         finally:
             for s in registered:
                 s.waiters.discard(wake)
         ctx.metrics.c.fetch_failed += failed
         ctx.metrics.fetch_latency_ms.add((time.monotonic() - t0 - waited) * 1000.0)
+
+    def _charge(self, req: Request, out: FramePacker) -> int:
+        """Quotas (issue 22): the bytes served as fetch, by stream; the throttle time."""
+        return self.ctx.quotas.charge(req.conn, FETCH, out.total_bytes, out.stream_bytes)
 
     @staticmethod
     def _budget(batch_max_bytes: int) -> int:

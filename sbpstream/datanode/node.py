@@ -56,6 +56,7 @@ from sbpstream.protocol.messages import (
     Range,
     ReportMetricsRequest,
     ReportMetricsResponse,
+    Status,
     TrimItem,
     TrimStreamsRequest,
     TrimStreamsResponse,
@@ -64,6 +65,7 @@ from sbpstream.protocol.messages import (
     DataNode as DataNodeMsg,
 )
 from sbpstream.protocol.opcodes import Opcode
+from sbpstream.quota.model import validate_client_id
 from sbpstream.store import Store, StoreConfig
 
 log = logging.getLogger("sbpstream.datanode")
@@ -120,6 +122,7 @@ class DataNode:
             self.advertise = f"{cfg.host}:{self.port}"
         await self._register()
         await self._reconcile()
+        await self._pull_quotas_at_start()
         handlers: dict[int, Handler] = {}
         control = ControlHandlers(self.ctx)
         handlers[Opcode.APPEND] = AppendHandler(self.ctx)
@@ -132,6 +135,7 @@ class DataNode:
         handlers[Opcode.TRIM_STREAMS] = control.trim
         handlers[Opcode.DELETE_STREAMS] = control.delete
         handlers[Opcode.HEARTBEAT] = self._client_heartbeat
+        handlers[Opcode.QUOTA_COUNTERS] = self.ctx.quotas.counters
         self.server = Server(handlers, name="datanode")
         self.introspector = Introspector(self.server, "datanode", node_id=lambda: self.node_id,
                                          streams=DataNodeStreams(self.ctx))
@@ -143,6 +147,7 @@ class DataNode:
         spawn(self._every(cfg.heartbeat_interval_ms, self._heartbeat, "heartbeat"))
         spawn(self._every(cfg.metrics_interval_ms, self._report_metrics, "metrics"))
         spawn(self._every(int(SWEEP_INTERVAL_S * 1000), self.ctx.rereplicator.sweep, "converge"))
+        spawn(self._every(cfg.heartbeat_interval_ms, self._pull_quotas, "quotas"))
         spawn(self._every(cfg.retention_interval_ms, self._retention, "retention"))
         spawn(self._every(cfg.compaction_interval_ms, self._compact, "compaction"))
         if cfg.metrics_port >= 0:
@@ -190,6 +195,16 @@ class DataNode:
             Sample(f"{p}_memory_rss_bytes", "gauge", "resident memory", rss_bytes()),
             Sample(f"{p}_replication_ranges", "gauge",
                    "primary ranges forwarding to secondaries", len(self.ctx.replicators.by_range)),
+            Sample(f"{p}_quota_throttled", "counter",
+                   "requests answered with a throttle time (over a quota)",
+                   self.ctx.quotas.enforcer.throttled),
+            Sample(f"{p}_quota_throttle_ms", "counter", "throttle times handed out, added up",
+                   self.ctx.quotas.enforcer.throttle_ms_total),
+            Sample(f"{p}_quota_counters", "gauge", "live quota counters",
+                   len(self.ctx.quotas.enforcer.counters)),
+            Sample(f"{p}_quota_overflowed", "counter",
+                   "charges made to the shared overflow counter (counter table full)",
+                   self.ctx.quotas.enforcer.counters.overflowed),
         ]
         if self.fetch is not None:
             sub = self.fetch.subscriptions.stats()
@@ -306,8 +321,15 @@ class DataNode:
                                 committed_ranges=progress)
 
     async def _client_heartbeat(self, req: Request, resp: Responder) -> None:
-        """An SDK client's HEARTBEAT: remember it (bounded by CLIENTS_MAX) and echo it."""
+        """An SDK client's HEARTBEAT: the connection declares its client id (quotas apply per
+        client id, sbpstream.datanode.quota); remembered (bounded by CLIENTS_MAX) and echoed."""
         hb = HeartbeatRequest.decode(req.header)
+        try:
+            req.conn.client_id = validate_client_id(hb.client_id)
+        except SbpError as exc:
+            await resp.send(HeartbeatResponse(hb.client_id, hb.client_role, self._me(),
+                                              Status.of(exc)).encode())
+            return
         if hb.client_id:
             self.clients.pop(hb.client_id, None)
             self.clients[hb.client_id] = (str(req.conn.peer), time.monotonic())
@@ -326,6 +348,16 @@ class DataNode:
                         r.status.message)
         else:
             self.ctx.progress_reported(progress)
+
+    async def _pull_quotas(self) -> None:
+        await self.ctx.quotas.pull(self.pm)
+
+    async def _pull_quotas_at_start(self) -> None:
+        """Quotas are known before the first request; a PM without them is not fatal."""
+        try:
+            await self._pull_quotas()
+        except SbpError as exc:
+            log.warning("event=quotas_pull_failed error=%r", str(exc))
 
     async def _reconcile(self) -> None:
         """Learn this node's ranges from the PM; align the store with what the PM decided

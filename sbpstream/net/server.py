@@ -176,6 +176,10 @@ class ServerConnection(FrameProtocol):
         self.input_ended = False  # the peer half-closed: answer what it sent, then close
         self._drain_timer: asyncio.TimerHandle | None = None
         self.attributes: dict[str, object] = {}  # per-connection state for handlers (e.g. role)
+        # Quotas (issue 22): the client id the peer declared (HEARTBEAT), and the KIP-219 mute.
+        self.client_id = ""
+        self._mute_timer: asyncio.TimerHandle | None = None
+        self._muted_until = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -193,6 +197,9 @@ class ServerConnection(FrameProtocol):
         s.stats.connections_open = len(s.connections)
 
     def on_close(self, exc: BaseException) -> None:
+        if self._mute_timer is not None:
+            self._mute_timer.cancel()
+            self._mute_timer = None
         if self._drain_timer is not None:
             self._drain_timer.cancel()
             self._drain_timer = None
@@ -395,7 +402,36 @@ class ServerConnection(FrameProtocol):
             resp.opcode, resp.request_id, code, message, detail)
 
     def can_accept_event(self) -> bool:
-        return len(self.tasks) < self.server.max_in_flight
+        return len(self.tasks) < self.server.max_in_flight and self._mute_timer is None
+
+    # ---- quotas: KIP-219 muting
+    def mute(self, duration_ms: int) -> None:
+        """Read nothing more from this connection for ``duration_ms`` (a client over its quota:
+        its response went or goes out at once). Frames already buffered wait too; a longer mute
+        extends a shorter one."""
+        if duration_ms <= 0 or self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + duration_ms / 1000.0
+        if until <= self._muted_until:
+            return
+        self._muted_until = until
+        if self._mute_timer is not None:
+            self._mute_timer.cancel()
+        self._mute_timer = loop.call_at(until, self._unmute)
+        self.pause_reading("throttle")
+
+    @property
+    def muted(self) -> bool:
+        return self._mute_timer is not None
+
+    def _unmute(self) -> None:
+        self._mute_timer = None
+        self._muted_until = 0.0
+        if self.closed:
+            return
+        self.resume_reading("throttle")
+        self.process_events()  # frames held back while muted (this re-pauses at the cap)
 
     def _maybe_finish_drain(self) -> None:
         # frames held back at the in-flight cap are dispatched as tasks finish (``_run``), so no

@@ -37,6 +37,7 @@ from typing import Protocol
 
 from sbpstream.protocol.errors import SbpError
 from sbpstream.protocol.limits import MAX_STREAM_ID as MAX_STREAM_ID  # stream ids are int64
+from sbpstream.quota.model import QuotaSpec
 
 WRITABLE_END_OFFSET = -1
 """``end_offset`` of a writable (open) range, as the wire says (design.md, "unclear spec")."""
@@ -233,6 +234,17 @@ class MetadataStore(Protocol):
         """Soft state: the node's latest REPORT_METRICS."""
 
     # --- streams
+    async def set_quotas(self, items: Sequence[QuotaSpec]) -> list[QuotaSpec | SbpError]:
+        """Create or replace quotas (rules.set_quota), each item all-or-nothing."""
+
+    async def delete_quotas(
+        self, items: Sequence[tuple[int, str]]
+    ) -> list[QuotaSpec | SbpError]:
+        """Delete quotas by (kind, name) (rules.delete_quota); each the quota deleted."""
+
+    async def list_quotas(self) -> list[QuotaSpec]:
+        """Every stored quota, by key."""
+
     async def create_streams(
         self, items: Sequence[NewStream], now_ms: int
     ) -> list[CreatedStream | SbpError]:

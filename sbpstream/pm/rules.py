@@ -43,6 +43,7 @@ from sbpstream.protocol.errors import (
     StreamNotFoundError,
 )
 from sbpstream.protocol.names import validate_stream_name
+from sbpstream.quota.model import MAX_QUOTAS, QuotaSpec, entity_key, validate, validate_entity
 
 COUNTER_STREAM: Final = "next_stream_id"
 COUNTER_NODE: Final = "next_node_id"
@@ -92,6 +93,14 @@ class MetaTxn(Protocol):
 
     def drop_name(self, name: str) -> None:
         """``name`` is free again."""
+
+    def quota(self, key: str) -> QuotaSpec | None: ...
+
+    def quota_count(self) -> int: ...
+
+    def put_quota(self, q: QuotaSpec) -> None: ...
+
+    def delete_quota(self, key: str) -> None: ...
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -290,6 +299,27 @@ def replace_replica(tx: MetaTxn, sid: int, idx: int, old_node_id: int,
 
 
 # ---------------------------------------------------------------------------- soft state
+# ---------------------------------------------------------------------------- quotas (issue 22)
+def set_quota(tx: MetaTxn, spec: QuotaSpec) -> QuotaSpec:
+    """Create or replace the quota of an entity; hostile values are refused (quota.model)."""
+    q = validate(spec)
+    if tx.quota(q.key) is None and tx.quota_count() >= MAX_QUOTAS:
+        raise LimitExceededError(f"{MAX_QUOTAS} quotas are stored already; delete some first")
+    tx.put_quota(q)
+    return q
+
+
+def delete_quota(tx: MetaTxn, kind: int, name: str) -> QuotaSpec:
+    """Delete an entity's quota; the quota deleted."""
+    k, n = validate_entity(kind, name)
+    key = entity_key(k, n)
+    old = tx.quota(key)
+    if old is None:
+        raise InvalidRequestError(f"there is no quota for {key}")
+    tx.delete_quota(key)
+    return old
+
+
 class SoftState:
     """Heartbeat times and metrics not yet persisted. Reads of a node see them at once; a
     backend persists them with its next durable write, when :meth:`due`, or at close."""

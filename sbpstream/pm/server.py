@@ -46,6 +46,7 @@ from sbpstream.protocol.errors import (
 )
 from sbpstream.protocol.messages import ClientRole, Status
 from sbpstream.protocol.opcodes import Opcode
+from sbpstream.quota.model import QuotaSpec, validate_entity
 
 if TYPE_CHECKING:
     from sbpstream.pm.leader import LeaderElection
@@ -190,6 +191,22 @@ class WireDataNodeApi:
         await self.pool.close()
 
 
+def _quota_spec(q: m.Quota) -> QuotaSpec:
+    """The wire quota as a spec (an unknown kind: InvalidRequestError naming it)."""
+    kind, name = validate_entity(q.kind, q.name)
+    return QuotaSpec(kind, name, q.produce_bytes_per_s, q.fetch_bytes_per_s, q.requests_per_s)
+
+
+def _quota_msg(q: QuotaSpec) -> m.Quota:
+    return m.Quota(int(q.kind), q.name, *q.rates())
+
+
+def _quota_results(asked: Sequence[m.Quota], outs: Sequence[QuotaSpec | SbpError]
+                   ) -> tuple[m.QuotaResult, ...]:
+    return tuple(m.QuotaResult(q, Status.of(o)) if isinstance(o, SbpError)
+                 else m.QuotaResult(_quota_msg(o)) for q, o in zip(asked, outs, strict=True))
+
+
 def _stream(s: md.StreamMeta) -> m.Stream:
     return m.Stream(s.stream_id, s.replica_nums, s.retention_period_ms, s.start_offset, s.name)
 
@@ -224,6 +241,9 @@ class PmServer:
             Opcode.DESCRIBE_STREAMS: self._describe_streams,
             Opcode.TRIM_STREAMS: self._trim_streams,
             Opcode.REPORT_METRICS: self._report_metrics,
+            Opcode.SET_QUOTAS: self._set_quotas,
+            Opcode.DELETE_QUOTAS: self._delete_quotas,
+            Opcode.DESCRIBE_QUOTAS: self._describe_quotas,
         }
         if self.election is not None:
             handlers = {op: self._leader_only(h) for op, h in handlers.items()}
@@ -370,6 +390,31 @@ class PmServer:
                 err = InvalidRequestError("a client heartbeat needs client_id")
         await resp.send(m.HeartbeatResponse(hb.client_id, hb.client_role, node,
                                             _ok_or(err)).encode())
+
+    # ---- quotas (issue 22): stored in the metadata; data nodes pull DESCRIBE_QUOTAS
+    async def _set_quotas(self, req: Request, resp: Responder) -> None:
+        r = m.SetQuotasRequest.decode(req.header)
+        specs: list[QuotaSpec | SbpError] = []
+        for q in r.quotas:
+            try:
+                specs.append(_quota_spec(q))
+            except SbpError as e:
+                specs.append(e)
+        stored = iter(await self.meta.set_quotas(
+            [s for s in specs if isinstance(s, QuotaSpec)]))
+        outs = [s if isinstance(s, SbpError) else next(stored) for s in specs]
+        await resp.send(m.SetQuotasResponse(results=_quota_results(r.quotas, outs)).encode())
+
+    async def _delete_quotas(self, req: Request, resp: Responder) -> None:
+        r = m.DeleteQuotasRequest.decode(req.header)
+        outs = await self.meta.delete_quotas([(q.kind, q.name) for q in r.quotas])
+        await resp.send(m.DeleteQuotasResponse(results=_quota_results(r.quotas, outs)).encode())
+
+    async def _describe_quotas(self, req: Request, resp: Responder) -> None:
+        m.DescribeQuotasRequest.decode(req.header)
+        quotas = await self.meta.list_quotas()
+        await resp.send(m.DescribeQuotasResponse(
+            quotas=tuple(_quota_msg(q) for q in quotas)).encode())
 
     async def _allocate_id(self, req: Request, resp: Responder) -> None:
         a = m.AllocateIdRequest.decode(req.header)

@@ -48,6 +48,7 @@ from sbpstream.pm.rules import COUNTER_NODE, COUNTER_STREAM, MetaTxn
 from sbpstream.pm.staging import NAME_DROPPED, Layer, StagedTxn
 from sbpstream.protocol.errors import MetadataError, SbpError
 from sbpstream.protocol.names import prefix_upper_bound
+from sbpstream.quota.model import QuotaKind, QuotaSpec
 
 log = logging.getLogger("sbpstream.pm.sqlite")
 
@@ -126,6 +127,19 @@ _SCHEMA: Final = (
     _NAMES_TABLE,
     _NAMES_BY_STREAM,
 )
+
+_QUOTAS_TABLE: Final = (
+    """CREATE TABLE IF NOT EXISTS quotas (
+        key TEXT PRIMARY KEY,
+        kind INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        produce_bytes_per_s INTEGER NOT NULL,
+        fetch_bytes_per_s INTEGER NOT NULL,
+        requests_per_s INTEGER NOT NULL
+    ) WITHOUT ROWID"""
+)
+"""Quotas (issue 22). Created at every open when missing, without a schema version bump: an
+older sbpstream opening the file ignores the table (it enforces no quotas)."""
 
 _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
     1: ("ALTER TABLE streams ADD COLUMN name TEXT NOT NULL DEFAULT ''", _NAMES_TABLE,
@@ -287,6 +301,14 @@ class _SqlReader:
                              (name,)).fetchone()
         return None if row is None else int(row[0])
 
+    def quota(self, key: str) -> QuotaSpec | None:
+        row = self.c.execute(f"SELECT {_QUOTA_COLS} FROM quotas WHERE key = ?",
+                             (key,)).fetchone()
+        return None if row is None else _quota(row)
+
+    def quota_keys(self) -> set[str]:
+        return {str(r[0]) for r in self.c.execute("SELECT key FROM quotas")}
+
     def counter(self, name: str) -> int:
         row = self.c.execute("SELECT value FROM meta WHERE key = ?", (name,)).fetchone()
         if row is None:
@@ -308,6 +330,13 @@ def _node(row: Sequence[Any], soft: rules.SoftState) -> NodeMeta:
     n = NodeMeta(int(row[0]), str(row[1]), str(row[2]), int(row[3]), int(row[4]), metrics,
                  int(row[6]))
     return soft.applied(n)
+
+
+_QUOTA_COLS: Final = "kind, name, produce_bytes_per_s, fetch_bytes_per_s, requests_per_s"
+
+
+def _quota(row: Sequence[Any]) -> QuotaSpec:
+    return QuotaSpec(QuotaKind(int(row[0])), str(row[1]), int(row[2]), int(row[3]), int(row[4]))
 
 
 def _metrics_json(m: NodeMetrics | None) -> str | None:
@@ -366,6 +395,12 @@ def _apply(c: sqlite3.Connection, layer: Layer, base: _SqlReader) -> None:
         [(sid, idx, p.producer_id, p.producer_epoch, p.last_sequence, p.last_base_offset)
          for sid, idx, ps in staged for p in ps],
     )
+    c.executemany("DELETE FROM quotas WHERE key = ?",
+                  [(k,) for k, q in layer.quotas.items() if q is None])
+    c.executemany(
+        f"INSERT OR REPLACE INTO quotas (key, {_QUOTA_COLS}) VALUES (?, ?, ?, ?, ?, ?)",
+        [(q.key, int(q.kind), q.name, *q.rates()) for q in layer.quotas.values()
+         if q is not None])
     c.executemany(
         f"INSERT OR REPLACE INTO data_nodes ({_NODE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
         [(n.node_id, n.host, n.advertise_addr, n.registered_ms, n.last_heartbeat_ms,
@@ -522,6 +557,7 @@ class SqliteMetadataStore:
     def _init_schema(self, c: sqlite3.Connection) -> None:
         with self._raw_tx():
             c.execute(_SCHEMA[0])
+            c.execute(_QUOTAS_TABLE)  # not versioned: see _QUOTAS_TABLE
             row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
                 for stmt in _SCHEMA[1:]:
@@ -606,6 +642,22 @@ class SqliteMetadataStore:
         return await self._run(
             self._write_one,
             lambda tx, _: rules.update_node_address(tx, node_id, advertise_addr))
+
+    # ------------------------------------------------------------------ quotas (issue 22)
+    async def set_quotas(self, items: Sequence[QuotaSpec]) -> list[QuotaSpec | SbpError]:
+        return await self._write_async(items, rules.set_quota)
+
+    async def delete_quotas(
+        self, items: Sequence[tuple[int, str]]
+    ) -> list[QuotaSpec | SbpError]:
+        return await self._write_async(items, lambda tx, it: rules.delete_quota(tx, *it))
+
+    async def list_quotas(self) -> list[QuotaSpec]:
+        return await self._run(self._list_quotas)
+
+    def _list_quotas(self) -> list[QuotaSpec]:
+        rows = self._c.execute(f"SELECT {_QUOTA_COLS} FROM quotas ORDER BY key").fetchall()
+        return [_quota(r) for r in rows]
 
     # ------------------------------------------------------------------ streams
     async def create_streams(

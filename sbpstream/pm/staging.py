@@ -15,6 +15,7 @@ from typing import Any, Final, Protocol
 
 from sbpstream.pm.metadata import NodeMeta, ProducerStateMeta, RangeMeta, StreamMeta
 from sbpstream.protocol.errors import MetadataError
+from sbpstream.quota.model import QuotaSpec
 
 ALL_RANGES: Final = 1 << 62
 """A range-index bound above every real index: "drop every range of the stream"."""
@@ -39,6 +40,10 @@ class BaseReader(Protocol):
 
     def counter(self, name: str) -> int: ...
 
+    def quota(self, key: str) -> QuotaSpec | None: ...
+
+    def quota_keys(self) -> set[str]:
+        """The keys of every stored quota (at most MAX_QUOTAS)."""
     def stream_named(self, name: str) -> int | None:
         """The id of the live stream holding ``name``, or None."""
 
@@ -54,8 +59,8 @@ class Layer:
     it and an item whose rule fails is taken back with :meth:`undo` (cheaper than a layer per
     item when the items need no separate accounting, as in SQLite)."""
 
-    __slots__ = ("counters", "dropped", "journal", "names", "nodes", "producers", "ranges",
-                 "streams")
+    __slots__ = ("counters", "dropped", "journal", "names", "nodes", "producers", "quotas",
+                 "ranges", "streams")
 
     def __init__(self, journaled: bool = False) -> None:
         self.streams: dict[int, StreamMeta] = {}
@@ -69,6 +74,8 @@ class Layer:
         self.counters: dict[str, int] = {}
         self.names: dict[str, int] = {}
         """name -> the stream id now holding it, or NAME_DROPPED when released."""
+        self.quotas: dict[str, QuotaSpec | None] = {}
+        """quota key -> the quota put, or None: deleted."""
         self.journal: list[tuple[dict[Any, Any], Any, object]] | None = (
             [] if journaled else None)
         """(dict, key, previous value or _MISSING) per write since the last :meth:`keep`."""
@@ -76,7 +83,7 @@ class Layer:
     @property
     def empty(self) -> bool:
         return not (self.streams or self.ranges or self.dropped or self.producers
-                    or self.nodes or self.counters or self.names)
+                    or self.nodes or self.counters or self.names or self.quotas)
 
     def all_ranges(self) -> list[RangeMeta]:
         return [r for per in self.ranges.values() for r in per.values()]
@@ -166,6 +173,8 @@ class Layer:
             self.counters.update(item.counters)
         if item.names:
             self.names.update(item.names)
+        if item.quotas:
+            self.quotas.update(item.quotas)
 
 
 class StagedTxn:
@@ -232,6 +241,22 @@ class StagedTxn:
                 return None if sid == NAME_DROPPED else sid
         return self.base.stream_named(name)
 
+    def quota(self, key: str) -> QuotaSpec | None:
+        for layer in (self.top, self.below):
+            if key in layer.quotas:
+                return layer.quotas[key]
+        return self.base.quota(key)
+
+    def quota_count(self) -> int:
+        keys = self.base.quota_keys()
+        for layer in (self.below, self.top):
+            for key, q in layer.quotas.items():
+                if q is None:
+                    keys.discard(key)
+                else:
+                    keys.add(key)
+        return len(keys)
+
     # --- writes
     def put_stream(self, s: StreamMeta) -> None:
         self.top.put_stream(s)
@@ -257,6 +282,12 @@ class StagedTxn:
 
     def drop_ranges_below(self, sid: int, bound: int) -> None:
         self.top.drop(sid, bound)
+
+    def put_quota(self, q: QuotaSpec) -> None:
+        self.top._set(self.top.quotas, q.key, q)
+
+    def delete_quota(self, key: str) -> None:
+        self.top._set(self.top.quotas, key, None)
 
     def next_id(self, name: str, n: int = 1) -> int:
         first = self.counter(name)

@@ -38,22 +38,23 @@ __all__ = [
     "MAX_ITEMS_PER_REQUEST", "MESSAGES", "REQUESTS", "RESPONSES", "STATUS_OK", "AllocateIdRequest",
     "AllocateIdResponse", "AppendItem", "AppendRequest", "AppendResponse", "AppendResult",
     "BufferAckRequest", "BufferAckResponse", "ClientRole", "ConnectionsRequest",
-    "ConnectionsResponse", "CreateStreamItem",
-    "CreateStreamResult", "CreateStreamsRequest", "CreateStreamsResponse", "DataNode",
-    "DeleteStreamsRequest", "DeleteStreamsResponse", "DescribeRangeItem", "DescribeRangeResult",
+    "ConnectionsResponse", "CreateStreamItem", "CreateStreamResult", "CreateStreamsRequest",
+    "CreateStreamsResponse", "DataNode", "DeleteQuotasRequest", "DeleteQuotasResponse",
+    "DeleteStreamsRequest", "DeleteStreamsResponse", "DescribeQuotasRequest",
+    "DescribeQuotasResponse", "DescribeRangeItem", "DescribeRangeResult",
     "DescribeRangesRequest", "DescribeRangesResponse", "DescribeStreamsRequest",
     "DescribeStreamsResponse", "FetchItem", "FetchRequest", "FetchResponse", "FetchResult",
     "GoAway", "GoAwayResponse", "Header", "HeartbeatRequest", "HeartbeatResponse", "InfoRequest",
     "InfoResponse",
     "ListRangesRequest", "ListRangesResponse", "ListRangesResult", "Message", "PingRequest",
-    "PingResponse", "ProducerState", "Range", "RangeOwner", "ReplicaNode", "ReportMetricsRequest",
-    "ReportMetricsResponse", "SealItem", "SealRangesRequest", "SealRangesResponse", "SealResult",
-    "StatsRequest", "StatsResponse", "Status", "Stream", "StreamOwner", "StreamRanges",
-    "StreamResult", "SyncRangesRequest",
-    "SyncRangesResponse", "SyncResult", "SystemErrorResponse", "TrimItem", "TrimResult",
-    "TrimStreamsRequest", "TrimStreamsResponse", "UpdateStreamsRequest", "UpdateStreamsResponse",
-    "WhoamiRequest", "WhoamiResponse",
-    "decode_request", "decode_response",
+    "PingResponse", "ProducerState", "Quota", "QuotaCounter", "QuotaCountersRequest",
+    "QuotaCountersResponse", "QuotaResult", "Range", "RangeOwner", "ReplicaNode",
+    "ReportMetricsRequest", "ReportMetricsResponse", "SealItem", "SealRangesRequest",
+    "SealRangesResponse", "SealResult", "SetQuotasRequest", "SetQuotasResponse", "StatsRequest",
+    "StatsResponse", "Status", "Stream", "StreamOwner", "StreamRanges", "StreamResult",
+    "SyncRangesRequest", "SyncRangesResponse", "SyncResult", "SystemErrorResponse", "TrimItem",
+    "TrimResult", "TrimStreamsRequest", "TrimStreamsResponse", "UpdateStreamsRequest",
+    "UpdateStreamsResponse", "WhoamiRequest", "WhoamiResponse", "decode_request", "decode_response",
 ]  # fmt: skip
 
 MAX_ITEMS_PER_REQUEST: Final = 10_000
@@ -758,6 +759,89 @@ class WhoamiResponse(Message):
     peer: str = ""
     client_id: str = ""
     client_role: ClientRole = ClientRole.UNSPECIFIED
+
+
+# ------------------------------------------------------------------------- quotas 0x1020-0x1023
+
+
+@table()
+class Quota(Table):
+    """One quota (sbpstream.quota.model.QuotaSpec on the wire); -1 = rate not limited."""
+
+    kind: int = 0  # 0 default, 1 client id, 2 stream
+    name: str = ""  # the client id, the decimal stream id, or "" (default)
+    produce_bytes_per_s: int = -1
+    fetch_bytes_per_s: int = -1
+    requests_per_s: int = -1
+
+
+@table()
+class QuotaResult(Table):
+    quota: Quota | None = None
+    status: Status = STATUS_OK
+
+
+@request(Opcode.SET_QUOTAS)
+class SetQuotasRequest(Message):
+    timeout_ms: int = 0
+    quotas: tuple[Quota, ...] = ()
+
+
+@response(Opcode.SET_QUOTAS)
+class SetQuotasResponse(Message):
+    throttle_time_ms: int = 0
+    status: Status = STATUS_OK
+    results: tuple[QuotaResult, ...] = ()
+
+
+@request(Opcode.DELETE_QUOTAS)
+class DeleteQuotasRequest(Message):
+    timeout_ms: int = 0
+    quotas: tuple[Quota, ...] = ()  # only kind and name are read
+
+
+@response(Opcode.DELETE_QUOTAS)
+class DeleteQuotasResponse(Message):
+    throttle_time_ms: int = 0
+    status: Status = STATUS_OK
+    results: tuple[QuotaResult, ...] = ()
+
+
+@request(Opcode.DESCRIBE_QUOTAS)
+class DescribeQuotasRequest(Message):
+    timeout_ms: int = 0
+
+
+@response(Opcode.DESCRIBE_QUOTAS)
+class DescribeQuotasResponse(Message):
+    throttle_time_ms: int = 0
+    status: Status = STATUS_OK
+    quotas: tuple[Quota, ...] = ()
+
+
+@table()
+class QuotaCounter(Table):
+    """One live counter as Throttr's QUERY answers it: quota left, TTL type, TTL left."""
+
+    key: str = ""
+    quota: int = 0
+    ttl_type: int = 3  # Throttr's TTL type; 3 = milliseconds
+    ttl: int = 0
+
+
+@request(Opcode.QUOTA_COUNTERS)
+class QuotaCountersRequest(Message):
+    timeout_ms: int = 0
+
+
+@response(Opcode.QUOTA_COUNTERS)
+class QuotaCountersResponse(Message):
+    throttle_time_ms: int = 0
+    status: Status = STATUS_OK
+    counters: tuple[QuotaCounter, ...] = ()
+    max_counters: int = 0
+    overflowed: int = 0
+    quotas: tuple[Quota, ...] = ()  # the quotas the node enforces
 
 
 # -------------------------------------------------------------------------------------- registries

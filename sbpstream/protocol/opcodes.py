@@ -16,6 +16,10 @@ class Opcode(enum.IntEnum):
     APPEND = 0x1001
     FETCH = 0x1002
     BUFFER_ACK = 0x1003  # project opcode: flow control (design.md section 7)
+    SET_QUOTAS = 0x1020  # project opcode: quotas (issue 22), PM
+    DELETE_QUOTAS = 0x1021  # project opcode: quotas, PM
+    DESCRIBE_QUOTAS = 0x1022  # project opcode: quotas, PM (data nodes pull it)
+    QUOTA_COUNTERS = 0x1023  # project opcode: a data node's live quota counters
     LIST_RANGES = 0x2001
     SEAL_RANGES = 0x2002
     SYNC_RANGES = 0x2003

@@ -9,6 +9,7 @@ from sbpstream.pm.etcd.codec import (
     decode_leader,
     decode_node,
     decode_producers,
+    decode_quota,
     decode_range,
     decode_stream,
 )
@@ -16,6 +17,7 @@ from sbpstream.pm.etcd.keys import Keys
 from sbpstream.pm.metadata import NodeMeta, ProducerStateMeta, RangeMeta, StreamMeta
 from sbpstream.pm.rules import SoftState
 from sbpstream.protocol.errors import MetadataError
+from sbpstream.quota.model import QuotaSpec
 
 log = logging.getLogger("sbpstream.pm.etcd")
 
@@ -30,6 +32,7 @@ class Cache:
         default_factory=dict)
     nodes: dict[int, tuple[NodeMeta, int]] = field(default_factory=dict)
     counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+    quotas: dict[str, tuple[QuotaSpec, int]] = field(default_factory=dict)
     by_node: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
     names: dict[str, tuple[int, int]] = field(default_factory=dict)
     """The name index: name -> (stream id, mod_revision of its key)."""
@@ -77,6 +80,9 @@ class Cache:
                 self.schema = int(value)
             elif kind.startswith("counter:"):
                 self.counters[kind[len("counter:"):]] = (int(value), mod_rev)
+            elif kind.startswith("quota:"):
+                q = known if isinstance(known, QuotaSpec) else decode_quota(value)
+                self.quotas[kind[len("quota:"):]] = (q, mod_rev)
         except (ValueError, KeyError, TypeError) as e:
             log.error("event=etcd_bad_value key=%r error=%r", key, e)
 
@@ -104,6 +110,8 @@ class Cache:
             self.schema = None
         elif kind.startswith("counter:"):
             self.counters.pop(kind[len("counter:"):], None)
+        elif kind.startswith("quota:"):
+            self.quotas.pop(kind[len("quota:"):], None)
 
     def _put_stream(self, s: StreamMeta, mod_rev: int) -> None:
         old = self.streams.get(s.stream_id)
@@ -158,6 +166,10 @@ class Cache:
         got = self.names.get(name)
         return 0 if got is None else got[1]
 
+    def quota_rev(self, key: str) -> int:
+        got = self.quotas.get(key)
+        return 0 if got is None else got[1]
+
     def counter_rev(self, name: str) -> int:
         got = self.counters.get(name)
         return 0 if got is None else got[1]
@@ -195,6 +207,14 @@ class CacheReader:
     def stream_named(self, name: str) -> int | None:
         got = self.c.names.get(name)
         return None if got is None else got[0]
+
+
+    def quota(self, key: str) -> QuotaSpec | None:
+        got = self.c.quotas.get(key)
+        return None if got is None else got[0]
+
+    def quota_keys(self) -> set[str]:
+        return set(self.c.quotas)
 
     def counter(self, name: str) -> int:
         got = self.c.counters.get(name)

@@ -16,6 +16,7 @@ from sbpstream.pm.metadata import (
     StreamMeta,
 )
 from sbpstream.pm.rules import sorted_replicas
+from sbpstream.quota.model import QuotaKind, QuotaSpec
 
 
 def _dumps(obj: object) -> bytes:
@@ -75,6 +76,18 @@ def decode_node(nid: int, v: bytes) -> NodeMeta:
                     int(d.get("last_heartbeat_ms", 0)),
                     NodeMetrics.from_dict(m) if isinstance(m, dict) else None,
                     int(d.get("metrics_ms", 0)))
+
+
+def encode_quota(q: QuotaSpec) -> bytes:
+    return _dumps({"kind": int(q.kind), "name": q.name,
+                   "produce_bytes_per_s": q.produce_bytes_per_s,
+                   "fetch_bytes_per_s": q.fetch_bytes_per_s, "requests_per_s": q.requests_per_s})
+
+
+def decode_quota(v: bytes) -> QuotaSpec:
+    d = json.loads(v)
+    return QuotaSpec(QuotaKind(int(d["kind"])), str(d["name"]), int(d["produce_bytes_per_s"]),
+                     int(d["fetch_bytes_per_s"]), int(d["requests_per_s"]))
 
 
 def encode_leader(address: str) -> bytes:

@@ -28,6 +28,7 @@ class Keys:
         self._producers = p + b"/seal_producers/"
         self._node = p + b"/nodes/"
         self._name = p + b"/names/"
+        self._quota = p + b"/quotas/"
 
     def counter(self, name: str) -> bytes:
         return self._counter + name.encode()
@@ -65,8 +66,14 @@ class Keys:
             return key[len(self._name):].decode(errors="replace")
         return None
 
+    def quota(self, key: str) -> bytes:
+        """A quota record (issue 22): ``quotas/default``, ``quotas/client/<id>``, ..."""
+        return self._quota + key.encode()
+
     def parse(self, key: bytes) -> tuple[str, tuple[int, ...]] | None:
         """(kind, ids) for a key under the root; None for anything else."""
+        if key.startswith(self._quota):
+            return "quota:" + key[len(self._quota):].decode(errors="replace"), ()
         for kind, head in (("stream", self._stream), ("range", self._range),
                            ("node", self._node), ("producers", self._producers)):
             if key.startswith(head):

@@ -70,6 +70,7 @@ from sbpstream.protocol.errors import (
     PmNotLeaderError,
     SbpError,
 )
+from sbpstream.quota.model import QuotaSpec
 
 log = logging.getLogger("sbpstream.pm.etcd")
 
@@ -559,6 +560,18 @@ class EtcdMetadataStore:
             lambda tx, _: rules.update_node_address(tx, node_id, advertise_addr))
         self._soft.forget([node_id])
         return n
+
+    # ------------------------------------------------------------------ quotas (issue 22)
+    async def set_quotas(self, items: Sequence[QuotaSpec]) -> list[QuotaSpec | SbpError]:
+        return await self._write(items, rules.set_quota)
+
+    async def delete_quotas(
+        self, items: Sequence[tuple[int, str]]
+    ) -> list[QuotaSpec | SbpError]:
+        return await self._write(items, lambda tx, it: rules.delete_quota(tx, *it))
+
+    async def list_quotas(self) -> list[QuotaSpec]:
+        return [q for _, (q, _) in sorted(self._cache.quotas.items())]
 
     # ------------------------------------------------------------------ streams
     async def create_streams(

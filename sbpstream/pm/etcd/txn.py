@@ -6,7 +6,13 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from sbpstream.pm.etcd.cache import Cache
-from sbpstream.pm.etcd.codec import encode_node, encode_producers, encode_range, encode_stream
+from sbpstream.pm.etcd.codec import (
+    encode_node,
+    encode_producers,
+    encode_quota,
+    encode_range,
+    encode_stream,
+)
 from sbpstream.pm.rules import sorted_replicas
 from sbpstream.pm.staging import NAME_DROPPED, Layer
 
@@ -63,6 +69,13 @@ class TxnOps:
                 ops.nbytes += 2 * len(key) + OP_OVERHEAD_BYTES
             else:
                 ops._put(key, str(sid).encode(), cache.name_rev(name), sid)
+        for qkey, q in layer.quotas.items():
+            if q is not None:
+                ops._put(k.quota(qkey), encode_quota(q), cache.quota_rev(qkey), q)
+            else:  # a delete: the one key, as a span [key, key + b"\0")
+                span = (k.quota(qkey), k.quota(qkey) + b"\0")
+                ops.spans.append(span)
+                ops.nbytes += 2 * len(span[0]) + 1 + OP_OVERHEAD_BYTES
         return ops
 
     def _put(self, key: bytes, value: bytes, cached_rev: int, decoded: object) -> None:

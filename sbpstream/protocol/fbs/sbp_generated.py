@@ -3891,3 +3891,645 @@ def WhoamiResponseAddClientRole(builder, clientRole): builder.PrependInt8Slot(4,
 def WhoamiResponseEnd(builder): return builder.EndObject()
 
 
+class Quota(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = Quota()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsQuota(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # Quota
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # Quota
+    def Kind(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
+        return 0
+
+    # Quota
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Quota
+    def ProduceBytesPerS(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+    # Quota
+    def FetchBytesPerS(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+    # Quota
+    def RequestsPerS(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+def QuotaStart(builder): builder.StartObject(5)
+def QuotaAddKind(builder, kind): builder.PrependInt8Slot(0, kind, 0)
+def QuotaAddName(builder, name): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
+def QuotaAddProduceBytesPerS(builder, produceBytesPerS): builder.PrependInt64Slot(2, produceBytesPerS, -1)
+def QuotaAddFetchBytesPerS(builder, fetchBytesPerS): builder.PrependInt64Slot(3, fetchBytesPerS, -1)
+def QuotaAddRequestsPerS(builder, requestsPerS): builder.PrependInt64Slot(4, requestsPerS, -1)
+def QuotaEnd(builder): return builder.EndObject()
+
+
+class QuotaResult(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = QuotaResult()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsQuotaResult(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # QuotaResult
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # QuotaResult
+    def Quota(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = Quota()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # QuotaResult
+    def Status(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = Status()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+def QuotaResultStart(builder): builder.StartObject(2)
+def QuotaResultAddQuota(builder, quota): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(quota), 0)
+def QuotaResultAddStatus(builder, status): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(status), 0)
+def QuotaResultEnd(builder): return builder.EndObject()
+
+
+class SetQuotasRequest(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = SetQuotasRequest()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsSetQuotasRequest(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # SetQuotasRequest
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # SetQuotasRequest
+    def TimeoutMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # SetQuotasRequest
+    def Quotas(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = Quota()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # SetQuotasRequest
+    def QuotasLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # SetQuotasRequest
+    def QuotasIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        return o == 0
+
+def SetQuotasRequestStart(builder): builder.StartObject(2)
+def SetQuotasRequestAddTimeoutMs(builder, timeoutMs): builder.PrependInt32Slot(0, timeoutMs, 0)
+def SetQuotasRequestAddQuotas(builder, quotas): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(quotas), 0)
+def SetQuotasRequestStartQuotasVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def SetQuotasRequestEnd(builder): return builder.EndObject()
+
+
+class SetQuotasResponse(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = SetQuotasResponse()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsSetQuotasResponse(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # SetQuotasResponse
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # SetQuotasResponse
+    def ThrottleTimeMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # SetQuotasResponse
+    def Status(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = Status()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # SetQuotasResponse
+    def Results(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = QuotaResult()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # SetQuotasResponse
+    def ResultsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # SetQuotasResponse
+    def ResultsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
+def SetQuotasResponseStart(builder): builder.StartObject(3)
+def SetQuotasResponseAddThrottleTimeMs(builder, throttleTimeMs): builder.PrependInt32Slot(0, throttleTimeMs, 0)
+def SetQuotasResponseAddStatus(builder, status): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(status), 0)
+def SetQuotasResponseAddResults(builder, results): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(results), 0)
+def SetQuotasResponseStartResultsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def SetQuotasResponseEnd(builder): return builder.EndObject()
+
+
+class DeleteQuotasRequest(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = DeleteQuotasRequest()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsDeleteQuotasRequest(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # DeleteQuotasRequest
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # DeleteQuotasRequest
+    def TimeoutMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # DeleteQuotasRequest
+    def Quotas(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = Quota()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # DeleteQuotasRequest
+    def QuotasLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # DeleteQuotasRequest
+    def QuotasIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        return o == 0
+
+def DeleteQuotasRequestStart(builder): builder.StartObject(2)
+def DeleteQuotasRequestAddTimeoutMs(builder, timeoutMs): builder.PrependInt32Slot(0, timeoutMs, 0)
+def DeleteQuotasRequestAddQuotas(builder, quotas): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(quotas), 0)
+def DeleteQuotasRequestStartQuotasVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def DeleteQuotasRequestEnd(builder): return builder.EndObject()
+
+
+class DeleteQuotasResponse(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = DeleteQuotasResponse()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsDeleteQuotasResponse(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # DeleteQuotasResponse
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # DeleteQuotasResponse
+    def ThrottleTimeMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # DeleteQuotasResponse
+    def Status(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = Status()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # DeleteQuotasResponse
+    def Results(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = QuotaResult()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # DeleteQuotasResponse
+    def ResultsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # DeleteQuotasResponse
+    def ResultsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
+def DeleteQuotasResponseStart(builder): builder.StartObject(3)
+def DeleteQuotasResponseAddThrottleTimeMs(builder, throttleTimeMs): builder.PrependInt32Slot(0, throttleTimeMs, 0)
+def DeleteQuotasResponseAddStatus(builder, status): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(status), 0)
+def DeleteQuotasResponseAddResults(builder, results): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(results), 0)
+def DeleteQuotasResponseStartResultsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def DeleteQuotasResponseEnd(builder): return builder.EndObject()
+
+
+class DescribeQuotasRequest(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = DescribeQuotasRequest()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsDescribeQuotasRequest(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # DescribeQuotasRequest
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # DescribeQuotasRequest
+    def TimeoutMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def DescribeQuotasRequestStart(builder): builder.StartObject(1)
+def DescribeQuotasRequestAddTimeoutMs(builder, timeoutMs): builder.PrependInt32Slot(0, timeoutMs, 0)
+def DescribeQuotasRequestEnd(builder): return builder.EndObject()
+
+
+class DescribeQuotasResponse(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = DescribeQuotasResponse()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsDescribeQuotasResponse(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # DescribeQuotasResponse
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # DescribeQuotasResponse
+    def ThrottleTimeMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # DescribeQuotasResponse
+    def Status(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = Status()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # DescribeQuotasResponse
+    def Quotas(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = Quota()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # DescribeQuotasResponse
+    def QuotasLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # DescribeQuotasResponse
+    def QuotasIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
+def DescribeQuotasResponseStart(builder): builder.StartObject(3)
+def DescribeQuotasResponseAddThrottleTimeMs(builder, throttleTimeMs): builder.PrependInt32Slot(0, throttleTimeMs, 0)
+def DescribeQuotasResponseAddStatus(builder, status): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(status), 0)
+def DescribeQuotasResponseAddQuotas(builder, quotas): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(quotas), 0)
+def DescribeQuotasResponseStartQuotasVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def DescribeQuotasResponseEnd(builder): return builder.EndObject()
+
+
+class QuotaCounter(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = QuotaCounter()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsQuotaCounter(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # QuotaCounter
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # QuotaCounter
+    def Key(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # QuotaCounter
+    def Quota(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+    # QuotaCounter
+    def TtlType(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
+        return 3
+
+    # QuotaCounter
+    def Ttl(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+def QuotaCounterStart(builder): builder.StartObject(4)
+def QuotaCounterAddKey(builder, key): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(key), 0)
+def QuotaCounterAddQuota(builder, quota): builder.PrependInt64Slot(1, quota, 0)
+def QuotaCounterAddTtlType(builder, ttlType): builder.PrependInt8Slot(2, ttlType, 3)
+def QuotaCounterAddTtl(builder, ttl): builder.PrependInt64Slot(3, ttl, 0)
+def QuotaCounterEnd(builder): return builder.EndObject()
+
+
+class QuotaCountersRequest(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = QuotaCountersRequest()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsQuotaCountersRequest(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # QuotaCountersRequest
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # QuotaCountersRequest
+    def TimeoutMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def QuotaCountersRequestStart(builder): builder.StartObject(1)
+def QuotaCountersRequestAddTimeoutMs(builder, timeoutMs): builder.PrependInt32Slot(0, timeoutMs, 0)
+def QuotaCountersRequestEnd(builder): return builder.EndObject()
+
+
+class QuotaCountersResponse(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = QuotaCountersResponse()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsQuotaCountersResponse(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # QuotaCountersResponse
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # QuotaCountersResponse
+    def ThrottleTimeMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # QuotaCountersResponse
+    def Status(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = Status()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # QuotaCountersResponse
+    def Counters(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = QuotaCounter()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # QuotaCountersResponse
+    def CountersLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # QuotaCountersResponse
+    def CountersIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
+    # QuotaCountersResponse
+    def MaxCounters(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # QuotaCountersResponse
+    def Overflowed(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+    # QuotaCountersResponse
+    def Quotas(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = Quota()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # QuotaCountersResponse
+    def QuotasLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # QuotaCountersResponse
+    def QuotasIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        return o == 0
+
+def QuotaCountersResponseStart(builder): builder.StartObject(6)
+def QuotaCountersResponseAddThrottleTimeMs(builder, throttleTimeMs): builder.PrependInt32Slot(0, throttleTimeMs, 0)
+def QuotaCountersResponseAddStatus(builder, status): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(status), 0)
+def QuotaCountersResponseAddCounters(builder, counters): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(counters), 0)
+def QuotaCountersResponseStartCountersVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def QuotaCountersResponseAddMaxCounters(builder, maxCounters): builder.PrependInt32Slot(3, maxCounters, 0)
+def QuotaCountersResponseAddOverflowed(builder, overflowed): builder.PrependInt64Slot(4, overflowed, 0)
+def QuotaCountersResponseAddQuotas(builder, quotas): builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(quotas), 0)
+def QuotaCountersResponseStartQuotasVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def QuotaCountersResponseEnd(builder): return builder.EndObject()
+
+

@@ -1,0 +1,76 @@
+"""The data node's side of quotas (issue 22): who the client is, what it owes, muting.
+
+- **Who.** A connection is charged to the ``client_id`` it declared
+  (:attr:`~sbpstream.net.server.ServerConnection.client_id`), set by a HEARTBEAT the SDK sends on
+  each new data-node connection (:meth:`NodeQuotas.heartbeat`); a connection that declared none
+  is the client ``""`` (the default quota applies to it). Replication between data nodes is
+  never charged.
+- **What.** APPEND charges its payload bytes (produce), FETCH the payload bytes it returns
+  (fetch), each one request (requests/s), through :class:`~sbpstream.quota.enforcer.QuotaEnforcer`.
+- **Then.** Over a quota, the response goes out at once with ``throttle_time_ms``, and the
+  connection is muted for that long (KIP-219): a client that ignores the field is held anyway.
+- **Which quotas.** The node pulls every quota from the PM (DESCRIBE_QUOTAS) at start and every
+  heartbeat interval, and enforces each one in full for its own traffic (per node, like Kafka
+  per broker).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from sbpstream.datanode.limits import PM_CALL_TIMEOUT_S
+from sbpstream.datanode.pmclient import PmClient
+from sbpstream.net.server import Request, Responder, ServerConnection
+from sbpstream.protocol.messages import (
+    DescribeQuotasRequest,
+    DescribeQuotasResponse,
+    Quota,
+    QuotaCounter,
+    QuotaCountersRequest,
+    QuotaCountersResponse,
+)
+from sbpstream.quota.counters import TtlType
+from sbpstream.quota.enforcer import DEFAULT_QUOTA_WINDOW_MS, QuotaEnforcer
+from sbpstream.quota.model import QuotaKind, QuotaSpec
+
+log = logging.getLogger("sbpstream.datanode.quota")
+
+
+class NodeQuotas:
+    def __init__(self, window_ms: int = DEFAULT_QUOTA_WINDOW_MS) -> None:
+        self.enforcer = QuotaEnforcer(window_ms)
+        self.loaded = 0  # quotas held, as last pulled
+        self.specs: list[QuotaSpec] = []
+
+    def charge(self, conn: ServerConnection, rate: int, amount: int,
+               per_stream: Mapping[int, int]) -> int:
+        """Count one request; over quota, mute ``conn``. Returns its throttle_time_ms."""
+        ms = self.enforcer.charge(conn.client_id, rate, amount, per_stream, time.monotonic_ns())
+        if ms:
+            conn.mute(ms)
+        return ms
+
+    async def counters(self, req: Request, resp: Responder) -> None:
+        """QUOTA_COUNTERS: every live counter, its quota left and TTL left (Throttr's QUERY)."""
+        QuotaCountersRequest.decode(req.header)
+        tab = self.enforcer.counters
+        views = tab.query(time.monotonic_ns(), TtlType.MILLISECONDS)
+        await resp.send(QuotaCountersResponse(
+            counters=tuple(QuotaCounter(v.key, v.quota, int(v.ttl_type), v.ttl) for v in views),
+            max_counters=tab.max_counters, overflowed=tab.overflowed,
+            quotas=tuple(Quota(int(q.kind), q.name, *q.rates()) for q in self.specs)).encode())
+
+    async def pull(self, pm: PmClient) -> None:
+        """Replace the quotas enforced here with the PM's."""
+        r = await pm.call(DescribeQuotasRequest(timeout_ms=int(PM_CALL_TIMEOUT_S * 1000)),
+                          DescribeQuotasResponse)
+        r.status.raise_for_error()
+        specs = [QuotaSpec(QuotaKind(q.kind), q.name, q.produce_bytes_per_s,
+                           q.fetch_bytes_per_s, q.requests_per_s) for q in r.quotas]
+        self.enforcer.load(specs)
+        self.specs = specs
+        if len(specs) != self.loaded:
+            log.info("event=quotas_loaded count=%d", len(specs))
+        self.loaded = len(specs)

@@ -1,0 +1,136 @@
+"""Pure tests of the quota model, Throttr-style counters and enforcer (no network, no clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sbpstream.protocol.errors import InvalidRequestError
+from sbpstream.quota.counters import MAX_QUOTA_COUNTERS, OVERFLOW_KEY, CounterTable, TtlType
+from sbpstream.quota.enforcer import FETCH, PRODUCE, QuotaEnforcer
+from sbpstream.quota.model import (
+    MAX_BYTES_PER_S,
+    UNLIMITED,
+    QuotaKind,
+    QuotaSpec,
+    validate,
+)
+
+S = 1_000_000_000
+
+
+def test_ttl_types_are_throttrs() -> None:
+    assert [int(t) for t in TtlType] == [1, 2, 3, 4, 5, 6]
+    assert TtlType.SECONDS.ns == S and TtlType.HOURS.ns == 3600 * S
+
+
+def test_consume_within_quota_then_throttled_for_window_plus_debt() -> None:
+    t = CounterTable()
+    assert t.consume("k", 600, 1000, S, 0) == 0
+    assert t.consume("k", 400, 1000, S, 0) == 0  # exactly the quota
+    # 500 over a 1000/s quota: the window's rest (1 s) plus 0.5 s to earn the 500 back
+    assert t.consume("k", 500, 1000, S, 0) == S + S // 2
+    (view,) = t.query(0, TtlType.MILLISECONDS)
+    assert (view.key, view.quota, view.ttl_type, view.ttl) == ("k", 0, TtlType.MILLISECONDS, 1500)
+
+
+def test_rate_over_many_windows_is_the_quota() -> None:
+    # A client sending 100-byte requests whenever allowed gets 1000 B/s, whatever its burst.
+    t = CounterTable()
+    now, sent = 0, 0
+    while now < 20 * S:
+        hold = t.consume("k", 100, 1000, S, now)
+        sent += 100
+        now += hold if hold else S // 1000
+    assert abs(sent / (now / S) - 1000) <= 1000 * 0.06
+
+
+def test_counters_expire() -> None:
+    t = CounterTable()
+    t.consume("a", 1, 10, S, 0)
+    t.consume("b", 1, 10, 2 * S, 0)
+    assert {v.key for v in t.query(S - 1)} == {"a", "b"}
+    assert {v.key for v in t.query(S)} == {"b"}
+    t.consume("c", 1, 10, S, S)  # a later call removes what expired
+    assert len(t) == 2 and t.expired == 1
+    assert t.consume("a", 10, 10, S, S) == 0  # a fresh window: the full quota again
+    assert t.purge("a") and not t.purge("a")
+
+
+def test_distinct_keys_flood_is_capped_and_charged_to_overflow() -> None:
+    t = CounterTable(max_counters=100)
+    for i in range(1000):
+        t.consume(f"client-{i}", 1, 10, S, 0)
+    assert len(t) == 100
+    assert t.overflowed == 1000 - 99
+    assert t.consume("another", 100, 10, S, 0) > 0  # the flood shares one quota
+    assert any(v.key == OVERFLOW_KEY for v in t.query(0))
+
+
+def test_100k_distinct_client_ids_keep_memory_bounded() -> None:
+    # Records are fixed-size, so memory is bounded by their number: it never passes the cap,
+    # and the ids beyond it are charged to the one overflow record.
+    enf = QuotaEnforcer()
+    enf.load([QuotaSpec(QuotaKind.DEFAULT, "", 1 << 20, 1 << 20, 1000)])
+    most = 0
+    for i in range(100_000):
+        enf.charge(f"client-{i}", PRODUCE, 100, {}, i)  # all within one window: none expire
+        if i % 1000 == 0:
+            most = max(most, len(enf.counters))
+    assert max(most, len(enf.counters)) <= MAX_QUOTA_COUNTERS
+    assert enf.counters.overflowed > 100_000
+    assert enf.charge("client-new", PRODUCE, 1 << 21, {}, 200) > 0  # overflow shares a quota
+
+
+def test_idle_counters_expire_under_steady_new_keys() -> None:
+    t = CounterTable(max_counters=1000)
+    for i in range(50_000):
+        t.consume(f"k{i}", 1, 10, S, i * (S // 100))  # 100 new keys per second, 1 s TTL
+    assert len(t) <= 110 and t.overflowed == 0
+
+
+def test_enforcer_client_default_and_stream_quotas() -> None:
+    enf = QuotaEnforcer()
+    assert enf.charge("x", PRODUCE, 10**9, {1: 10**9}, 0) == 0  # no quotas: nothing counted
+    enf.load([QuotaSpec(QuotaKind.DEFAULT, "", 1000),
+              QuotaSpec(QuotaKind.CLIENT, "big", 10_000),
+              QuotaSpec(QuotaKind.STREAM, "7", UNLIMITED, 500)])
+    assert enf.charge("a", PRODUCE, 1000, {1: 1000}, 0) == 0
+    assert enf.charge("a", PRODUCE, 1000, {1: 1000}, 0) == 2000  # per-client default
+    assert enf.charge("b", PRODUCE, 1000, {1: 1000}, 0) == 0  # b has its own counter
+    assert enf.charge("big", PRODUCE, 5000, {}, 0) == 0
+    assert enf.charge("big", FETCH, 10**6, {3: 10**6}, 0) == 0  # no fetch quota for it
+    assert enf.charge("c", FETCH, 600, {7: 600}, 0) == 1200  # the stream's fetch quota
+    assert enf.throttled == 2
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (QuotaSpec(QuotaKind.CLIENT, "a", 0), "= 0 would stop all traffic"),
+    (QuotaSpec(QuotaKind.CLIENT, "a", -5), "is negative"),
+    (QuotaSpec(QuotaKind.CLIENT, "a", UNLIMITED, MAX_BYTES_PER_S + 1), "above the largest"),
+    (QuotaSpec(QuotaKind.CLIENT, "a", UNLIMITED, UNLIMITED, 10**12), "above the largest"),
+    (QuotaSpec(QuotaKind.CLIENT, "a"), "at least one of"),
+    (QuotaSpec(QuotaKind.CLIENT, "", 5), "non-empty client id"),
+    (QuotaSpec(QuotaKind.CLIENT, "x" * 300, 5), "at most 255"),
+    (QuotaSpec(QuotaKind.STREAM, "abc", 5), "positive stream id"),
+    (QuotaSpec(QuotaKind.STREAM, "0", 5), "positive stream id"),
+    (QuotaSpec(QuotaKind.DEFAULT, "x", 5), "takes no name"),
+])
+def test_hostile_quota_values_are_refused_clearly(spec: QuotaSpec, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        validate(spec)
+
+
+def test_valid_quota_is_normalized() -> None:
+    assert validate(QuotaSpec(QuotaKind.STREAM, "007", 5)).name == "7"
+    assert validate(QuotaSpec(QuotaKind.DEFAULT, "", MAX_BYTES_PER_S)).key == "default"
+
+
+def test_throttle_time_is_read_off_response_headers() -> None:
+    from sbpstream.protocol import messages as m
+    from sbpstream.quota.wire import throttle_time_ms_of
+
+    for resp in (m.AppendResponse(1234, items=(m.AppendResult(1, 2, 3),)),
+                 m.FetchResponse(77), m.AppendResponse(0), m.FetchResponse()):
+        assert throttle_time_ms_of(resp.encode()) == resp.throttle_time_ms
+    for junk in (b"", b"\x00" * 3, b"\xff" * 16, bytes(range(40))):
+        assert throttle_time_ms_of(junk) >= 0  # never raises; malformed reads as some count
