@@ -567,14 +567,39 @@ def stream_create(
     sys.stdout.write("".join(f"{i}\n" for i in ids))
 
 
-def _streams_table(streams: list[tuple[Stream, int | None]]) -> Table:
-    t = Table("stream", "replicas", "retention_ms", "start_offset", "end_offset", "records",
-              "name")
+def _streams_table(streams: list[tuple[Stream, int | None]],
+                   stored: dict[int, int] | None = None) -> Table:
+    """One row per stream; ``stored`` (stream id -> bytes, from STATS) adds a bytes column."""
+    cols = ["stream", "replicas", "retention_ms", "start_offset", "end_offset", "records"]
+    t = Table(*cols, *(["bytes"] if stored is not None else []), "name")
     for s, end in streams:
-        t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
-                  str(s.start_offset), "-" if end is None else str(end),
-                  "-" if end is None else str(max(0, end - s.start_offset)), s.name or "-")
+        row = [str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
+               str(s.start_offset), "-" if end is None else str(end),
+               "-" if end is None else str(max(0, end - s.start_offset))]
+        if stored is not None:
+            row.append(str(stored[s.stream_id]) if s.stream_id in stored else "-")
+        t.add_row(*row, s.name or "-")
     return t
+
+
+STORED_BYTES_CHUNK = 1_000
+"""Streams per STATS request of `stream list` (each row is a few hundred bytes of JSON)."""
+
+
+async def _stored_bytes(pm: str, ids: list[int]) -> dict[int, int]:
+    """Stream id -> bytes stored (each range once), from the PM's STATS; {} when unavailable."""
+    from sbpstream.introspect.wire import Introspection
+
+    out: dict[int, int] = {}
+    try:
+        async with Introspection(pm_addresses(pm)[0]) as i:
+            for at in range(0, len(ids), STORED_BYTES_CHUNK):
+                _, body = await i.stats(ids[at:at + STORED_BYTES_CHUNK])
+                for row in body.get("streams", ()):
+                    out[int(row["stream_id"])] = int(row.get("bytes_stored", 0))
+    except (SbpError, OSError, ValueError):
+        return {}
+    return out
 
 
 @stream_app.command("describe")
@@ -622,7 +647,8 @@ def stream_describe(
 
 @stream_app.command("list")
 def stream_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS) -> None:
-    """List every stream with its start and end offsets (end: the next offset to be written)."""
+    """List every stream: start and end offsets (end: the next offset to be written), records,
+    bytes stored (each range counted once, from the data nodes' STATS), name."""
 
     async def end_of(c: AsyncClient, s: Stream) -> tuple[Stream, int | None]:
         try:
@@ -630,11 +656,13 @@ def stream_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_T
         except (StreamNotFoundError, StreamDeletedError):  # deleted since it was listed
             return s, None
 
-    async def body(c: AsyncClient) -> list[tuple[Stream, int | None]]:
+    async def body(c: AsyncClient) -> tuple[list[tuple[Stream, int | None]], dict[int, int]]:
         streams = await c.list_streams()
-        return list(await asyncio.gather(*(end_of(c, s) for s in streams)))
+        rows = list(await asyncio.gather(*(end_of(c, s) for s in streams)))
+        return rows, await _stored_bytes(pm, [s.stream_id for s in streams])
 
-    out_console.print(_streams_table(_run(pm, timeout_ms, body)))
+    rows, stored = _run(pm, timeout_ms, body)
+    out_console.print(_streams_table(rows, stored))
 
 
 @stream_app.command("update")

@@ -232,8 +232,12 @@ def test_consume_json(pm: str) -> None:
 
 def test_list_and_ranges_show_live_end_offsets(pm: str) -> None:
     sid = new_stream(pm, b"".join(b"%d\n" % i for i in range(2005)))
-    listed = {r[0]: r for r in rows(sbp("stream", "list", "--pm", pm).stdout)}
+    out = sbp("stream", "list", "--pm", pm).stdout
+    assert b"bytes" in out
+    listed = {r[0]: r for r in rows(out)}
     assert listed[sid][4:6] == ["2005", "2005"]  # end_offset, records
+    # bytes stored: the batches hold at least every value's bytes
+    assert int(listed[sid][6]) >= sum(len(b"%d" % i) for i in range(2005))
     r = sbp("stream", "ranges", sid, "--pm", pm)
     assert r.returncode == 0, r.stderr
     (only,) = rows(r.stdout)

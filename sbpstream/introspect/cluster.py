@@ -162,6 +162,7 @@ class ClusterView:
             "start_offset": s.start_offset,
             "next_offset": max([meta_next, *(int(r["next_offset"]) for r in rows)]),
             "ranges": len(ranges),
+            "bytes_stored": _stored_bytes(rows),
             "last_append_ms": max((int(r["last_append_ms"]) for r in rows), default=0),
         }
 
@@ -253,3 +254,14 @@ class ClusterView:
         out["records"] = records[-n:]
         out["next_offset"] = end
         return out
+
+
+def _stored_bytes(rows: list[JSON]) -> int:
+    """The stream's bytes, each range counted once (its largest copy among the nodes' rows:
+    replicas of a range hold the same batches once converged)."""
+    per_range: dict[int, int] = {}
+    for row in rows:
+        for r in row.get("ranges", ()):
+            idx = int(r["range_index"])
+            per_range[idx] = max(per_range.get(idx, 0), int(r.get("bytes", 0)))
+    return sum(per_range.values())

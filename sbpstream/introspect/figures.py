@@ -261,6 +261,7 @@ class DataNodeStreams:
             ranges.append({"range_index": idx, "start_offset": d.start_offset,
                            "next_offset": d.next_offset,
                            "end_offset": d.end_offset if d.sealed else -1,
+                           "bytes": ctx.store.range_bytes(sid, idx),
                            "primary": info.is_primary})
         return {
             "stream_id": sid,
@@ -274,6 +275,7 @@ class DataNodeStreams:
             "start_offset": ctx.stream_start(sid),
             "next_offset": ctx.table.high_watermark(sid),
             "ranges": ranges,
+            "bytes_stored": sum(int(r["bytes"]) for r in ranges),
             "last_append_ms": c.last_append_ms,
         }
 

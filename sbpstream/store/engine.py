@@ -155,6 +155,10 @@ class Store:
     def describe_range(self, stream_id: int, range_index: int) -> RangeState:
         return self._state.range(stream_id, range_index).state()
 
+    def range_bytes(self, stream_id: int, range_index: int) -> int:
+        """Bytes of the record batches the range holds here (O(batches): introspection only)."""
+        return self._state.range(stream_id, range_index).stored_bytes()
+
     def ranges(self) -> list[RangeState]:
         return [
             r.state() for s in self._state.streams.values() if not s.deleted for r in s.ranges

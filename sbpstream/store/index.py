@@ -99,6 +99,10 @@ class Range:
     def time(self, i: int) -> int:
         return self.cols[i * STRIDE + COL_TIME]
 
+    def stored_bytes(self) -> int:
+        """Bytes of the batches this range holds (what FETCH serves; trimmed ones excluded)."""
+        return sum(self.cols[COL_SIZE::STRIDE])
+
     def batch_next(self, i: int) -> int:
         """The offset after batch ``i``."""
         return self.base(i + 1) if i + 1 < len(self) else self.next_offset
