@@ -13,6 +13,9 @@ class Opcode(enum.IntEnum):
     APPEND = 0x1001
     FETCH = 0x1002
     BUFFER_ACK = 0x1003  # project opcode: flow control (design.md section 7)
+    AUTHENTICATE = 0x1030  # project opcode: SCRAM-SHA-256 or a token (docs/security.md)
+    MANAGE_USERS = 0x1031  # project opcode: add, delete, list users (admin)
+    MANAGE_ACLS = 0x1032  # project opcode: add, delete, list ACL entries (admin)
     LIST_RANGES = 0x2001
     SEAL_RANGES = 0x2002
     SYNC_RANGES = 0x2003
