@@ -23,17 +23,19 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from sbpstream.auth.config import write_secret
+from sbpstream.auth.config import (
+    CA_FILE,
+    CLIENT_CERT,
+    CLIENT_KEY,
+    SECRET_FILE,
+    SERVER_CERT,
+    SERVER_KEY,
+    write_secret,
+)
 
 CERT_VALIDITY_DAYS: Final = 365
 """Development certificates: a year, so a dev cluster does not expire mid-project."""
 
-CA_FILE: Final = "ca.pem"
-SERVER_CERT: Final = "server.pem"
-SERVER_KEY: Final = "server-key.pem"
-CLIENT_CERT: Final = "client.pem"
-CLIENT_KEY: Final = "client-key.pem"
-SECRET_FILE: Final = "cluster.secret"
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:

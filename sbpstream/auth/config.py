@@ -13,6 +13,14 @@ DEFAULT_TOKEN_TTL_S: Final = 600
 """How long a token the PM issues stays valid. Short, because ACL changes and a deleted user
 take effect at the next token; long enough that renewals (at 80% of it) are rare."""
 
+CA_FILE: Final = "ca.pem"
+SERVER_CERT: Final = "server.pem"
+SERVER_KEY: Final = "server-key.pem"
+CLIENT_CERT: Final = "client.pem"
+CLIENT_KEY: Final = "client-key.pem"
+SECRET_FILE: Final = "cluster.secret"
+"""The files ``sbpstream certs init DIR`` writes (sbpstream.auth.certs)."""
+
 SECRET_BYTES: Final = 32
 """The cluster secret: 256 bits, the key size of HMAC-SHA-256."""
 

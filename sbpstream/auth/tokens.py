@@ -98,3 +98,13 @@ def verify(token: str | bytes, key: bytes, now_ms: int) -> Claims:
 
 def node_token(key: bytes, principal: str, now_ms: int, ttl_ms: int) -> str:
     return sign(Claims(principal, KIND_NODE, now_ms, now_ms + ttl_ms), key)
+
+
+def peek(token: str) -> tuple[int, int]:
+    """(issued_ms, expires_ms) of a token, unverified: what a client needs to renew in time
+    (it holds no key; the servers verify)."""
+    try:
+        body = json.loads(_unb64(token.split(".")[1]))
+        return int(body["iat"]), int(body["exp"])
+    except (IndexError, ValueError, KeyError, TypeError, binascii.Error) as e:
+        raise AuthenticationFailedError(f"malformed token: {e}") from None

@@ -18,6 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from sbpstream.auth.gate import DATANODE_NODE_ONLY, DATANODE_RULES
+from sbpstream.auth.setup import server_security
 from sbpstream.datanode.append import AppendHandler
 from sbpstream.datanode.config import DataNodeConfig
 from sbpstream.datanode.context import NodeContext
@@ -73,7 +75,10 @@ class DataNode:
         self.directory = Path(config.directory)
         self.exporter: MetricsExporter | None = None
         self.metrics = Metrics(self.directory)
-        self.pool = ConnectionPool()
+        self.security = server_security(config.security, config.host, DATANODE_NODE_ONLY,
+                                        DATANODE_RULES, "node", pm=config.pm)
+        self.pool = ConnectionPool(ssl_context=self.security.client_ssl,
+                                   authenticator=self.security.credentials)
         self.pm = PmClient(config.pm, self.pool)
         self.ctx = NodeContext(config, self.metrics, self.pool, self.pm)
         self.port = config.port
@@ -117,7 +122,11 @@ class DataNode:
         handlers[Opcode.DESCRIBE_RANGES] = control.describe
         handlers[Opcode.TRIM_STREAMS] = control.trim
         handlers[Opcode.DELETE_STREAMS] = control.delete
-        self.server = Server(handlers, name="datanode")
+        sec = self.security
+        if sec.gate is not None:
+            handlers = sec.gate.wrap(handlers)
+        self.server = Server(handlers, name="datanode", ssl_context=sec.ssl_context,
+                             gate=sec.gate, protected=sec.protected)
         await self.server.start(cfg.host, self.port)
         self.port = self.server.port
         spawn = self.ctx.spawn
@@ -126,7 +135,8 @@ class DataNode:
         spawn(self._every(cfg.retention_interval_ms, self._retention, "retention"))
         spawn(self._every(cfg.compaction_interval_ms, self._compact, "compaction"))
         if cfg.metrics_port >= 0:
-            self.exporter = MetricsExporter(self.metric_samples, cfg.host, cfg.metrics_port)
+            self.exporter = MetricsExporter(self.metric_samples, cfg.host, cfg.metrics_port,
+                                            tls=cfg.security.tls)
             await self.exporter.start()
         log.info("event=datanode_started node_id=%d address=%s dir=%s fsync=%s ranges=%d",
                  self.node_id, self.advertise, self.directory, cfg.fsync.value,

@@ -20,6 +20,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from sbpstream.auth.config import TlsConfig
 from sbpstream.protocol.opcodes import Opcode
 
 log = logging.getLogger("sbpstream.net.admin")
@@ -65,8 +66,9 @@ class MetricsExporter:
     """``GET http://HOST:PORT/metrics``; ``port`` 0 picks a free port (see :attr:`port`)."""
 
     def __init__(self, collect: Collect, host: str = "127.0.0.1", port: int = 0,
-                 refresh_s: float = DEFAULT_REFRESH_S) -> None:
+                 refresh_s: float = DEFAULT_REFRESH_S, tls: TlsConfig | None = None) -> None:
         self._collect = collect
+        self.tls = tls  # HTTPS when it has a certificate; client certificates per its CA
         self.host = host
         self._want_port = port
         self.port = 0
@@ -86,8 +88,12 @@ class MetricsExporter:
         self.refresh()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self._collector)
-        self._server, self._thread = start_http_server(self._want_port, self.host,
-                                                       registry=registry)
+        tls = self.tls if self.tls is not None and self.tls.server_enabled else None
+        self._server, self._thread = start_http_server(
+            self._want_port, self.host, registry=registry,
+            certfile=tls.cert if tls else None, keyfile=tls.key if tls else None,
+            client_cafile=(tls.ca or None) if tls else None,
+            client_auth_required=bool(tls and tls.require_client_cert))
         self.port = int(self._server.server_port)
         self._task = asyncio.get_running_loop().create_task(self._loop())
         log.info("event=metrics_listening host=%s port=%d path=/metrics", self.host, self.port)
