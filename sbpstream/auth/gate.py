@@ -48,8 +48,8 @@ OPEN_OPCODES: Final = frozenset({Opcode.PING, Opcode.GOAWAY, Opcode.AUTHENTICATE
 PM_NODE_ONLY: Final = frozenset({Opcode.ALLOCATE_ID, Opcode.REPORT_METRICS})
 """On the PM: what only data nodes send (a DATA_NODE heartbeat is checked by its role)."""
 DATANODE_NODE_ONLY: Final = frozenset({
-    Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.DESCRIBE_RANGES, Opcode.TRIM_STREAMS,
-    Opcode.DELETE_STREAMS, Opcode.HEARTBEAT, Opcode.LIST_RANGES,
+    Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.TRIM_STREAMS, Opcode.DELETE_STREAMS,
+    Opcode.HEARTBEAT, Opcode.LIST_RANGES,
 })
 """On a data node: what only the PM and other data nodes send (replication APPEND is checked
 by its flag)."""
@@ -132,6 +132,8 @@ DATANODE_RULES: Final[Mapping[int, ItemRule]] = {
     Opcode.FETCH: ItemRule(
         Op.FETCH, "items", _sid(),
         lambda it, st: m.FetchResult(it.stream_id, it.request_index, 0, st), streaming=True),
+    Opcode.DESCRIBE_RANGES: ItemRule(  # the SDK asks the primary for a writable range's end
+        Op.DESCRIBE, "items", _sid(), lambda it, st: m.DescribeRangeResult(it.stream_id, st)),
 }
 
 

@@ -225,7 +225,8 @@ class ServerConnection(FrameProtocol):
         self.input_ended = True
         self._arm_drain_timer()
         self._maybe_finish_drain()
-        return True  # keep the transport open for writing
+        # keep the transport open for writing; TLS has no half-close (asyncio closes it)
+        return self.server.ssl_context is None
 
     def send_goaway(self, code: int, message: str) -> None:
         hdr = GoAway(code=code, message=message, last_stream_id=self.highest_request_id).encode()
