@@ -281,7 +281,7 @@ async def test_acls_allow_and_deny_per_stream_and_prefix(cluster: LocalCluster, 
         assert await _code(dn, Opcode.APPEND, repl.encode()) == ErrorCode.AUTHORIZATION_FAILED
         for op in (Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.TRIM_STREAMS,
                    Opcode.DELETE_STREAMS):
-            sample = next(s for s in _requests() if s.OPCODE == op)
+            sample = next(s for s in _requests() if op == s.OPCODE)
             assert await _code(dn, op, sample.encode()) == ErrorCode.AUTHORIZATION_FAILED
     finally:
         await dn.aclose()
@@ -298,8 +298,9 @@ async def test_acls_allow_and_deny_per_stream_and_prefix(cluster: LocalCluster, 
 @pytest.mark.adversity
 async def test_replication_failover_and_sigkill_recovery_under_tls_and_auth(
         cluster: LocalCluster, admin: AsyncClient) -> None:
-    """Two replicas of three nodes; the primary is SIGKILLed with appends in flight and restarted: every
-    acknowledged record is read back once, in order, over TLS with tokens everywhere."""
+    """Two replicas on three nodes; the primary is SIGKILLed with appends in flight (the PM
+    seals its range and opens one elsewhere), then restarted: every acknowledged record is read
+    back once, in order, over TLS with tokens everywhere."""
     (sid,) = await admin.create_streams(1, replica_nums=2)
     sent: list[bytes] = []
     futs: list[asyncio.Future[int]] = []
