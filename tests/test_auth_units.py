@@ -144,3 +144,19 @@ def test_accept_token_sets_the_principal() -> None:
     with pytest.raises(AuthenticationFailedError):
         gate.accept_token(other, tokens.sign(_claims(), tokens.derive_key(b"y" * 32)).encode())
     assert gate.refuse(other, Opcode.CREATE_STREAMS) is not None  # still unauthenticated
+
+
+def test_spark_security_options() -> None:
+    from sbpstream.spark.options import parse_sink_options, parse_source_options
+
+    base = {"pm": "127.0.0.1:1", "streams": "1"}
+    opts = parse_source_options({**base, "user": "alice", "password": "pw", "tlsCa": "/ca.pem"},
+                                streaming=False)
+    assert opts.security.client_kwargs() == {"user": "alice", "password": "pw",
+                                             "token_file": "", "tls_ca": "/ca.pem"}
+    sink = parse_sink_options({"pm": "127.0.0.1:1", "stream": "1", "tokenfile": "/t"})
+    assert sink.security.token_file == "/t" and not sink.security.user
+    for bad in ({"user": "a"}, {"password": "p"}, {"user": "a", "password": "p",
+                                                  "tokenFile": "/t"}):
+        with pytest.raises(ValueError, match="option"):
+            parse_source_options({**base, **bad}, streaming=False)

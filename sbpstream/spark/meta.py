@@ -17,6 +17,7 @@ from sbpstream.protocol.errors import (
     StreamNotFoundError,
 )
 from sbpstream.spark.offsets import RangeInfo
+from sbpstream.spark.options import SecurityOptions
 
 
 def replica_addresses(rng: Range) -> tuple[str, ...]:
@@ -65,9 +66,11 @@ def translated_errors(pm: Sequence[str]) -> Iterator[None]:
 class ClusterView:
     """A lazily opened client on the driver. Not picklable state: drop it before pickling."""
 
-    def __init__(self, pm: Sequence[str], timeout_ms: int) -> None:
+    def __init__(self, pm: Sequence[str], timeout_ms: int,
+                 security: SecurityOptions | None = None) -> None:
         self.pm = tuple(pm)
         self.timeout_ms = timeout_ms
+        self.security = security or SecurityOptions()
         self._client: Client | None = None
 
     @property
@@ -79,6 +82,7 @@ class ClusterView:
                     request_timeout_ms=min(self.timeout_ms, 10_000),
                     retry_deadline_ms=self.timeout_ms,
                     connect_timeout_ms=min(self.timeout_ms, 5_000),
+                    **self.security.client_kwargs(),
                 )
         return self._client
 

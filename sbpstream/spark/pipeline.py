@@ -96,7 +96,7 @@ def start_pipeline(
     if max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     opts = parse_source_options(options, streaming=True)  # misuse fails here, option named
-    view = ClusterView(opts.pm, opts.timeout_ms)
+    view = ClusterView(opts.pm, opts.timeout_ms, opts.security)
     try:
         view.check_streams(opts.streams)  # unknown stream / unreachable PM: one line, now
     finally:

@@ -41,6 +41,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from sbpstream.auth.client import client_security
 from sbpstream.client import AsyncClient
 from sbpstream.client.retry import MOVE_CODES
 from sbpstream.client.types import Range, codec_of
@@ -164,9 +165,11 @@ class Appender:
         self.stream_id = opts.stream
         self.producer_id = producer_id
         self.client = AsyncClient(
-            list(opts.pm), request_timeout_ms=opts.timeout_ms, retry_deadline_ms=opts.timeout_ms
+            list(opts.pm), request_timeout_ms=opts.timeout_ms, retry_deadline_ms=opts.timeout_ms,
+            **opts.security.client_kwargs(),
         )
-        self.pool = ConnectionPool()
+        creds, ssl_context = client_security(opts.pm, **opts.security.client_kwargs())
+        self.pool = ConnectionPool(ssl_context=ssl_context, authenticator=creds)
         self.range: Range | None = None
         self.stored_through = -1  # the highest sequence an earlier, sealed range already holds
         self.duplicates = 0
