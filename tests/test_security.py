@@ -366,3 +366,110 @@ async def test_protected_mode_refuses_remote_clients_and_says_why() -> None:
 def test_samples_cover_every_request_opcode() -> None:
     assert {s.OPCODE for s in _requests()} == set(Opcode)
     assert dataclasses.is_dataclass(_requests()[0])
+
+
+# ------------------------------------------------------------------ token renewal
+
+
+async def test_sdk_renews_its_token_before_expiry(tmp_path: Path) -> None:
+    """A connection whose token is past 80% of its life authenticates again (a re-read token
+    file here) before its next request; the server sees the second token."""
+    from sbpstream.auth.client import Credentials
+    from sbpstream.auth.gate import PM_NODE_ONLY, ServerAuth, claims_of
+    from sbpstream.net.client import ConnectionPool
+    from sbpstream.net.server import Request, Responder
+
+    secret = b"r" * 32
+    key = tokens.derive_key(secret)
+    gate = ServerAuth(secret, PM_NODE_ONLY, {})
+    seen: list[str] = []
+
+    async def who(req: Request, resp: Responder) -> None:
+        claims = claims_of(req.conn)
+        seen.append(claims.principal if claims else "")
+        await resp.send(m.DescribeStreamsResponse().encode())
+
+    server = Server(gate.wrap({Opcode.DESCRIBE_STREAMS: who}), gate=gate)
+    await server.start()
+    now = tokens_now()
+    token_file = tmp_path / "token"
+    # issued 100 s ago, valid 20 s more: past its renewal point already
+    token_file.write_text(tokens.sign(tokens.Claims("first", tokens.KIND_USER, now - 100_000,
+                                                    now + 20_000), key))
+    creds = Credentials(token_file=str(token_file), pm=(server.address,))
+    pool = ConnectionPool(authenticator=creds)
+    try:
+        conn = await pool.get(server.address)
+        await conn.request(Opcode.DESCRIBE_STREAMS, b"", timeout_s=5)
+        assert creds.due(conn)
+        token_file.write_text(tokens.sign(tokens.Claims("second", tokens.KIND_USER, now,
+                                                        now + 600_000), key))
+        again = await pool.get(server.address)
+        assert again is conn and not creds.due(conn)  # renewed on the same connection
+        await again.request(Opcode.DESCRIBE_STREAMS, b"", timeout_s=5)
+        assert seen == ["first", "second"]
+    finally:
+        await pool.close()
+        await server.close()
+
+
+# ------------------------------------------------------------------ up --secure and the CLI
+
+
+def test_up_secure_prints_admin_credentials_that_work(tmp_path: Path) -> None:
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from waiting import eventually
+
+    from sbpstream.net.ports import free_port
+
+    exe = str(Path(sys.executable).with_name("sbpstream"))
+    pm_port, dn_port = free_port(), free_port()
+    out = tmp_path / "up.out"
+    with open(out, "wb") as o:
+        proc = subprocess.Popen([exe, "up", "--secure", "--dir", str(tmp_path / "d"),
+                                 "--datanodes", "1", "--pm-port", str(pm_port),
+                                 "--dn-port", str(dn_port)],
+                                stdout=o, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        eventually(lambda: proc.poll() is not None or "SBPSTREAM_TLS_CA=" in out.read_text(),
+                   timeout=90, what="up --secure's credentials")
+        text = out.read_text()
+        env = dict(os.environ, SBPSTREAM_PM=f"127.0.0.1:{pm_port}")
+        for name in ("SBPSTREAM_USER", "SBPSTREAM_PASSWORD", "SBPSTREAM_TLS_CA"):
+            match = re.search(rf"export {name}=(\S+)", text)
+            assert match, text
+            env[name] = match.group(1)
+
+        def sbp(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60,
+                                  env={**env, **extra}, check=False)
+
+        created = sbp("stream", "create")
+        assert created.returncode == 0, created.stderr
+        assert sbp("user", "add", "bob", "--user-password", "bob-pw").returncode == 0
+        assert sbp("acl", "add", "bob", "describe", f"stream:{created.stdout.strip()}"
+                   ).returncode == 0
+        assert "bob\tdescribe\tstream:" in sbp("acl", "list", "bob").stdout
+        assert sbp("user", "list").stdout.split() == ["admin", "bob"]
+        as_bob = {"SBPSTREAM_USER": "bob", "SBPSTREAM_PASSWORD": "bob-pw"}
+        denied = sbp("stream", "create", **as_bob)
+        assert denied.returncode != 0 and "AUTHORIZATION_FAILED" in denied.stderr
+        wrong = sbp("stream", "list", SBPSTREAM_PASSWORD="wrong")
+        assert wrong.returncode != 0 and "AUTHENTICATION_FAILED" in wrong.stderr
+        assert sbp("user", "delete", "bob").returncode == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            for name in ("pm", "dn0"):
+                pid = tmp_path / "d" / "run" / f"{name}.pid"
+                if pid.exists():
+                    os.kill(int(pid.read_text()), signal.SIGKILL)
+            proc.wait(10)
