@@ -473,3 +473,84 @@ def test_up_secure_prints_admin_credentials_that_work(tmp_path: Path) -> None:
                 if pid.exists():
                     os.kill(int(pid.read_text()), signal.SIGKILL)
             proc.wait(10)
+
+
+@pytest.mark.adversity
+async def test_rereplication_under_tls_and_auth(tmp_path: Path, certs: Path) -> None:
+    """A replica of a sealed range is SIGKILLed for good: the PM picks another node, which
+    copies the range from a survivor over TLS with a node token; the copy reads back whole."""
+    from cluster_helpers import node_at
+    from waiting import eventually_async
+
+    from sbpstream.auth.client import Credentials
+    from sbpstream.records import iter_all_records
+
+    records = 1000
+    with LocalCluster(tmp_path / "c", datanodes=4, heartbeat_interval_ms=200,
+                      node_timeout_ms=1500, secure=certs) as cl:
+        await bootstrap_admin(cl.pm_address, certs, *ADMIN)
+        async with _client(cl, certs, *ADMIN) as client:
+            (sid,) = await client.create_streams(1, replica_nums=3)
+            async with client.producer(linger_ms=2) as p:
+                futs = [await p.send(sid, b"v%06d" % i) for i in range(records)]
+                await p.flush()
+            assert sorted([f.result() for f in futs]) == list(range(records))
+            await client.routing.seal(sid, 0)
+            r0 = (await client.list_ranges(sid))[0]
+            before = {rn.data_node.node_id for rn in r0.replica_nodes}
+            victim = next(rn for rn in r0.replica_nodes if not rn.is_primary).data_node
+            node_at(cl, victim.advertise_addr).kill()
+
+            async def repaired() -> m.Range | None:
+                rng = (await client.list_ranges(sid))[0]
+                ids = {rn.data_node.node_id for rn in rng.replica_nodes}
+                return rng if len(ids) == 3 and victim.node_id not in ids else None
+
+            rng = await eventually_async(repaired, timeout=60, interval=0.2,
+                                         what="range 0 re-replicated")
+        (new_id,) = {rn.data_node.node_id for rn in rng.replica_nodes} - before
+        new_addr = next(rn.data_node.advertise_addr for rn in rng.replica_nodes
+                        if rn.data_node.node_id == new_id)
+        creds = Credentials(user=ADMIN[0], password=ADMIN[1], pm=(cl.pm_address,),
+                            tls=TlsConfig(ca=str(certs / CA_FILE)))
+        conn = await Connection.open(new_addr, ssl_context=creds.ssl_context,
+                                     authenticator=creds)
+        values: list[bytes] = []
+        try:
+            while len(values) < records:
+                at = len(values)
+                req = m.FetchRequest(max_wait_ms=0, min_bytes=1, items=(m.FetchItem(
+                    sid, 0, len(values), 1 << 20, 0),))
+                for f in await conn.request(Opcode.FETCH, req.encode(), timeout_s=10):
+                    for r in iter_all_records(bytes(f.payload), start_offset=len(values)):
+                        if r.offset < records:
+                            values.append(bytes(r.value or b""))
+                assert len(values) > at, f"the new replica returned nothing at {at}"
+        finally:
+            await conn.aclose()
+        assert values == [b"v%06d" % i for i in range(records)]
+
+
+async def test_admin_http_port_serves_https(certs: Path) -> None:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from sbpstream.auth.config import SERVER_CERT, SERVER_KEY
+    from sbpstream.net.admin import MetricsExporter, Sample
+
+    exporter = MetricsExporter(lambda: [Sample("sbpstream_test", "gauge", "a test", 1)],
+                               tls=TlsConfig(str(certs / SERVER_CERT), str(certs / SERVER_KEY),
+                                             str(certs / CA_FILE)))
+    await exporter.start()
+    try:
+        url = f"https://127.0.0.1:{exporter.port}/metrics"
+        ctx = ssl.create_default_context(cafile=str(certs / CA_FILE))
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(url, context=ctx, timeout=10).read())
+        assert b"sbpstream_test 1.0" in body
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            await asyncio.to_thread(lambda: urllib.request.urlopen(
+                f"http://127.0.0.1:{exporter.port}/metrics", timeout=10).read())
+    finally:
+        await exporter.close()
