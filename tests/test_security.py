@@ -554,3 +554,26 @@ async def test_admin_http_port_serves_https(certs: Path) -> None:
                 f"http://127.0.0.1:{exporter.port}/metrics", timeout=10).read())
     finally:
         await exporter.close()
+
+
+def test_certs_init_command(tmp_path: Path) -> None:
+    import stat
+
+    from typer.testing import CliRunner
+
+    from sbpstream.cli import app
+
+    r = CliRunner().invoke(app, ["certs", "init", str(tmp_path / "c"), "--host", "pm.example"])
+    assert r.exit_code == 0, r.output
+    names = {p.name for p in (tmp_path / "c").iterdir()}
+    assert names == {"ca.pem", "ca-key.pem", "server.pem", "server-key.pem", "client.pem",
+                     "client-key.pem", "cluster.secret"}
+    for private in ("ca-key.pem", "server-key.pem", "client-key.pem", "cluster.secret"):
+        assert stat.S_IMODE((tmp_path / "c" / private).stat().st_mode) == 0o600
+    assert len(read_secret(str(tmp_path / "c" / SECRET_FILE))) == 32
+    pem = (tmp_path / "c" / "server.pem").read_bytes()
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificates(pem)[0]
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "pm.example" in sans.get_values_for_type(x509.DNSName)
