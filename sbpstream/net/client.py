@@ -11,7 +11,9 @@ connection closes. A framing error from the server fails every pending request (
 read), sends GOAWAY and closes.
 Frames not yet consumed count against ``MAX_BUFFERED_RESPONSE_BYTES``; past it the client stops
 reading the socket. :class:`ConnectionPool` keeps one connection per address and reconnects on
-demand.
+demand. A connection may run over TLS (the server verified against a CA) and be authenticated by
+an :class:`Authenticator` when opened; the pool has it authenticate again once due (token
+renewal, docs/security.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,12 @@ system error frame on its request id. A connection drains the same way on every 
 error, a GOAWAY either way, the idle timeout, server shutdown): GOAWAY with ``last_stream_id`` =
 the highest request id it accepted, no new requests, the accepted ones answered, then close,
 bounded by ``drain_timeout_s`` (``DEFAULT_DRAIN_TIMEOUT_S``). A peer's half-close (EOF) drains
-too: what it sent before is answered.
+too: what it sent before is answered (over TLS, which has no half-close, the connection closes).
+
+Security (docs/security.md): a listener serves TLS when given an SSL context; a
+:class:`ConnectionGate` (auth on) is asked about every request frame before dispatch and may
+answer it with an error instead; protected mode refuses non-loopback peers with a GOAWAY saying
+why.
 """
 
 from __future__ import annotations
