@@ -30,6 +30,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer.exceptions import TyperException
 
+from sbpstream.cli_security import (
+    AllowRemoteOption,
+    AuthOption,
+    SecretFileOption,
+    TlsCaOption,
+    TlsCertOption,
+    TlsKeyOption,
+    print_admin_credentials,
+    secure_certs,
+    security_config,
+)
+from sbpstream.cli_security import add_commands as add_security_commands
 from sbpstream.client import AsyncClient, Client, Range, Stream
 from sbpstream.client._sync_support import RecordFuture
 from sbpstream.client.aclient import compile_stream_pattern
@@ -87,6 +99,7 @@ stream_app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(stream_app, name="stream")
+add_security_commands(app)  # certs, user, acl (sbpstream/cli_security.py)
 
 PmOption = Annotated[
     str,
@@ -273,8 +286,20 @@ def _root(
     version: Annotated[bool, typer.Option(
         "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
                        ] = False,
+    user: Annotated[str, typer.Option("--user", help="Authenticate as this user "
+                                      "(env SBPSTREAM_USER).")] = "",
+    password: Annotated[str, typer.Option("--password", help="The user's password "
+                                          "(env SBPSTREAM_PASSWORD).")] = "",
+    token_file: Annotated[str, typer.Option("--token-file", help="Authenticate with the token "
+                                            "in this file (env SBPSTREAM_TOKEN_FILE).")] = "",
+    tls_ca: Annotated[str, typer.Option("--tls-ca", help="Connect over TLS, verifying servers "
+                                        "against this CA (env SBPSTREAM_TLS_CA).")] = "",
 ) -> None:
-    pass
+    # handed to the SDK through its environment variables (docs/security.md)
+    for name, value in (("SBPSTREAM_USER", user), ("SBPSTREAM_PASSWORD", password),
+                        ("SBPSTREAM_TOKEN_FILE", token_file), ("SBPSTREAM_TLS_CA", tls_ca)):
+        if value:
+            os.environ[name] = value
 
 
 def _client(pm: str, timeout_ms: int) -> AsyncClient:
@@ -328,6 +353,9 @@ def up(
         "--admin-port", "--metrics-port",
         help="Admin HTTP ports (web console, /v1 JSON, Prometheus /metrics): the PM on this "
         "port, data node i on this port + 1 + i.")] = 12380,
+    secure: Annotated[bool, typer.Option(
+        "--secure", help="TLS and authentication everywhere (certificates under DIR/certs); "
+        "prints the admin credentials.")] = False,
 ) -> None:
     """Run a whole local cluster (PM on SQLite + N data nodes) in the foreground, supervised.
 
@@ -343,6 +371,7 @@ def up(
         directory, datanodes=datanodes, pm_port=pm_port, dn_port=dn_port, host=host,
         fsync=fsync, heartbeat_interval_ms=heartbeat_interval_ms, node_timeout_ms=node_timeout_ms,
         metrics_port=admin_port, pid_files=True,
+        secure=secure_certs(directory) if secure else None,
     )
     ports = [n.port for n in cluster.nodes]
     ports += [n.metrics_port for n in cluster.nodes if n.metrics_port is not None]
@@ -359,7 +388,14 @@ def up(
         except KeyboardInterrupt:
             _shut_down(cluster)
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        _print_banner(cluster, console=f"http://{host}:{admin_port}/")
+        scheme = "https" if secure else "http"
+        _print_banner(cluster, console=f"{scheme}://{host}:{admin_port}/")
+        if secure:
+            try:
+                print_admin_credentials(cluster)
+            except (SbpError, OSError) as exc:
+                _shut_down(cluster)
+                fail(f"could not create the admin user: {exc}")
         supervisor = Supervisor(
             cluster, lambda line: err_console.print(line, markup=False, soft_wrap=True))
         try:
@@ -463,17 +499,27 @@ def pm_server(
                             ] = -1,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
                          ] = "INFO",
+    tls_cert: TlsCertOption = "",
+    tls_key: TlsKeyOption = "",
+    tls_ca: TlsCaOption = "",
+    auth: AuthOption = False,
+    secret_file: SecretFileOption = "",
+    allow_remote_unauthenticated: AllowRemoteOption = False,
 ) -> None:
     """Run one placement manager (metadata, placement, liveness) in the foreground."""
 
     from sbpstream.pm.config import PmConfig, sqlite_path
     from sbpstream.pm.server import run_pm
 
+    security = security_config(tls_cert, tls_key, tls_ca, auth, secret_file,
+                               allow_remote_unauthenticated)
     config = PmConfig(metadata=metadata, port=port, host=host, advertise=advertise,
                       heartbeat_interval_ms=heartbeat_interval_ms,
-                      node_timeout_ms=node_timeout_ms, metrics_port=metrics_port)
+                      node_timeout_ms=node_timeout_ms, metrics_port=metrics_port,
+                      security=security)
     try:
         config.validate()
+        security.validate()
         if not metadata.startswith("etcd://"):
             sqlite_path(metadata).parent.mkdir(parents=True, exist_ok=True)
     except (ValueError, OSError) as exc:
@@ -516,6 +562,12 @@ def datanode_server(
                             ] = -1,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
                          ] = "INFO",
+    tls_cert: TlsCertOption = "",
+    tls_key: TlsKeyOption = "",
+    tls_ca: TlsCaOption = "",
+    auth: AuthOption = False,
+    secret_file: SecretFileOption = "",
+    allow_remote_unauthenticated: AllowRemoteOption = False,
 ) -> None:
     """Run one data node (stores and serves record batches) in the foreground."""
 
@@ -529,7 +581,10 @@ def datanode_server(
             advertise=advertise, heartbeat_interval_ms=heartbeat_interval_ms,
             metrics_interval_ms=metrics_interval_ms, fsync=FsyncPolicy(fsync),
             fsync_interval_ms=fsync_interval_ms, metrics_port=metrics_port,
+            security=security_config(tls_cert, tls_key, tls_ca, auth, secret_file,
+                                     allow_remote_unauthenticated),
         )
+        config.security.validate()
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,

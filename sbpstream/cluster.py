@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, SERVER_CERT, SERVER_KEY
 from sbpstream.net.ports import free_port
 from sbpstream.protocol.frame import FrameDecoder, encode_frame
 from sbpstream.protocol.opcodes import Opcode
@@ -41,11 +43,16 @@ RESTART_STABLE_S = 60.0
 SUPERVISE_POLL_S = 0.2  # how often the supervisor looks at its children
 
 
-def ping(address: str, timeout_s: float = 1.0) -> bool:
-    """True when something at ``address`` answers an SBP PING."""
+def ping(address: str, timeout_s: float = 1.0, tls_ca: str = "") -> bool:
+    """True when something at ``address`` answers an SBP PING (over TLS, verified against
+    ``tls_ca``, when given; PING needs no authentication)."""
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+        with contextlib.ExitStack() as stack:
+            s = stack.enter_context(socket.create_connection((host, int(port)), timeout_s))
+            if tls_ca:
+                ctx = ssl.create_default_context(cafile=tls_ca)
+                s = stack.enter_context(ctx.wrap_socket(s, server_hostname=host))
             s.settimeout(timeout_s)
             s.sendall(encode_frame(Opcode.PING, 1, 0))
             d = FrameDecoder()
@@ -73,6 +80,7 @@ class Node:
     env: dict[str, str] = field(default_factory=dict)
     pid_path: Path | None = None  # written at each start, removed at stop/kill
     metrics_port: int | None = None  # its Prometheus /metrics port, when serving one
+    tls_ca: str = ""  # set when it serves TLS: readiness pings verify it against this CA
 
     @property
     def address(self) -> str:
@@ -111,7 +119,7 @@ class Node:
                 raise RuntimeError(
                     f"{self.name} exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
                 )
-            if ping(self.address, 0.5):
+            if ping(self.address, 0.5, self.tls_ca):
                 return
             time.sleep(0.05)
         raise TimeoutError(
@@ -157,6 +165,12 @@ class Node:
             self.proc.send_signal(signal.SIGCONT)
 
 
+def secure_args(certs: Path) -> list[str]:
+    """The flags of a PM or data node serving TLS with auth on, from a ``certs init`` dir."""
+    return ["--tls-cert", str(certs / SERVER_CERT), "--tls-key", str(certs / SERVER_KEY),
+            "--tls-ca", str(certs / CA_FILE), "--auth", "--secret-file", str(certs / SECRET_FILE)]
+
+
 class LocalCluster:
     """A PM on SQLite and ``datanodes`` data nodes under ``directory``.
 
@@ -181,8 +195,15 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         metrics_port: int | None = None,
         pid_files: bool = False,
+        secure: Path | None = None,
     ) -> None:
+        """``secure``: a directory made by ``sbpstream certs init``: every process serves TLS
+        with its certificates and authenticates with its cluster secret (docs/security.md)."""
         self.directory = Path(directory)
+        self.secure = secure
+        sec_args = secure_args(secure) if secure is not None else []
+        extra_pm_args = [*sec_args, *(extra_pm_args or [])]
+        extra_dn_args = [*sec_args, *(extra_dn_args or [])]
         self.host = host
         self.env = env or {}
         self.metrics_port = metrics_port
@@ -213,6 +234,7 @@ class LocalCluster:
             env=self.env,
             pid_path=self._pid_path("pm"),
             metrics_port=metrics_port,
+            tls_ca=str(secure / CA_FILE) if secure is not None else "",
         )
         self.datanodes: list[Node] = []
         self._dn_args = list(extra_dn_args or [])
@@ -267,6 +289,7 @@ class LocalCluster:
             "datanode", f"dn{i}", port, [*args, *self._dn_args],
             self.directory / "logs" / f"dn{i}.log", self.host, env=self.env,
             pid_path=self._pid_path(f"dn{i}"), metrics_port=metrics_port,
+            tls_ca=self.pm.tls_ca,
         )
         self.datanodes.append(node)
         return node

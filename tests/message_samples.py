@@ -110,4 +110,11 @@ SAMPLES: list[m.Message] = [
     m.QuotaCountersRequest(1_000),
     m.QuotaCountersResponse(14, ERR, (m.QuotaCounter("c/client-1/produce", -7, 4, 2),), 10_000, 3,
                             (QUOTA,)),
+    m.AuthenticateRequest("SCRAM-SHA-256", b"n,,n=alice,r=abc"),
+    m.AuthenticateResponse(ERR, b"r=abcdef,s=c2FsdA==,i=4096", "tok.sig", 1_700_000_060_000,
+                           "alice", True),
+    m.ManageUsersRequest(1, "alice", "secret"),
+    m.ManageUsersResponse(ERR, (m.UserEntry("alice"), m.UserEntry("bob"))),
+    m.ManageAclsRequest(1, m.AclEntry("alice", "append,fetch", "prefix:orders-"), "alice"),
+    m.ManageAclsResponse(ERR, (m.AclEntry("bob", "describe", "stream:42"),)),
 ]

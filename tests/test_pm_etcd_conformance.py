@@ -457,3 +457,43 @@ async def test_quotas_set_replace_delete_persist(backend: Backend) -> None:
     assert "no quota for client/nope" in outs[1].message
     s = await backend.reopen()
     assert sorted(q.key for q in await s.list_quotas()) == ["client/app-1", "stream/7"]
+
+
+# ---- auth records (issue 23): users and ACL rules, both backends
+
+
+async def test_auth_records_users_and_acls_survive_reopen(backend: Backend) -> None:
+    from sbpstream.auth.acl import Op
+    from sbpstream.auth.records import AuthRecords
+    from sbpstream.auth.scram import ScramLogin
+
+    recs = AuthRecords(backend.store)
+    await recs.add_user("alice", "pw-a")
+    await recs.add_user("bob", "pw-b")
+    with pytest.raises(InvalidRequestError):
+        await recs.add_rule("carol", "fetch", "*")  # no such user
+    await recs.add_rule("alice", "append", "stream:7")
+    await recs.add_rule("alice", "fetch", "stream:7")  # merged into one rule
+    await recs.add_rule("bob", "describe", "prefix:1")
+    raw = await backend.store.auth_get("user", "alice")
+    assert raw is not None and "pw-a" not in raw  # salted and hashed, never the password
+
+    store = await backend.reopen()
+    recs = AuthRecords(store)
+    assert await recs.list_users() == ["alice", "bob"]
+    rules = await recs.rules()
+    assert [(r.principal, r.ops, r.resource) for r in rules] == [
+        ("alice", frozenset({Op.APPEND, Op.FETCH}), "stream:7"),
+        ("bob", frozenset({Op.DESCRIBE}), "prefix:1"),
+    ]
+    cred = await recs.credential("alice")
+    assert cred is not None and ScramLogin("alice", cred).known
+
+    await recs.delete_rule("alice", "append", "stream:7")
+    assert [r.ops for r in await recs.rules("alice")] == [frozenset({Op.FETCH})]
+    await recs.delete_user("bob")  # its rules go with it
+    assert await recs.list_users() == ["alice"]
+    assert [r.principal for r in await recs.rules()] == ["alice"]
+    with pytest.raises(InvalidRequestError):
+        await recs.delete_user("bob")
+    assert await store.auth_delete("user", "nobody") is False

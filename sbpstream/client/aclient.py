@@ -21,6 +21,7 @@ import socket
 from collections.abc import Sequence
 from typing import Final, TypeVar
 
+from sbpstream.auth.client import client_security
 from sbpstream.client.consumer import DEFAULT_WINDOW_BYTES, AsyncConsumer
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts, is_connection_error
@@ -50,6 +51,7 @@ from sbpstream.protocol.frame import Frame
 from sbpstream.protocol.limits import DEFAULT_CONNECT_TIMEOUT_S
 from sbpstream.protocol.messages import (
     STATUS_OK,
+    AclEntry,
     ClientRole,
     CreateStreamItem,
     CreateStreamsRequest,
@@ -66,6 +68,10 @@ from sbpstream.protocol.messages import (
     DescribeStreamsRequest,
     DescribeStreamsResponse,
     HeartbeatRequest,
+    ManageAclsRequest,
+    ManageAclsResponse,
+    ManageUsersRequest,
+    ManageUsersResponse,
     Message,
     Quota,
     QuotaCountersRequest,
@@ -127,6 +133,12 @@ class AsyncClient:
         retry_deadline_ms: int = 30_000,
         connect_timeout_ms: int = int(DEFAULT_CONNECT_TIMEOUT_S * 1000),
         client_id: str | None = None,
+        user: str = "",
+        password: str = "",
+        token_file: str = "",
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
     ) -> None:
         self.pm_addresses: list[str] = pm_addresses(pm)
         #: Sent in HEARTBEAT to the PM and the data nodes this client uses; data nodes apply
@@ -136,7 +148,13 @@ class AsyncClient:
         self._ends: dict[int, int] = {}
         self.request_timeout_ms = request_timeout_ms
         self.retry = RetryPolicy(deadline_ms=retry_deadline_ms)
-        self._pool = ConnectionPool(connect_timeout_s=connect_timeout_ms / 1000)
+        # security (docs/security.md): arguments, else $SBPSTREAM_USER, _PASSWORD, _TOKEN_FILE,
+        # _TLS_CA; TLS when a CA is given, credentials when a user or token file is
+        self.credentials, ssl_context = client_security(
+            self.pm_addresses, user=user, password=password, token_file=token_file,
+            tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        self._pool = ConnectionPool(connect_timeout_s=connect_timeout_ms / 1000,
+                                    ssl_context=ssl_context, authenticator=self.credentials)
         self._leader: str | None = None
         #: The range cache and data-node requests, shared by this client's producers and
         #: consumers (see :class:`~sbpstream.client.routing.RangeRouter`).
@@ -590,6 +608,36 @@ class AsyncClient:
         )
 
     # ------------------------------------------------------------------- plumbing (SDK use)
+
+    # ------------------------------------------------------------------ users and ACLs (admin)
+
+    async def add_user(self, user: str, password: str) -> None:
+        """Add a user, or set a user's password (needs ``admin``)."""
+        await self._pm_call(ManageUsersRequest(1, user, password), ManageUsersResponse)
+
+    async def delete_user(self, user: str) -> None:
+        """Delete a user and its ACL rules (needs ``admin``)."""
+        await self._pm_call(ManageUsersRequest(2, user), ManageUsersResponse)
+
+    async def list_users(self) -> list[str]:
+        resp = await self._pm_call(ManageUsersRequest(3), ManageUsersResponse)
+        return [u.name for u in resp.users]
+
+    async def add_acl(self, principal: str, operations: str, resource: str) -> None:
+        """Grant ``operations`` (``append,fetch``, or ``all``) on ``resource`` (``*``,
+        ``stream:ID`` or ``prefix:TEXT``) to ``principal`` (needs ``admin``)."""
+        await self._pm_call(ManageAclsRequest(1, AclEntry(principal, operations, resource)),
+                            ManageAclsResponse)
+
+    async def delete_acl(self, principal: str, resource: str, operations: str = "all") -> None:
+        await self._pm_call(ManageAclsRequest(2, AclEntry(principal, operations, resource)),
+                            ManageAclsResponse)
+
+    async def list_acls(self, principal: str = "") -> list[tuple[str, str, str]]:
+        """(principal, operations, resource) of every rule, or of ``principal``'s."""
+        resp = await self._pm_call(ManageAclsRequest(3, principal=principal),
+                                   ManageAclsResponse)
+        return [(a.principal, a.operations, a.resource) for a in resp.acls]
 
     async def _pm_call(self, req: Message, resp_cls: type[M]) -> M:
         """Send ``req`` to the PM leader and decode the answer; follows redirects and retries.

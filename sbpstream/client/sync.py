@@ -49,6 +49,12 @@ class Client(ClientBase):
         retry_deadline_ms: int = 30000,
         connect_timeout_ms: int = 5000,
         client_id: str | None = None,
+        user: str = "",
+        password: str = "",
+        token_file: str = "",
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
     ) -> None:
         """Asyncio client of an sbpstream cluster.
 
@@ -67,6 +73,12 @@ class Client(ClientBase):
             retry_deadline_ms=retry_deadline_ms,
             connect_timeout_ms=connect_timeout_ms,
             client_id=client_id,
+            user=user,
+            password=password,
+            token_file=token_file,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
 
     def close(self) -> None:
@@ -282,6 +294,30 @@ class Client(ClientBase):
             subscribe=subscribe,
             window_bytes=window_bytes,
         ))
+
+    def add_user(self, user: str, password: str) -> None:
+        """Add a user, or set a user's password (needs ``admin``)."""
+        self._runner.run(self._async.add_user(user, password))
+
+    def delete_user(self, user: str) -> None:
+        """Delete a user and its ACL rules (needs ``admin``)."""
+        self._runner.run(self._async.delete_user(user))
+
+    def list_users(self) -> list[str]:
+        return self._runner.run(self._async.list_users())
+
+    def add_acl(self, principal: str, operations: str, resource: str) -> None:
+        """Grant ``operations`` (``append,fetch``, or ``all``) on ``resource`` (``*``,
+        ``stream:ID`` or ``prefix:TEXT``) to ``principal`` (needs ``admin``).
+        """
+        self._runner.run(self._async.add_acl(principal, operations, resource))
+
+    def delete_acl(self, principal: str, resource: str, operations: str = "all") -> None:
+        self._runner.run(self._async.delete_acl(principal, resource, operations))
+
+    def list_acls(self, principal: str = "") -> list[tuple[str, str, str]]:
+        """(principal, operations, resource) of every rule, or of ``principal``'s."""
+        return self._runner.run(self._async.list_acls(principal))
 
 
 class Producer(ProducerBase):

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sbpstream.auth.cli_args import add_security_args, security_from_args
 from sbpstream.datanode.config import DEFAULT_HOST, DEFAULT_PM, DataNodeConfig
 from sbpstream.datanode.limits import DEFAULT_COMPACTION_INTERVAL_MS, DEFAULT_RETENTION_INTERVAL_MS
 from sbpstream.datanode.node import run_datanode
@@ -36,6 +37,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="serve Prometheus /metrics over HTTP on this port (-1: off, 0: any)")
     p.add_argument("--log-level", default="INFO")
+    add_security_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=a.log_level.upper(), format=LOG_FORMAT)
     try:
@@ -45,7 +47,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
             metrics_interval_ms=a.metrics_interval_ms, fsync=FsyncPolicy(a.fsync),
             fsync_interval_ms=a.fsync_interval_ms,
             retention_interval_ms=a.retention_interval_ms,
-            compaction_interval_ms=a.compaction_interval_ms, metrics_port=a.metrics_port)
+            compaction_interval_ms=a.compaction_interval_ms, metrics_port=a.metrics_port,
+            security=security_from_args(a))
     except ValueError as exc:
         p.error(str(exc))
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from sbpstream.auth.config import SecurityConfig
 from sbpstream.datanode.limits import (
     DEFAULT_COMPACTION_INTERVAL_MS,
     DEFAULT_FETCH_FRAME_BYTES,
@@ -38,6 +39,8 @@ class DataNodeConfig:
     fetch_frame_bytes: int = DEFAULT_FETCH_FRAME_BYTES
     metrics_port: int = -1
     """Prometheus ``/metrics`` over HTTP on this port (host = ``host``); -1 = off, 0 = any."""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """TLS, auth, protected mode (docs/security.md)."""
 
     def __post_init__(self) -> None:
         if not self.pm:

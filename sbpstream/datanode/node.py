@@ -19,6 +19,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from sbpstream.auth.gate import DATANODE_NODE_ONLY, DATANODE_RULES
+from sbpstream.auth.setup import server_security
 from sbpstream.datanode.append import AppendHandler
 from sbpstream.datanode.config import DataNodeConfig
 from sbpstream.datanode.context import NodeContext
@@ -83,7 +85,10 @@ class DataNode:
         self.directory = Path(config.directory)
         self.exporter: MetricsExporter | None = None
         self.metrics = Metrics(self.directory)
-        self.pool = ConnectionPool()
+        self.security = server_security(config.security, config.host, DATANODE_NODE_ONLY,
+                                        DATANODE_RULES, "node", pm=config.pm)
+        self.pool = ConnectionPool(ssl_context=self.security.client_ssl,
+                                   authenticator=self.security.credentials)
         self.pm = PmClient(config.pm, self.pool)
         self.ctx = NodeContext(config, self.metrics, self.pool, self.pm)
         self.port = config.port
@@ -136,10 +141,14 @@ class DataNode:
         handlers[Opcode.DELETE_STREAMS] = control.delete
         handlers[Opcode.HEARTBEAT] = self._client_heartbeat
         handlers[Opcode.QUOTA_COUNTERS] = self.ctx.quotas.counters
-        self.server = Server(handlers, name="datanode")
+        sec = self.security
+        self.server = Server(handlers, name="datanode", ssl_context=sec.ssl_context,
+                             gate=sec.gate, protected=sec.protected)
         self.introspector = Introspector(self.server, "datanode", node_id=lambda: self.node_id,
                                          streams=DataNodeStreams(self.ctx))
         self.server.handlers.update(self.introspector.handlers())  # INFO, STATS, CONNECTIONS...
+        if sec.gate is not None:  # every handler behind the gate, introspection included
+            self.server.handlers = sec.gate.wrap(self.server.handlers)
         await self.server.start(cfg.host, self.port)
         self.port = self.server.port
         self.introspector.start()
@@ -152,7 +161,8 @@ class DataNode:
         spawn(self._every(cfg.compaction_interval_ms, self._compact, "compaction"))
         if cfg.metrics_port >= 0:
             self.exporter = MetricsExporter(self.metric_samples, cfg.host, cfg.metrics_port,
-                                            routes=admin_routes(self.introspector))
+                                            routes=admin_routes(self.introspector),
+                                            tls=cfg.security.tls)
             await self.exporter.start()
         log.info("event=datanode_started node_id=%d address=%s dir=%s fsync=%s ranges=%d",
                  self.node_id, self.advertise, self.directory, cfg.fsync.value,

@@ -253,7 +253,10 @@ class Rereplicator:
     async def _copy_from(self, addr: str, r: Range) -> int:
         """Append [local next, end) fetched from ``addr``; returns the bytes copied."""
         store = self.ctx.store
-        conn = await Connection.open(addr, connect_timeout_s=COPY_CONNECT_TIMEOUT_S)
+        pool = self.ctx.pool  # its TLS and node credentials (auth on) serve this copy too
+        conn = await Connection.open(addr, connect_timeout_s=COPY_CONNECT_TIMEOUT_S,
+                                     ssl_context=pool.ssl_context,
+                                     authenticator=pool.authenticator)
         copied = 0
         try:
             offset = store.describe_range(r.stream_id, r.range_index).next_offset

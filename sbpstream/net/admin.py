@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from sbpstream.auth.config import TlsConfig
 from sbpstream.protocol.opcodes import Opcode
 
 log = logging.getLogger("sbpstream.net.admin")
@@ -87,7 +88,8 @@ class MetricsExporter:
     :attr:`port`)."""
 
     def __init__(self, collect: Collect, host: str = "127.0.0.1", port: int = 0,
-                 routes: list[Route] | None = None) -> None:
+                 routes: list[Route] | None = None, tls: TlsConfig | None = None) -> None:
+        self.tls = tls  # HTTPS when it has a certificate; client certificates per its CA
         self.host = host
         self._want_port = port
         self.port = 0
@@ -97,11 +99,14 @@ class MetricsExporter:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
+        from sbpstream.auth.tls import server_context
+
+        ctx = server_context(self.tls) if self.tls is not None else None
         self._server = await asyncio.start_server(self._serve, self.host, self._want_port,
-                                                  reuse_address=True)
+                                                  reuse_address=True, ssl=ctx)
         self.port = int(self._server.sockets[0].getsockname()[1])
-        log.info("event=admin_listening host=%s port=%d paths=/metrics,/v1", self.host,
-                 self.port)
+        log.info("event=admin_listening host=%s port=%d paths=/metrics,/v1 tls=%s", self.host,
+                 self.port, ctx is not None)
 
     async def close(self) -> None:
         if self._server is not None:

@@ -11,7 +11,9 @@ connection closes. A framing error from the server fails every pending request (
 read), sends GOAWAY and closes.
 Frames not yet consumed count against ``MAX_BUFFERED_RESPONSE_BYTES``; past it the client stops
 reading the socket. :class:`ConnectionPool` keeps one connection per address and reconnects on
-demand.
+demand. A connection may run over TLS (the server verified against a CA) and be authenticated by
+an :class:`Authenticator` when opened; the pool has it authenticate again once due (token
+renewal, docs/security.md).
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sbpstream.net.base import FrameProtocol
 from sbpstream.protocol.errors import (
+    AuthenticationFailedError,
     BadHeaderError,
     ClientTimeoutError,
     ConnectionClosedError,
@@ -79,6 +84,16 @@ def system_error_from(frame: Frame) -> SbpError:
     except SbpError:
         return error_for(ErrorCode.UNKNOWN, "undecodable system error frame")
     return error_for(st.code, st.message, st.detail)
+
+
+class Authenticator(Protocol):
+    """Authenticates a freshly opened connection, and again before its token expires
+    (:mod:`sbpstream.auth.client`). The net layer only calls it."""
+
+    async def authenticate(self, conn: Connection) -> None: ...
+
+    def due(self, conn: Connection) -> bool:
+        """True when ``conn`` must authenticate again before its next request."""
 
 
 @dataclass(slots=True)
@@ -148,6 +163,7 @@ class Connection(FrameProtocol):
         self._buffered = 0
         self.goaway: GoAway | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
+        self.auth_renew_at_ms = 0  # when this connection must authenticate again (0: never)
 
     @classmethod
     async def open(
@@ -156,16 +172,34 @@ class Connection(FrameProtocol):
         *,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         max_frame_length: int = MAX_FRAME_LENGTH,
+        ssl_context: ssl.SSLContext | None = None,
+        authenticator: Authenticator | None = None,
     ) -> Connection:
+        """Connect (over TLS when ``ssl_context`` is given: the server's certificate is verified
+        against its CA and its name), then authenticate when ``authenticator`` is given."""
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: cls(address, max_frame_length), host, port),
+                loop.create_connection(
+                    lambda: cls(address, max_frame_length), host, port, ssl=ssl_context,
+                    server_hostname=host if ssl_context is not None else None,
+                ),
                 connect_timeout_s,
             )
+        except ssl.SSLCertVerificationError as exc:
+            # not retriable: the server is not who the CA vouches for (or the CA is wrong)
+            raise AuthenticationFailedError(
+                f"TLS: {address} failed certificate verification: {exc.verify_message}"
+            ) from exc
         except (OSError, TimeoutError) as exc:
             raise ConnectionClosedError(f"cannot connect to {address}: {exc}") from exc
+        if authenticator is not None:
+            try:
+                await authenticator.authenticate(proto)
+            except BaseException:
+                proto.abort()
+                raise
         return proto
 
     @property
@@ -432,28 +466,38 @@ class ConnectionPool:
         *,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         max_frame_length: int = MAX_FRAME_LENGTH,
+        ssl_context: ssl.SSLContext | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self._conns: dict[str, Connection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.connect_timeout_s = connect_timeout_s
         self.max_frame_length = max_frame_length
+        self.ssl_context = ssl_context
+        self.authenticator = authenticator
         self._closed = False
 
     async def get(self, address: str) -> Connection:
         if self._closed:
             raise ConnectionClosedError("connection pool is closed")
         c = self._conns.get(address)
-        if c is not None and c.usable:
+        auth = self.authenticator
+        if c is not None and c.usable and (auth is None or not auth.due(c)):
             return c
         lock = self._locks.setdefault(address, asyncio.Lock())
         async with lock:
             c = self._conns.get(address)
             if c is not None and c.usable:
+                if auth is None or not auth.due(c):
+                    return c
+                await auth.authenticate(c)  # renew on the same connection, before expiry
                 return c
             c = await Connection.open(
                 address,
                 connect_timeout_s=self.connect_timeout_s,
                 max_frame_length=self.max_frame_length,
+                ssl_context=self.ssl_context,
+                authenticator=auth,
             )
             self._conns[address] = c
             return c
@@ -471,4 +515,7 @@ class ConnectionPool:
             await c.aclose()
 
 
-__all__ = ["Connection", "ConnectionPool", "ResponseStream", "parse_address", "system_error_from"]
+__all__ = [
+    "Authenticator", "Connection", "ConnectionPool", "ResponseStream", "parse_address",
+    "system_error_from",
+]

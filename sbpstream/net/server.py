@@ -14,17 +14,25 @@ system error frame on its request id. A connection drains the same way on every 
 error, a GOAWAY either way, the idle timeout, server shutdown): GOAWAY with ``last_stream_id`` =
 the highest request id it accepted, no new requests, the accepted ones answered, then close,
 bounded by ``drain_timeout_s`` (``DEFAULT_DRAIN_TIMEOUT_S``). A peer's half-close (EOF) drains
-too: what it sent before is answered.
+too: what it sent before is answered (over TLS, which has no half-close, the connection closes).
+
+Security (docs/security.md): a listener serves TLS when given an SSL context; a
+:class:`ConnectionGate` (auth on) is asked about every request frame before dispatch and may
+answer it with an error instead; protected mode refuses non-loopback peers with a GOAWAY saying
+why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final, Protocol
 
 from sbpstream.net.base import FrameProtocol
 from sbpstream.protocol.errors import ErrorCode, SbpError
@@ -83,6 +91,7 @@ class ServerStats:
     framing_errors: int = 0
     requests_bad_id: int = 0
     drains_expired: int = 0
+    requests_refused: int = 0  # by the gate (auth): answered, never dispatched
     by_opcode: dict[int, OpcodeCounters] = field(default_factory=dict)
     """Only opcodes with a handler are counted, so every key is a known Opcode."""
 
@@ -160,6 +169,31 @@ class Request:
 Handler = Callable[[Request, Responder], Awaitable[None]]
 
 
+class ConnectionGate(Protocol):
+    """Who may send what on a connection (:mod:`sbpstream.auth.gate`): asked for every request
+    frame the layer does not answer itself (PING, GOAWAY), before its handler runs."""
+
+    def refuse(self, conn: ServerConnection, opcode: int) -> SbpError | None:
+        """The error to answer with (nothing runs, nothing changes), or None to go on."""
+
+
+PROTECTED_MODE_MESSAGE: Final = (
+    "protected mode: this server listens beyond loopback with authentication off, so it "
+    "serves loopback clients only; turn auth on (--auth), or allow remote clients without it "
+    "(--allow-remote-unauthenticated)"
+)
+
+
+def _is_loopback_peer(transport: asyncio.BaseTransport) -> bool:
+    peer = transport.get_extra_info("peername")
+    if not isinstance(peer, tuple):
+        return True  # a Unix socket: local by construction
+    try:
+        return ipaddress.ip_address(str(peer[0]).split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
 class ServerConnection(FrameProtocol):
     def __init__(self, server: Server) -> None:
         super().__init__(server.max_frame_length)
@@ -191,6 +225,12 @@ class ServerConnection(FrameProtocol):
                 ErrorCode.LIMIT_EXCEEDED,
                 "too many connections" if not s.closing else "server shutting down",
             )
+            self.close()
+            return
+        if s.protected and not _is_loopback_peer(transport):
+            s.stats.connections_rejected += 1
+            log.warning("event=protected_mode_refused peer=%s", self.peer)
+            self.send_goaway(ErrorCode.AUTHENTICATION_REQUIRED, PROTECTED_MODE_MESSAGE)
             self.close()
             return
         s.connections.add(self)
@@ -227,7 +267,8 @@ class ServerConnection(FrameProtocol):
         self.input_ended = True
         self._arm_drain_timer()
         self._maybe_finish_drain()
-        return True  # keep the transport open for writing
+        # keep the transport open for writing; TLS has no half-close (asyncio closes it)
+        return self.server.ssl_context is None
 
     def send_goaway(self, code: int, message: str) -> None:
         hdr = GoAway(code=code, message=message, last_stream_id=self.highest_request_id).encode()
@@ -324,6 +365,13 @@ class ServerConnection(FrameProtocol):
                 op, frame.request_id, ErrorCode.SHUTTING_DOWN, "connection is draining after GOAWAY"
             )
             return
+        gate = self.server.gate
+        if gate is not None:
+            refusal = gate.refuse(self, op)
+            if refusal is not None:
+                self.server.stats.requests_refused += 1
+                self.send_system_error(op, frame.request_id, refusal.code, refusal.message)
+                return
         handler = self.server.handlers.get(op)
         if handler is None:
             self.send_system_error(
@@ -480,8 +528,14 @@ class Server:
         max_connections: int = MAX_CONNECTIONS,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
+        gate: ConnectionGate | None = None,
+        protected: bool = False,
     ) -> None:
         self.handlers = dict(handlers)
+        self.ssl_context = ssl_context  # TLS on the listener when set
+        self.gate = gate  # authentication and authorization when set
+        self.protected = protected  # refuse non-loopback peers (protected mode)
         self.name = name
         self.max_frame_length = max_frame_length
         self.max_in_flight = max_in_flight
@@ -501,12 +555,15 @@ class Server:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024
+            lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024,
+            ssl=self.ssl_context,
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         self._idle_task = loop.create_task(self._idle_loop())
-        log.info("event=listening server=%s host=%s port=%d", self.name, self.host, self.port)
+        log.info("event=listening server=%s host=%s port=%d tls=%s auth=%s protected=%s",
+                 self.name, self.host, self.port, self.ssl_context is not None,
+                 self.gate is not None, self.protected)
 
     @property
     def address(self) -> str:
@@ -550,6 +607,6 @@ class Server:
 
 
 __all__ = [
-    "FLAG_END", "Handler", "OpcodeCounters", "Request", "Responder", "Server", "ServerConnection",
-    "ServerStats",
+    "FLAG_END", "ConnectionGate", "Handler", "OpcodeCounters", "Request", "Responder", "Server",
+    "ServerConnection", "ServerStats",
 ]

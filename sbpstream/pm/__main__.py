@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 
+from sbpstream.auth.cli_args import add_security_args, security_from_args
 from sbpstream.net.loop import run
 from sbpstream.pm.config import (
     DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="serve Prometheus /metrics over HTTP on this port (-1: off, 0: any)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    add_security_args(p)
     return p
 
 
@@ -52,6 +54,7 @@ def config_from_args(args: argparse.Namespace) -> PmConfig:
         heartbeat_interval_ms=args.heartbeat_interval_ms,
         node_timeout_ms=args.node_timeout_ms,
         metrics_port=args.metrics_port,
+        security=security_from_args(args),
     )
 
 
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_args(args)
     try:
         config.validate()
+        config.security.validate()
     except ValueError as e:
         print(f"sbpstream pm: {e}", file=sys.stderr)
         return 2

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
+
+from sbpstream.auth.config import SecurityConfig
 
 DEFAULT_PM_PORT: Final = 12378
 """design.md section 8: everything that names the PM defaults to 127.0.0.1:12378."""
@@ -35,6 +37,8 @@ class PmConfig:
     """A data node silent this long is dead: its writable ranges are sealed and renewed."""
     metrics_port: int = -1
     """Prometheus ``/metrics`` over HTTP on this port (host = ``host``); -1 = off, 0 = any."""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """TLS, auth, protected mode (docs/security.md)."""
 
     def validate(self) -> None:
         """Raise ValueError with a message an operator can act on."""

@@ -327,6 +327,18 @@ class MetadataStore(Protocol):
         """Sealed range ``range_index``: its replica on ``old_node_id`` is now on
         ``new_node_id`` (re-replication). Idempotent once done."""
 
+    # ---- auth records (users, ACL rules): opaque to the store, their rules live in
+    # sbpstream.auth.records; durable like every other write, fenced on etcd
+    async def auth_get(self, kind: str, key: str) -> str | None: ...
+
+    async def auth_put(self, kind: str, key: str, value: str) -> None: ...
+
+    async def auth_delete(self, kind: str, key: str) -> bool:
+        """True if the record existed."""
+
+    async def auth_list(self, kind: str) -> list[tuple[str, str]]:
+        """Every (key, value) of ``kind``, by key."""
+
 
 
 def open_metadata(url: str) -> MetadataStore:

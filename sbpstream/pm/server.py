@@ -14,14 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from sbpstream.auth.gate import PM_NODE_ONLY, PM_RULES
+from sbpstream.auth.pmauth import PmAuth
+from sbpstream.auth.records import AuthRecords
+from sbpstream.auth.setup import server_security
 from sbpstream.introspect.cluster import ClusterView
 from sbpstream.introspect.figures import ATTR_CLIENT_ID, Introspector
 from sbpstream.introspect.http import routes as admin_routes
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
-from sbpstream.net.client import ConnectionPool
+from sbpstream.net.client import Authenticator, ConnectionPool
 from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.pm import metadata as md
 from sbpstream.pm.config import PmConfig
@@ -89,9 +94,12 @@ async def within(timeout_ms: int, what: str) -> AsyncIterator[None]:
 class WireDataNodeApi:
     """:class:`~sbpstream.pm.service.DataNodeApi` over SBP, one pooled connection per node."""
 
-    def __init__(self, service_addr: Callable[[int], str]) -> None:
+    def __init__(self, service_addr: Callable[[int], str],
+                 ssl_context: ssl.SSLContext | None = None,
+                 authenticator: Authenticator | None = None) -> None:
         self._addr_of = service_addr
-        self.pool = ConnectionPool(connect_timeout_s=DN_CONNECT_TIMEOUT_S)
+        self.pool = ConnectionPool(connect_timeout_s=DN_CONNECT_TIMEOUT_S,
+                                   ssl_context=ssl_context, authenticator=authenticator)
 
     def to_range(self, r: md.RangeMeta) -> m.Range:
         return m.Range(
@@ -227,7 +235,10 @@ class PmServer:
             assert isinstance(self.meta, EtcdMetadataStore)
             self.election = LeaderElection(self.meta, config.advertise,
                                            on_elected=self._on_elected)
-        self.dn = WireDataNodeApi(lambda nid: self.service.node_address(nid))
+        self.security = server_security(config.security, config.host, PM_NODE_ONLY, PM_RULES,
+                                        "pm")
+        self.dn = WireDataNodeApi(lambda nid: self.service.node_address(nid),
+                                  self.security.client_ssl, self.security.credentials)
         self.service = PmService(self.meta, self.dn, node_timeout_ms=config.node_timeout_ms)
         handlers: dict[int, Handler] = {
             Opcode.HEARTBEAT: self._heartbeat,
@@ -245,14 +256,21 @@ class PmServer:
             Opcode.DELETE_QUOTAS: self._delete_quotas,
             Opcode.DESCRIBE_QUOTAS: self._describe_quotas,
         }
+        gate = self.security.gate
+        self.auth: PmAuth | None = None
+        if gate is not None:
+            self.auth = PmAuth(gate, AuthRecords(self.meta), config.security.token_ttl_s)
+            handlers = gate.wrap({**handlers, **self.auth.handlers()})
         if self.election is not None:
             handlers = {op: self._leader_only(h) for op, h in handlers.items()}
-        self.server = Server(handlers, name="pm")
+        self.server = Server(handlers, name="pm", ssl_context=self.security.ssl_context,
+                             gate=gate, protected=self.security.protected)
         # INFO, STATS, CONNECTIONS, WHOAMI; served by followers too (their own figures)
         self.cluster = ClusterView(self.service, self.dn.pool, self.server)
         self.introspector = Introspector(self.server, "pm", streams=self.cluster,
                                          extra_info=self.cluster.overview)
-        self.server.handlers.update(self.introspector.handlers())
+        intro = self.introspector.handlers()
+        self.server.handlers.update(gate.wrap(intro) if gate is not None else intro)
         self._sweeper: asyncio.Task[None] | None = None
         self.repairer = Repairer(self.service)
         self._started = False
@@ -300,7 +318,8 @@ class PmServer:
         if self.config.metrics_port >= 0:
             self.exporter = MetricsExporter(self.metric_samples, self.config.host,
                                             self.config.metrics_port,
-                                            routes=admin_routes(self.introspector, self.cluster))
+                                            routes=admin_routes(self.introspector, self.cluster),
+                                            tls=self.config.security.tls)
             await self.exporter.start()
         log.info("event=pm_started address=%s metadata=%s heartbeat_interval_ms=%d "
                  "node_timeout_ms=%d", self.address, self.config.metadata,

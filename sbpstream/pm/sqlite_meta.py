@@ -141,6 +141,15 @@ _QUOTAS_TABLE: Final = (
 """Quotas (issue 22). Created at every open when missing, without a schema version bump: an
 older sbpstream opening the file ignores the table (it enforces no quotas)."""
 
+_AUTH_TABLE: Final = """CREATE TABLE IF NOT EXISTS auth_records (
+        kind TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (kind, key)
+    ) WITHOUT ROWID"""
+"""Users and ACL rules (sbpstream.auth.records): opaque values by kind and key."""
+
+
 _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
     1: ("ALTER TABLE streams ADD COLUMN name TEXT NOT NULL DEFAULT ''", _NAMES_TABLE,
         _NAMES_BY_STREAM),  # named streams (issue 20): old files have none
@@ -541,6 +550,8 @@ class SqliteMetadataStore:
             c.execute("PRAGMA synchronous = FULL")
             self._conn = c
             self._init_schema(c)
+            # auth records came after schema version 1: created on open, old files included
+            c.execute(_AUTH_TABLE)
         except sqlite3.OperationalError as e:
             c.close()
             self._conn = None
@@ -831,3 +842,32 @@ class SqliteMetadataStore:
     ) -> RangeMeta:
         return await self._run(self._write_one, lambda tx, _: rules.replace_replica(
             tx, stream_id, range_index, old_node_id, new_node_id))
+
+    # ------------------------------------------------------------------ auth records
+    async def auth_get(self, kind: str, key: str) -> str | None:
+        def get() -> str | None:
+            row = self._c.execute("SELECT value FROM auth_records WHERE kind = ? AND key = ?",
+                                  (kind, key)).fetchone()
+            return None if row is None else str(row[0])
+        return await self._run(get)
+
+    async def auth_put(self, kind: str, key: str, value: str) -> None:
+        def put() -> None:
+            with self._raw_tx() as c:
+                c.execute("INSERT OR REPLACE INTO auth_records (kind, key, value) "
+                          "VALUES (?, ?, ?)", (kind, key, value))
+        await self._run(put)
+
+    async def auth_delete(self, kind: str, key: str) -> bool:
+        def delete() -> bool:
+            with self._raw_tx() as c:
+                cur = c.execute("DELETE FROM auth_records WHERE kind = ? AND key = ?",
+                                (kind, key))
+                return cur.rowcount > 0
+        return await self._run(delete)
+
+    async def auth_list(self, kind: str) -> list[tuple[str, str]]:
+        def rows() -> list[tuple[str, str]]:
+            return [(str(k), str(v)) for k, v in self._c.execute(
+                "SELECT key, value FROM auth_records WHERE kind = ? ORDER BY key", (kind,))]
+        return await self._run(rows)

@@ -73,6 +73,11 @@ class ErrorCode(enum.IntEnum):
     INVALID_STREAM_CONFIG = 62
     METADATA_ERROR = 63
     FENCED_LEADER = 64
+    # --- 80-89 security (docs/security.md)
+    AUTHENTICATION_REQUIRED = 80
+    AUTHORIZATION_FAILED = 81
+    TOKEN_EXPIRED = 82
+    AUTHENTICATION_FAILED = 83
 
 
 class ClientErrorCode(enum.IntEnum):
@@ -337,6 +342,29 @@ class MetadataError(ServerFaultError, RetriableError):
 class FencedLeaderError(ServerFaultError, RedirectError):
     code = ErrorCode.FENCED_LEADER
     meaning = "the PM lost its leadership while writing"
+
+
+# ---- 80-89 security
+
+
+class AuthenticationRequiredError(RequestError, FatalError):
+    code = ErrorCode.AUTHENTICATION_REQUIRED
+    meaning = "auth is on: authenticate (AUTHENTICATE) before anything but PING"
+
+
+class AuthorizationFailedError(RequestError, FatalError):
+    code = ErrorCode.AUTHORIZATION_FAILED
+    meaning = "the principal's ACLs do not allow this operation on this resource"
+
+
+class TokenExpiredError(RequestError, RetriableError):
+    code = ErrorCode.TOKEN_EXPIRED
+    meaning = "the connection's token expired: authenticate again, then retry"
+
+
+class AuthenticationFailedError(RequestError, FatalError):
+    code = ErrorCode.AUTHENTICATION_FAILED
+    meaning = "unknown user, wrong password, or a forged token"
 
 
 # ---- 90-119 client side only

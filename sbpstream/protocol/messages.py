@@ -35,26 +35,27 @@ from sbpstream.protocol.fbtable import Codec, Table, parse_schema
 from sbpstream.protocol.opcodes import Opcode
 
 __all__ = [
-    "MAX_ITEMS_PER_REQUEST", "MESSAGES", "REQUESTS", "RESPONSES", "STATUS_OK", "AllocateIdRequest",
-    "AllocateIdResponse", "AppendItem", "AppendRequest", "AppendResponse", "AppendResult",
-    "BufferAckRequest", "BufferAckResponse", "ClientRole", "ConnectionsRequest",
-    "ConnectionsResponse", "CreateStreamItem", "CreateStreamResult", "CreateStreamsRequest",
-    "CreateStreamsResponse", "DataNode", "DeleteQuotasRequest", "DeleteQuotasResponse",
-    "DeleteStreamsRequest", "DeleteStreamsResponse", "DescribeQuotasRequest",
-    "DescribeQuotasResponse", "DescribeRangeItem", "DescribeRangeResult",
-    "DescribeRangesRequest", "DescribeRangesResponse", "DescribeStreamsRequest",
-    "DescribeStreamsResponse", "FetchItem", "FetchRequest", "FetchResponse", "FetchResult",
-    "GoAway", "GoAwayResponse", "Header", "HeartbeatRequest", "HeartbeatResponse", "InfoRequest",
-    "InfoResponse",
-    "ListRangesRequest", "ListRangesResponse", "ListRangesResult", "Message", "PingRequest",
-    "PingResponse", "ProducerState", "Quota", "QuotaCounter", "QuotaCountersRequest",
-    "QuotaCountersResponse", "QuotaResult", "Range", "RangeOwner", "ReplicaNode",
-    "ReportMetricsRequest", "ReportMetricsResponse", "SealItem", "SealRangesRequest",
-    "SealRangesResponse", "SealResult", "SetQuotasRequest", "SetQuotasResponse", "StatsRequest",
-    "StatsResponse", "Status", "Stream", "StreamOwner", "StreamRanges", "StreamResult",
-    "SyncRangesRequest", "SyncRangesResponse", "SyncResult", "SystemErrorResponse", "TrimItem",
-    "TrimResult", "TrimStreamsRequest", "TrimStreamsResponse", "UpdateStreamsRequest",
-    "UpdateStreamsResponse", "WhoamiRequest", "WhoamiResponse", "decode_request", "decode_response",
+    "MAX_ITEMS_PER_REQUEST", "MESSAGES", "REQUESTS", "RESPONSES", "STATUS_OK", "AclEntry",
+    "AllocateIdRequest", "AllocateIdResponse", "AppendItem", "AppendRequest", "AppendResponse",
+    "AppendResult", "AuthenticateRequest", "AuthenticateResponse", "BufferAckRequest",
+    "BufferAckResponse", "ClientRole", "ConnectionsRequest", "ConnectionsResponse",
+    "CreateStreamItem", "CreateStreamResult", "CreateStreamsRequest", "CreateStreamsResponse",
+    "DataNode", "DeleteQuotasRequest", "DeleteQuotasResponse", "DeleteStreamsRequest",
+    "DeleteStreamsResponse", "DescribeQuotasRequest", "DescribeQuotasResponse", "DescribeRangeItem",
+    "DescribeRangeResult", "DescribeRangesRequest", "DescribeRangesResponse",
+    "DescribeStreamsRequest", "DescribeStreamsResponse", "FetchItem", "FetchRequest",
+    "FetchResponse", "FetchResult", "GoAway", "GoAwayResponse", "Header", "HeartbeatRequest",
+    "HeartbeatResponse", "InfoRequest", "InfoResponse", "ListRangesRequest", "ListRangesResponse",
+    "ListRangesResult", "ManageAclsRequest", "ManageAclsResponse", "ManageUsersRequest",
+    "ManageUsersResponse", "Message", "PingRequest", "PingResponse", "ProducerState", "Quota",
+    "QuotaCounter", "QuotaCountersRequest", "QuotaCountersResponse", "QuotaResult", "Range",
+    "RangeOwner", "ReplicaNode", "ReportMetricsRequest", "ReportMetricsResponse", "SealItem",
+    "SealRangesRequest", "SealRangesResponse", "SealResult", "SetQuotasRequest",
+    "SetQuotasResponse", "StatsRequest", "StatsResponse", "Status", "Stream", "StreamOwner",
+    "StreamRanges", "StreamResult", "SyncRangesRequest", "SyncRangesResponse", "SyncResult",
+    "SystemErrorResponse", "TrimItem", "TrimResult", "TrimStreamsRequest", "TrimStreamsResponse",
+    "UpdateStreamsRequest", "UpdateStreamsResponse", "UserEntry", "WhoamiRequest", "WhoamiResponse",
+    "decode_request", "decode_response",
 ]  # fmt: skip
 
 MAX_ITEMS_PER_REQUEST: Final = 10_000
@@ -842,6 +843,63 @@ class QuotaCountersResponse(Message):
     max_counters: int = 0
     overflowed: int = 0
     quotas: tuple[Quota, ...] = ()  # the quotas the node enforces
+
+
+# ------------------------------------------------------------------- AUTHENTICATE (project opcodes)
+
+
+@request(Opcode.AUTHENTICATE)
+class AuthenticateRequest(Message):
+    mechanism: str = ""  # "SCRAM-SHA-256" or "TOKEN"
+    data: bytes = b""  # the SCRAM client message, or the token
+
+
+@response(Opcode.AUTHENTICATE)
+class AuthenticateResponse(Message):
+    status: Status = STATUS_OK
+    data: bytes = b""  # the SCRAM server message
+    token: str = ""  # after a successful SCRAM exchange
+    expires_at_ms: int = 0
+    principal: str = ""
+    done: bool = False  # the connection is authenticated
+
+
+@request(Opcode.MANAGE_USERS)
+class ManageUsersRequest(Message):
+    action: int = 0  # 1 add, 2 delete, 3 list
+    user: str = ""
+    password: str = ""
+
+
+@table()
+class UserEntry(Table):
+    name: str = ""
+
+
+@response(Opcode.MANAGE_USERS)
+class ManageUsersResponse(Message):
+    status: Status = STATUS_OK
+    users: tuple[UserEntry, ...] = ()
+
+
+@table()
+class AclEntry(Table):
+    principal: str = ""
+    operations: str = ""  # comma-separated: create,delete,update,trim,describe,append,fetch,admin
+    resource: str = ""  # "stream:ID", "prefix:TEXT" or "*"
+
+
+@request(Opcode.MANAGE_ACLS)
+class ManageAclsRequest(Message):
+    action: int = 0  # 1 add, 2 delete, 3 list
+    acl: AclEntry | None = None
+    principal: str = ""  # list filter
+
+
+@response(Opcode.MANAGE_ACLS)
+class ManageAclsResponse(Message):
+    status: Status = STATUS_OK
+    acls: tuple[AclEntry, ...] = ()
 
 
 # -------------------------------------------------------------------------------------- registries

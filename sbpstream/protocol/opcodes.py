@@ -20,6 +20,9 @@ class Opcode(enum.IntEnum):
     DELETE_QUOTAS = 0x1021  # project opcode: quotas, PM
     DESCRIBE_QUOTAS = 0x1022  # project opcode: quotas, PM (data nodes pull it)
     QUOTA_COUNTERS = 0x1023  # project opcode: a data node's live quota counters
+    AUTHENTICATE = 0x1030  # project opcode: SCRAM-SHA-256 or a token (docs/security.md)
+    MANAGE_USERS = 0x1031  # project opcode: add, delete, list users (admin)
+    MANAGE_ACLS = 0x1032  # project opcode: add, delete, list ACL entries (admin)
     LIST_RANGES = 0x2001
     SEAL_RANGES = 0x2002
     SYNC_RANGES = 0x2003

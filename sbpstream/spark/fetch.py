@@ -15,9 +15,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from sbpstream.auth.client import client_security
 from sbpstream.client import AsyncClient
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.loop import new_event_loop
@@ -25,6 +26,7 @@ from sbpstream.protocol.errors import ErrorCode, SbpError
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse
 from sbpstream.records import Columns, decode_columns
 from sbpstream.spark.meta import replica_addresses
+from sbpstream.spark.options import SecurityOptions
 
 log = logging.getLogger("sbpstream.spark")
 
@@ -68,6 +70,7 @@ class SpanRequest:
     fail_on_data_loss: bool
     timeout_ms: int
     fetch_max_bytes: int
+    security: SecurityOptions = field(default_factory=SecurityOptions)
 
 
 class SpanReader:
@@ -79,7 +82,9 @@ class SpanReader:
         self.range_index = req.range_index
         self.replicas = list(req.replicas)
         self._replica = 0
-        self._pool = ConnectionPool(connect_timeout_s=min(req.timeout_ms, 5000) / 1000)
+        creds, ssl_context = client_security(req.pm, **req.security.client_kwargs())
+        self._pool = ConnectionPool(connect_timeout_s=min(req.timeout_ms, 5000) / 1000,
+                                    ssl_context=ssl_context, authenticator=creds)
         self._client: AsyncClient | None = None
 
     async def close(self) -> None:
@@ -151,6 +156,7 @@ class SpanReader:
             list(self.req.pm),
             request_timeout_ms=self.req.timeout_ms,
             retry_deadline_ms=self.req.timeout_ms,
+            **self.req.security.client_kwargs(),
         )
 
     def _lost(self, new_start: int, why: str) -> None:

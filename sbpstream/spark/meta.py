@@ -18,6 +18,7 @@ from sbpstream.protocol.errors import (
 )
 from sbpstream.protocol.names import StreamRef
 from sbpstream.spark.offsets import RangeInfo
+from sbpstream.spark.options import SecurityOptions
 
 
 def replica_addresses(rng: Range) -> tuple[str, ...]:
@@ -66,9 +67,11 @@ def translated_errors(pm: Sequence[str]) -> Iterator[None]:
 class ClusterView:
     """A lazily opened client on the driver. Not picklable state: drop it before pickling."""
 
-    def __init__(self, pm: Sequence[str], timeout_ms: int) -> None:
+    def __init__(self, pm: Sequence[str], timeout_ms: int,
+                 security: SecurityOptions | None = None) -> None:
         self.pm = tuple(pm)
         self.timeout_ms = timeout_ms
+        self.security = security or SecurityOptions()
         self._client: Client | None = None
 
     @property
@@ -80,6 +83,7 @@ class ClusterView:
                     request_timeout_ms=min(self.timeout_ms, 10_000),
                     retry_deadline_ms=self.timeout_ms,
                     connect_timeout_ms=min(self.timeout_ms, 5_000),
+                    **self.security.client_kwargs(),
                 )
         return self._client
 

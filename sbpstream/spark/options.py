@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypedDict
 
 from sbpstream.net.client import parse_address
 from sbpstream.protocol.errors import SbpError
@@ -25,15 +25,52 @@ DEFAULT_TIMEOUT_MS: Final = 15_000  # one client call, retries included (driver 
 DEFAULT_FETCH_MAX_BYTES: Final = 4 * 1024 * 1024  # bytes asked per FETCH item by read()
 MAX_STREAMS: Final = 10_000  # one query reading more streams than this is a mistake, not a plan
 
+SECURITY_OPTIONS: Final = ("user", "password", "tokenFile", "tlsCa")
+"""Credentials and TLS (docs/security.md): a user and password, or a token file; a CA."""
 SOURCE_OPTIONS: Final = ("pm", "streams", "streamPattern", "startingOffsets", "endingOffsets",
                          "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "timeoutMs",
-                         "fetchMaxBytes")
-SINK_OPTIONS: Final = ("pm", "stream", "timeoutMs", "compression")
+                         "fetchMaxBytes", *SECURITY_OPTIONS)
+SINK_OPTIONS: Final = ("pm", "stream", "timeoutMs", "compression", *SECURITY_OPTIONS)
 # Spark's own options, which it hands to every data source as well
 SPARK_OPTIONS: Final = frozenset({"path", "checkpointlocation", "queryname"})
 
 # An offset spec per stream (its id, or its name as given): EARLIEST, LATEST or an offset >= 0.
 OffsetSpec = dict[StreamRef, int]
+
+
+class ClientSecurityKwargs(TypedDict):
+    user: str
+    password: str
+    token_file: str
+    tls_ca: str
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityOptions:
+    """How the driver and executors authenticate and verify servers (empty: plain, open)."""
+
+    user: str = ""
+    password: str = ""
+    token_file: str = ""
+    tls_ca: str = ""
+
+    def client_kwargs(self) -> ClientSecurityKwargs:
+        """Keyword arguments of AsyncClient/Client."""
+        return {"user": self.user, "password": self.password, "token_file": self.token_file,
+                "tls_ca": self.tls_ca}
+
+
+def parse_security(options: Mapping[str, str]) -> SecurityOptions:
+    user = (_get(options, "user") or "").strip()
+    password = _get(options, "password") or ""
+    token_file = (_get(options, "tokenFile") or "").strip()
+    if user and token_file:
+        raise ValueError("options 'user' and 'tokenFile' exclude each other: give one")
+    if user and not password:
+        raise ValueError("option 'user' needs option 'password'")
+    if password and not user:
+        raise ValueError("option 'password' needs option 'user'")
+    return SecurityOptions(user, password, token_file, (_get(options, "tlsCa") or "").strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +92,7 @@ class SourceOptions:
     pattern_start: int = EARLIEST
     """Where the streams the pattern matched at the query's start begin (startingOffsets
     'earliest' or 'latest'); streams it matches later always begin at their earliest."""
+    security: SecurityOptions = SecurityOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +104,7 @@ class SinkOptions:
     """None: each row's ``stream`` column (a name or an id) routes it."""
     timeout_ms: int
     compression: str | None
+    security: SecurityOptions = SecurityOptions()
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -270,6 +309,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fetch_max_bytes=_positive_int(options, "fetchMaxBytes") or DEFAULT_FETCH_MAX_BYTES,
         pattern=pattern,
         pattern_start=pattern_start,
+        security=parse_security(options),
     )
 
 
@@ -293,4 +333,5 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         stream=stream,
         timeout_ms=_positive_int(options, "timeoutMs") or DEFAULT_TIMEOUT_MS,
         compression=compression.lower() if compression else None,
+        security=parse_security(options),
     )

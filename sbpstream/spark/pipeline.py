@@ -99,7 +99,7 @@ def start_pipeline(
     if max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     opts = parse_source_options(options, streaming=True)  # misuse fails here, option named
-    view = ClusterView(opts.pm, opts.timeout_ms)
+    view = ClusterView(opts.pm, opts.timeout_ms, opts.security)
     try:
         if opts.pattern is None:  # unknown stream / unreachable PM: one line, now
             view.check_streams(list(view.resolve(opts.streams).values()))

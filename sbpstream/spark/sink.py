@@ -43,6 +43,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from sbpstream.auth.client import client_security
 from sbpstream.client import AsyncClient
 from sbpstream.client.retry import MOVE_CODES
 from sbpstream.client.types import Range, codec_of
@@ -383,8 +384,9 @@ def write_partition(
     """
     loop = new_event_loop()
     client = AsyncClient(list(opts.pm), request_timeout_ms=opts.timeout_ms,
-                         retry_deadline_ms=opts.timeout_ms)
-    pool = ConnectionPool()
+                         retry_deadline_ms=opts.timeout_ms, **opts.security.client_kwargs())
+    creds, ssl_context = client_security(opts.pm, **opts.security.client_kwargs())
+    pool = ConnectionPool(ssl_context=ssl_context, authenticator=creds)
     codec = codec_of(opts.compression)
     ts_ms = time.time_ns() // 1_000_000
     routes: dict[int, _Route] = {}

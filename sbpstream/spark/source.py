@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -45,6 +45,7 @@ from sbpstream.spark.offsets import (
 from sbpstream.spark.options import (
     EARLIEST,
     LATEST,
+    SecurityOptions,
     SourceOptions,
     parse_sink_options,
     parse_source_options,
@@ -74,6 +75,7 @@ class SourcePartition(InputPartition):
     fail_on_data_loss: bool
     timeout_ms: int
     fetch_max_bytes: int
+    security: SecurityOptions = field(default_factory=SecurityOptions)
 
     def request(self) -> SpanRequest:
         return SpanRequest(
@@ -86,6 +88,7 @@ class SourcePartition(InputPartition):
             self.fail_on_data_loss,
             self.timeout_ms,
             self.fetch_max_bytes,
+            self.security,
         )
 
 
@@ -100,6 +103,7 @@ def _partition(opts: SourceOptions, span: Span) -> SourcePartition:
         opts.fail_on_data_loss,
         opts.timeout_ms,
         opts.fetch_max_bytes,
+        opts.security,
     )
 
 
@@ -148,7 +152,7 @@ class _Planner:
     @property
     def view(self) -> ClusterView:
         if self._view is None:
-            self._view = ClusterView(self.opts.pm, self.opts.timeout_ms)
+            self._view = ClusterView(self.opts.pm, self.opts.timeout_ms, self.opts.security)
         return self._view
 
     def __getstate__(self) -> dict[str, Any]:

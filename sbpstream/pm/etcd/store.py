@@ -44,7 +44,7 @@ from sbpstream.pm import rules
 from sbpstream.pm.etcd.cache import Cache, CacheReader
 from sbpstream.pm.etcd.client import EtcdClient, cmp_create, cmp_mod, get_op, put_op
 from sbpstream.pm.etcd.codec import decode_leader
-from sbpstream.pm.etcd.keys import COUNTER_FIRST, Keys
+from sbpstream.pm.etcd.keys import COUNTER_FIRST, Keys, prefix_end
 from sbpstream.pm.etcd.txn import MAX_TXN_BYTES, TxnOps
 from sbpstream.pm.etcd.url import EtcdSettings, parse_etcd_url
 from sbpstream.pm.metadata import (
@@ -759,6 +759,41 @@ class EtcdMetadataStore:
     ) -> RangeMeta:
         return await self._write_one(lambda tx, _: rules.replace_replica(
             tx, stream_id, range_index, old_node_id, new_node_id))
+
+    # ------------------------------------------------------------------ auth records
+    # Read straight from etcd (linearizable; logins and admin calls are rare), written by the
+    # leader only, fenced like every other write. The cache ignores these keys.
+    def _auth_key(self, kind: str, key: str) -> bytes:
+        return self.keys.root + b"auth/" + kind.encode() + b"/" + key.encode()
+
+    async def auth_get(self, kind: str, key: str) -> str | None:
+        resp = await self.client.range(self._auth_key(kind, key))
+        return resp.kvs[0].value.decode() if resp.kvs else None
+
+    async def _auth_txn(self, op: Any) -> Any:
+        token = self._require_leader()
+        req = rpc.TxnRequest(compare=[cmp_create(self.keys.leader, token)], success=[op],
+                             failure=[get_op(self.keys.leader)])
+        resp = await self.client.txn(req)
+        if not resp.succeeded:
+            kvs = resp.responses[0].response_range.kvs
+            leader = decode_leader(kvs[0].value) if kvs else ""
+            self.drop_leadership()
+            raise self._fenced(leader)
+        return resp
+
+    async def auth_put(self, kind: str, key: str, value: str) -> None:
+        await self._auth_txn(put_op(self._auth_key(kind, key), value.encode()))
+
+    async def auth_delete(self, kind: str, key: str) -> bool:
+        resp = await self._auth_txn(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
+            key=self._auth_key(kind, key))))
+        return int(resp.responses[0].response_delete_range.deleted) > 0
+
+    async def auth_list(self, kind: str) -> list[tuple[str, str]]:
+        start = self.keys.root + b"auth/" + kind.encode() + b"/"
+        resp = await self.client.range(start, prefix_end(start))
+        return sorted((kv.key[len(start):].decode(), kv.value.decode()) for kv in resp.kvs)
 
 
 class _Conflict(Exception):

@@ -1,0 +1,206 @@
+"""The client side of auth: what the SDK, the CLI, Spark, the bench and the servers present.
+
+:class:`Credentials` is the :class:`~sbpstream.net.client.Authenticator` of a connection pool.
+It holds one token for the whole client, from one of
+
+- a user name and password: a SCRAM-SHA-256 login at a PM (on the connection itself when it goes
+  to a PM, else on a short connection to one), which answers a token;
+- a token file (``tokenFile`` in Spark): re-read whenever the token is due;
+- the cluster secret (PMs and data nodes only): a node token minted locally.
+
+Every new connection presents the token (AUTHENTICATE ``TOKEN``), or logs in with it when the
+login happens on that connection. A connection is due again once 80% of the token's life has
+passed: the pool renews it before its next request, so a running client never meets
+TOKEN_EXPIRED unless it sleeps through the whole remaining fifth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from scramp import ScramClient, ScramException
+
+from sbpstream.auth import scram, tokens
+from sbpstream.auth.config import TlsConfig
+from sbpstream.auth.gate import MECH_TOKEN
+from sbpstream.auth.tls import client_context
+from sbpstream.net.client import Connection
+from sbpstream.protocol import messages as m
+from sbpstream.protocol.errors import (
+    AuthenticationFailedError,
+    NoPmReachableError,
+    SbpError,
+)
+from sbpstream.protocol.limits import DEFAULT_CONNECT_TIMEOUT_S
+from sbpstream.protocol.opcodes import Opcode
+
+RENEW_AT_FRACTION: Final = 0.8
+"""A token is renewed once this much of its life has passed."""
+AUTH_TIMEOUT_S: Final = 10.0
+"""One AUTHENTICATE round trip: PBKDF2 on the PM takes milliseconds; more is a stuck peer."""
+NODE_TOKEN_TTL_MS: Final = 600_000
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _call(conn: Connection, req: m.AuthenticateRequest) -> m.AuthenticateResponse:
+    frame = await conn.request_one(Opcode.AUTHENTICATE, req.encode(), timeout_s=AUTH_TIMEOUT_S)
+    out = m.AuthenticateResponse.decode(frame.header)
+    out.status.raise_for_error()
+    return out
+
+
+async def scram_login(conn: Connection, user: str, password: str) -> m.AuthenticateResponse:
+    """Log in on ``conn`` (a PM); the answer carries the token."""
+    client = ScramClient([scram.MECHANISM], user, password)
+    first = await _call(conn, m.AuthenticateRequest(scram.MECHANISM,
+                                                    client.get_client_first().encode()))
+    try:
+        client.set_server_first(first.data.decode(errors="replace"))
+        final_msg: str = client.get_client_final()
+    except ScramException as e:
+        raise AuthenticationFailedError(f"SCRAM: {e}") from None
+    final = await _call(conn, m.AuthenticateRequest(scram.MECHANISM, final_msg.encode()))
+    try:
+        client.set_server_final(final.data.decode(errors="replace"))
+    except ScramException as e:  # the server does not know the password: not the real PM
+        raise AuthenticationFailedError(f"SCRAM: the server did not prove itself: {e}") from None
+    if not final.done or not final.token:
+        raise AuthenticationFailedError("SCRAM login ended without a token")
+    return final
+
+
+@dataclass(slots=True)
+class _Token:
+    text: str
+    issued_ms: int
+    expires_ms: int
+
+    @property
+    def renew_at_ms(self) -> int:
+        return self.issued_ms + int((self.expires_ms - self.issued_ms) * RENEW_AT_FRACTION)
+
+
+class Credentials:
+    """One client's identity; see the module docstring. Give exactly one of ``user`` (with
+    ``password``), ``token_file``, ``token`` or ``node_secret``."""
+
+    def __init__(self, *, user: str = "", password: str = "", token_file: str = "",
+                 token: str = "", node_secret: bytes = b"", node_principal: str = "node",
+                 pm: Sequence[str] = (), tls: TlsConfig | None = None) -> None:
+        given = [bool(user), bool(token_file), bool(token), bool(node_secret)]
+        if sum(given) != 1:
+            raise ValueError("credentials: give one of user (+password), token_file, token, "
+                             "or the cluster secret")
+        if user and not password:
+            raise ValueError(f"credentials: user {user!r} needs a password")
+        self.user = user
+        self._password = password
+        self.token_file = token_file
+        self._node_key = tokens.derive_key(node_secret) if node_secret else b""
+        self.node_principal = node_principal
+        self.pm = tuple(pm)
+        self.ssl_context: ssl.SSLContext | None = client_context(tls) if tls else None
+        self._token: _Token | None = None if not token else self._parse(token)
+        self._lock = asyncio.Lock()
+
+    @property
+    def principal(self) -> str:
+        return self.user or self.node_principal
+
+    @staticmethod
+    def _parse(text: str) -> _Token:
+        issued, expires = tokens.peek(text)
+        return _Token(text, issued, expires)
+
+    # ---- Authenticator
+    def due(self, conn: Connection) -> bool:
+        return conn.auth_renew_at_ms != 0 and _now_ms() >= conn.auth_renew_at_ms
+
+    async def authenticate(self, conn: Connection) -> None:
+        async with self._lock:
+            tok = self._token
+            fresh = tok is not None and _now_ms() < tok.renew_at_ms
+            if not fresh and self.user and conn.address in self.pm:
+                # a login on this very connection authenticates it as well
+                out = await scram_login(conn, self.user, self._password)
+                self._token = self._parse(out.token)
+                conn.auth_renew_at_ms = self._token.renew_at_ms
+                return
+            if not fresh:
+                self._token = await self._fresh_token()
+            tok = self._token
+            assert tok is not None
+        await _call(conn, m.AuthenticateRequest(MECH_TOKEN, tok.text.encode()))
+        conn.auth_renew_at_ms = tok.renew_at_ms
+
+    async def token(self) -> str:
+        """A valid token (logging in or renewing when due): e.g. to write a token file."""
+        async with self._lock:
+            if self._token is None or _now_ms() >= self._token.renew_at_ms:
+                self._token = await self._fresh_token()
+            return self._token.text
+
+    async def _fresh_token(self) -> _Token:
+        if self._node_key:
+            now = _now_ms()
+            return self._parse(tokens.node_token(self._node_key, self.node_principal, now,
+                                                 NODE_TOKEN_TTL_MS))
+        if self.token_file:
+            return self._parse(Path(self.token_file).read_text().strip())
+        if self.user:
+            return self._parse(await self._login_at_pm())
+        if self._token is not None:
+            return self._token  # a fixed token: used until the servers refuse it
+        raise AuthenticationFailedError("no credentials")
+
+    async def _login_at_pm(self) -> str:
+        errors: list[str] = []
+        for addr in self.pm:
+            try:
+                conn = await Connection.open(addr, connect_timeout_s=DEFAULT_CONNECT_TIMEOUT_S,
+                                             ssl_context=self.ssl_context)
+            except AuthenticationFailedError:
+                raise
+            except SbpError as e:
+                errors.append(f"{addr}: {e}")
+                continue
+            try:
+                return (await scram_login(conn, self.user, self._password)).token
+            except AuthenticationFailedError:
+                raise
+            except SbpError as e:  # a follower PM, a closed connection: try the next
+                errors.append(f"{addr}: {e}")
+            finally:
+                await conn.aclose()
+        raise NoPmReachableError("no PM accepted the login: " + "; ".join(errors))
+
+
+def client_security(pm: Sequence[str], *, user: str = "", password: str = "",
+                    token_file: str = "", tls_ca: str = "", tls_cert: str = "",
+                    tls_key: str = "") -> tuple[Credentials | None, ssl.SSLContext | None]:
+    """An SDK's credentials and TLS context from its arguments, else from the environment
+    (``SBPSTREAM_USER``, ``SBPSTREAM_PASSWORD``, ``SBPSTREAM_TOKEN_FILE``, ``SBPSTREAM_TLS_CA``,
+    ``SBPSTREAM_TLS_CERT``, ``SBPSTREAM_TLS_KEY``). Neither: (None, None), plain and open."""
+    env = os.environ.get
+    if not (user or token_file):
+        user = env("SBPSTREAM_USER", "")
+        password = password or env("SBPSTREAM_PASSWORD", "")
+        token_file = "" if user else env("SBPSTREAM_TOKEN_FILE", "")
+    tls = TlsConfig(tls_cert or env("SBPSTREAM_TLS_CERT", ""),
+                    tls_key or env("SBPSTREAM_TLS_KEY", ""),
+                    tls_ca or env("SBPSTREAM_TLS_CA", ""))
+    ctx = client_context(tls)
+    creds = None
+    if user or token_file:
+        creds = Credentials(user=user, password=password, token_file=token_file, pm=pm, tls=tls)
+    return creds, ctx

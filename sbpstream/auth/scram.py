@@ -1,0 +1,105 @@
+"""SCRAM-SHA-256 (RFC 5802/7677) with ``scramp``: credentials and the server side of a login.
+
+The PM keeps, per user, only what RFC 5802 section 3 calls the salted, hashed verifier: salt,
+StoredKey, ServerKey and the iteration count. A login takes two AUTHENTICATE round trips on one
+connection (client-first -> server-first, client-final -> server-final). No I/O: the caller
+fetches the user's credential before handing the client-first message over.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass
+from typing import Final
+
+from scramp import ScramException, ScramMechanism
+
+from sbpstream.protocol.errors import AuthenticationFailedError, InvalidRequestError
+
+MECHANISM: Final = "SCRAM-SHA-256"
+ITERATIONS: Final = 4096
+"""RFC 7677's minimum: one login costs a few milliseconds of PBKDF2 on either side."""
+MAX_SCRAM_MESSAGE_BYTES: Final = 4096
+"""Real SCRAM messages are around 100 bytes; more is refused before parsing."""
+
+_MECH: Final = ScramMechanism(MECHANISM)
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "mechanism": MECHANISM, "iterations": self.iterations,
+            "salt": base64.b64encode(self.salt).decode(),
+            "stored_key": base64.b64encode(self.stored_key).decode(),
+            "server_key": base64.b64encode(self.server_key).decode(),
+        }, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Credential:
+        d = json.loads(text)
+        return cls(base64.b64decode(d["salt"]), base64.b64decode(d["stored_key"]),
+                   base64.b64decode(d["server_key"]), int(d["iterations"]))
+
+
+def make_credential(password: str, iterations: int = ITERATIONS) -> Credential:
+    if not password:
+        raise InvalidRequestError("a password may not be empty")
+    salt, stored, server, n = _MECH.make_auth_info(password, iteration_count=iterations,
+                                                   salt=os.urandom(16))
+    return Credential(salt, stored, server, n)
+
+
+_DECOY: Final = make_credential(os.urandom(16).hex())
+"""Answers for an unknown user, so a login fails at the same step whether or not it exists."""
+
+
+def client_first_user(message: bytes) -> str:
+    """The user a client-first message names (``n,,n=USER,r=NONCE``); RFC 5802 escapes ``,``
+    and ``=`` as ``=2C`` and ``=3D``."""
+    if len(message) > MAX_SCRAM_MESSAGE_BYTES:
+        raise InvalidRequestError("SCRAM message too long")
+    text = message.decode(errors="replace")
+    for part in text.split(","):
+        if part.startswith("n="):
+            return part[2:].replace("=2C", ",").replace("=3D", "=")
+    raise AuthenticationFailedError("SCRAM client-first message names no user")
+
+
+class ScramLogin:
+    """The server side of one login: :meth:`first` then :meth:`final`."""
+
+    def __init__(self, user: str, credential: Credential | None) -> None:
+        self.user = user
+        self.known = credential is not None
+        cred = credential or _DECOY
+        info = (cred.salt, cred.stored_key, cred.server_key, cred.iterations)
+        self._server = _MECH.make_server(lambda _name: info)
+
+    def first(self, client_first: bytes) -> bytes:
+        try:
+            self._server.set_client_first(client_first.decode(errors="replace"))
+            first: str = self._server.get_server_first()
+            return first.encode()
+        except ScramException as e:
+            raise AuthenticationFailedError(f"SCRAM: {e}") from None
+
+    def final(self, client_final: bytes) -> bytes:
+        if len(client_final) > MAX_SCRAM_MESSAGE_BYTES:
+            raise InvalidRequestError("SCRAM message too long")
+        try:
+            self._server.set_client_final(client_final.decode(errors="replace"))
+            final: str = self._server.get_server_final()
+            server_final = final.encode()
+        except ScramException:
+            raise AuthenticationFailedError("unknown user or wrong password") from None
+        if not self.known:
+            raise AuthenticationFailedError("unknown user or wrong password")
+        return server_final
