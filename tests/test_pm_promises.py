@@ -186,8 +186,9 @@ async def test_committed_offsets_from_heartbeats_never_go_back(
 async def test_create_is_retried_until_a_node_is_live(pm: PmServer) -> None:
     async with AsyncClient(pm.address, retry_deadline_ms=30_000) as c:
         create = asyncio.ensure_future(c.create_stream(replica_nums=1))
-        await eventually_async(lambda: pm.server.stats.requests_by_opcode.get(
-            Opcode.CREATE_STREAMS, 0) >= 2, timeout=10, what="the create refused and retried")
+        await eventually_async(
+            lambda: pm.server.stats.opcode(Opcode.CREATE_STREAMS).requests >= 2,
+            timeout=10, what="the create refused and retried")
         assert not create.done()
         n = await FakeNode(pm.address).start()
         try:

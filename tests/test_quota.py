@@ -129,15 +129,22 @@ async def test_fetch_quota_holds_a_consumer(cluster: LocalCluster, admin: AsyncC
     await admin.set_quota(spec)
     await _applied(admin, addr, spec.key, spec)
     loop = asyncio.get_running_loop()
-    times: list[float] = []
-    async with AsyncClient(cluster.pm_address, client_id="reader") as r:
-        consumer = r.consumer(sid, "earliest", end=end, batch_max_bytes=8 * 1024)
-        async for _rec in consumer:
-            times.append(loop.time())
-        assert consumer.throttle_time_ms > 0
-    rate, cycles = _cycle_rate(times, len(RECORD))
-    print(f"fetch quota {quota} B/s: achieved {rate:.0f} B/s over {cycles} cycles")
-    assert 0.85 * quota <= rate <= 1.15 * quota, (rate, cycles)
+    # long polls (a request per round) and a subscription (pushed rounds) alike
+    for subscribe in (False, True):
+        times: list[float] = []
+        async with AsyncClient(cluster.pm_address, client_id="reader") as r:
+            consumer = r.consumer(sid, "earliest", end=end, batch_max_bytes=8 * 1024,
+                                  subscribe=subscribe)
+            async for _rec in consumer:
+                times.append(loop.time())
+            assert consumer.throttle_time_ms > 0
+        rate, cycles = _cycle_rate(times, len(RECORD))
+        print(f"fetch quota {quota} B/s (subscribe={subscribe}): achieved {rate:.0f} B/s "
+              f"over {cycles} cycles")
+        if subscribe:  # pushed a quota window per round: never faster than the quota
+            assert rate <= 1.15 * quota, (rate, cycles)
+        else:
+            assert 0.85 * quota <= rate <= 1.15 * quota, (rate, cycles)
 
 
 async def test_hostile_quota_values_get_clear_errors(admin: AsyncClient) -> None:

@@ -508,7 +508,9 @@ class AsyncClient:
         A writable range's end comes from its primary. While the primary cannot be reached (it
         died and the PM has not sealed its range yet), this retries until the range is sealed
         or the primary answers, within the retry deadline; at the deadline it returns the
-        highest committed offset the other replicas and the PM know.
+        highest committed offset the other replicas and the PM know, or raises the primary's
+        error when no replica answered (a reader must not take an unknown end for an empty
+        stream).
         """
         stream_id = await self.resolve_stream(stream_id)
         attempts = Attempts(self.retry)
@@ -533,6 +535,8 @@ class AsyncClient:
             try:
                 await attempts.backoff(got)  # the primary's error: what we are waiting for
             except SbpError:
+                if not others:  # no replica answered: the end is unknown, never guess it
+                    raise
                 return self._monotonic_end(stream_id, known)
 
     def _monotonic_end(self, stream_id: int, end: int) -> int:

@@ -439,8 +439,9 @@ class AsyncConsumer:
                 if self.auto_reset == "earliest" and self._sub is not None:
                     self._sub.positions[sid] = pos = ranges[0].start_offset
                 else:
-                    raise OffsetTrimmedError(f"offset {pos} is before the stream's start "
-                                             f"{ranges[0].start_offset}")
+                    raise OffsetTrimmedError(
+                        f"offset {pos} is before the stream's start {ranges[0].start_offset} "
+                        f"(use auto_reset='earliest' to jump to the start)")
             for r in ranges:
                 if r.start_offset <= pos and (not r.sealed or pos < r.end_offset):
                     return r
@@ -504,7 +505,8 @@ class AsyncConsumer:
         """OFFSET_OUT_OF_RANGE: below the start is a trim, past the end is the caller's error."""
         start = await self._client.start_offset(self.stream_id)
         if pos < start:
-            raise OffsetTrimmedError(f"offset {pos} is before the stream's start {start}")
+            raise OffsetTrimmedError(f"offset {pos} is before the stream's start {start} "
+                                     f"(use auto_reset='earliest' to jump to the start)")
         end = await self._client.end_offset(self.stream_id)
         if pos > end:
             raise OffsetOutOfRangeError(
@@ -764,6 +766,7 @@ class _Subscriber:
         feed.unacked = feed.to_ack = 0
         async with rs:
             async for frame in rs:
+                self.consumer._routing.note_throttle(feed.addr, Opcode.FETCH, frame.header)
                 resp = FetchResponse.decode(frame.header)
                 resp.status.raise_for_error()
                 await self._take_frame(feed, resp, frame.payload, count=True)
@@ -783,6 +786,7 @@ class _Subscriber:
         rs = await feed.conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
         async with rs:
             async for frame in rs:
+                c._routing.note_throttle(feed.addr, Opcode.FETCH, frame.header)
                 resp = FetchResponse.decode(frame.header)
                 resp.status.raise_for_error()
                 await self._take_frame(feed, resp, frame.payload, count=True)
@@ -806,7 +810,11 @@ class _Subscriber:
                     feed.ranges.pop(sid)
                     self.release(sid)
                     continue
-                if isinstance(err, OffsetTrimmedError) or not err.retriable:
+                if isinstance(err, OffsetTrimmedError):
+                    raise OffsetTrimmedError(
+                        f"offset {self.positions.get(sid)} of stream {sid} was trimmed away "
+                        f"(use auto_reset='earliest' to jump to the start)")
+                if not err.retriable:
                     raise err
                 c._routing.invalidate(sid)
                 self.replica[sid] = self.replica.get(sid, 0) + 1

@@ -257,7 +257,7 @@ class RangeRouter:
         conn = await self._node_conn(addr)
         t = self.request_timeout_ms if timeout_ms is None else timeout_ms
         frame = await conn.request_one(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
-        self._note_throttle(addr, req.OPCODE, frame.header)
+        self.note_throttle(addr, req.OPCODE, frame.header)
         return frame
 
     async def request_all(
@@ -270,7 +270,7 @@ class RangeRouter:
         t = self.request_timeout_ms if timeout_ms is None else timeout_ms
         frames = await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
         if frames:
-            self._note_throttle(addr, req.OPCODE, frames[-1].header)
+            self.note_throttle(addr, req.OPCODE, frames[-1].header)
         return frames
 
     async def connection(self, addr: str) -> Connection:
@@ -282,7 +282,7 @@ class RangeRouter:
         """Send a request to a data node; iterate its answer's frames (FETCH long-polls)."""
         conn = await self._node_conn(addr)
         rs = await conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
-        return _Observed(rs, lambda header: self._note_throttle(addr, req.OPCODE, header))
+        return _Observed(rs, lambda header: self.note_throttle(addr, req.OPCODE, header))
 
     # ------------------------------------------------------------- quotas (issue 22)
 
@@ -316,7 +316,7 @@ class RangeRouter:
             raise
         HeartbeatResponse.decode(frame.header).status.raise_for_error()
 
-    def _note_throttle(self, addr: str, opcode: int, header: Buffer) -> None:
+    def note_throttle(self, addr: str, opcode: int, header: Buffer) -> None:
         if opcode not in (Opcode.APPEND, Opcode.FETCH):
             return
         ms = throttle_time_ms_of(header)

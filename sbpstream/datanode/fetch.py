@@ -88,8 +88,11 @@ class FramePacker:
     async def flush(self, *, end: bool) -> None:
         if not end and not self.results:
             return
-        header = FetchResponse(self.throttle_ms if end else 0, status=self.status,
+        # throttle_ms: set before the END frame of a long poll, or after a subscription's round
+        # went over its quota; carried once, by the next frame
+        header = FetchResponse(self.throttle_ms, status=self.status,
                                items=tuple(self.results)).encode()
+        self.throttle_ms = 0
         parts, self.parts, self.results, self.frame_payload = self.parts, [], [], 0
         await self.resp.send(header, parts, end=end)
         self.frames += 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from sbpstream.datanode.limits import PM_CALL_TIMEOUT_S
 from sbpstream.datanode.pmclient import PmClient
@@ -51,6 +51,11 @@ class NodeQuotas:
         if ms:
             conn.mute(ms)
         return ms
+
+    def fetch_round_bytes(self, conn: ServerConnection, stream_ids: Sequence[int]) -> int | None:
+        """The fetch quota (bytes per window) a subscription round of ``conn`` may push: the
+        smallest that applies to its client or streams; None when none applies."""
+        return self.enforcer.fetch_round_bytes(conn.client_id, stream_ids)
 
     async def counters(self, req: Request, resp: Responder) -> None:
         """QUOTA_COUNTERS: every live counter, its quota left and TTL left (Throttr's QUERY)."""

@@ -54,6 +54,7 @@ from sbpstream.protocol.messages import (
     FetchResult,
     Status,
 )
+from sbpstream.quota.enforcer import FETCH
 
 if TYPE_CHECKING:
     from sbpstream.datanode.context import NodeContext
@@ -109,10 +110,12 @@ class Subscription:
     acked_bytes: int = 0
     cancelled: bool = False
     started: float = field(default_factory=time.monotonic)
+    round_left: int | None = None  # fetch quota: bytes this round may still push (None: no cap)
 
     @property
     def free(self) -> int:
-        return self.window - self.unacked
+        free = self.window - self.unacked
+        return free if self.round_left is None else min(free, self.round_left)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,12 @@ class Subscriptions:
         self.streams = 0
         self.acks = 0
         self.acks_refused = 0
+
+    @staticmethod
+    def _end(sub: Subscription) -> None:
+        """End ``sub`` as a cancel does: its final frame (END) goes out next."""
+        sub.cancelled = True
+        sub.wake.set()
 
     def stats(self) -> SubscriptionStats:
         subs = [s for d in self.by_conn.values() for s in d.values()]
@@ -206,6 +215,7 @@ class Subscriptions:
         sub = Subscription(req.conn, req.request_id, m.window_bytes,
                            [_Item(it, it.fetch_offset) for it in m.items])
         self.by_conn.setdefault(req.conn, {})[req.request_id] = sub
+        req.conn.on_drain.append(lambda: self._end(sub))  # a draining peer ends it (END)
         self.count += 1
         self.streams += len(sub.items)
         self.ctx.metrics.c.fetch_requests += 1
@@ -238,6 +248,7 @@ class Subscriptions:
                 await self._fail(st, out, RangeNotFoundError(
                     f"range {it.stream_id}/{it.range_index} is not on this node"))
         first = True
+        charged: dict[int, int] = {}  # bytes per stream already charged to the fetch quota
         while True:
             # Register before reading, so a commit landing between the read and the wait still
             # wakes us. A stream's StreamInfo may be replaced (deleted, re-adopted): re-check.
@@ -251,22 +262,46 @@ class Subscriptions:
                 return Status()
             if ctx.closing:
                 return Status.of(ShuttingDownError("the data node is shutting down"))
+            # a client with a fetch quota gets at most one quota window's bytes per round, then
+            # the round is charged and the pushes wait out the throttle (as a long poll's next
+            # request would): a push source cannot outrun the quota
+            sub.round_left = self.ctx.quotas.fetch_round_bytes(
+                sub.conn, [st.item.stream_id for st in sub.items])
             progressed = True
             while progressed and sub.free > 0:
                 progressed = False
                 for st in sub.items:
                     if not st.done and await self._poll(sub, st, out):
                         progressed = True
+            cut = sub.round_left is not None and sub.round_left <= 0
+            sub.round_left = None
             if first:  # every stream reports its state once, even with nothing to read yet
                 first = False
                 for st in sub.items:
                     if not st.answered:
                         await out.add(self._result(st, 0))
             await out.flush(end=False)
+            throttle_ms = self._charge(sub, out, charged)
             if all(st.done for st in sub.items):
                 return Status()
+            if throttle_ms:  # over its fetch quota: no push until it is back under (KIP-219)
+                await asyncio.sleep(throttle_ms / 1000)
+            if cut:
+                continue  # more may be readable now: the next round reads it
             if not sub.wake.is_set():
                 await sub.wake.wait()
+
+    def _charge(self, sub: Subscription, out: FramePacker, charged: dict[int, int]) -> int:
+        """Quotas: charge the fetch quota with what this round pushed (per stream, as a long
+        poll is charged); returns the throttle time, which the next frame carries."""
+        delta = {sid: n - charged.get(sid, 0) for sid, n in out.stream_bytes.items()
+                 if n != charged.get(sid, 0)}
+        if not delta:
+            return 0
+        charged.update(out.stream_bytes)
+        ms = self.ctx.quotas.charge(sub.conn, FETCH, sum(delta.values()), delta)
+        out.throttle_ms = ms
+        return ms
 
     def _result(self, st: _Item, batch_length: int, *, status: Status | None = None,
                 start: int = -1, range_end: int = -1) -> FetchResult:
@@ -334,6 +369,8 @@ class Subscriptions:
                 size = len(view)
                 sub.unacked += size
                 sub.sent_bytes += size
+                if sub.round_left is not None:
+                    sub.round_left -= size
                 await out.add(self._result(st, size, start=res.start_offset,
                                            range_end=range_end if last else -1), view)
             st.offset = res.next_offset

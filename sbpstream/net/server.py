@@ -208,6 +208,10 @@ class ServerConnection(FrameProtocol):
         self.last_activity = time.monotonic()
         self.highest_request_id = 0  # highest request id dispatched: GOAWAY's last_stream_id
         self.input_ended = False  # the peer half-closed: answer what it sent, then close
+        #: Called once when the connection starts draining (GOAWAY either way, or the peer's
+        #: half-close): handlers of unbounded answers (subscriptions) end them there, since a
+        #: drain waits only for answers that finish.
+        self.on_drain: list[Callable[[], None]] = []
         self._drain_timer: asyncio.TimerHandle | None = None
         self.attributes: dict[str, object] = {}  # per-connection state for handlers (e.g. role)
         # Quotas (issue 22): the client id the peer declared (HEARTBEAT), and the KIP-219 mute.
@@ -488,6 +492,9 @@ class ServerConnection(FrameProtocol):
             self.close()
 
     def _arm_drain_timer(self) -> None:
+        hooks, self.on_drain = self.on_drain, []
+        for hook in hooks:  # every drain path arms the timer: end unbounded answers now
+            hook()
         if self._drain_timer is None and not self.closed:
             loop = asyncio.get_running_loop()
             self._drain_timer = loop.call_later(self.server.drain_timeout_s, self._drain_expired)

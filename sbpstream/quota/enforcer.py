@@ -75,6 +75,20 @@ class QuotaEnforcer:
     def load(self, specs: Iterable[QuotaSpec]) -> None:
         self.book = QuotaBook.of(specs)
 
+    def fetch_round_bytes(self, client_id: str, stream_ids: Iterable[int]) -> int | None:
+        """The smallest fetch quota over one window for this client and these streams (what
+        one push may send before it is charged); None when no fetch quota applies."""
+        book = self.book
+        if book.empty:
+            return None
+        rates = [book.client_rate(client_id, FETCH)]
+        rates += [spec.rates()[FETCH] for sid in stream_ids
+                  if (spec := book.streams.get(sid)) is not None]
+        limited = [r for r in rates if r != UNLIMITED]
+        if not limited:
+            return None
+        return max(1, min(limited) * self.window_ns // 1_000_000_000)
+
     def charge(self, client_id: str, rate: int, amount: int,
                per_stream: Mapping[int, int], now_ns: int) -> int:
         """Count one request (``amount`` units of ``rate``, by stream in ``per_stream``) and
