@@ -8,7 +8,7 @@ Tagged fields are skipped on decode and none are written on encode (every tagged
 messages served is ignorable with a default).
 
 Every malformation (truncation, a negative or oversized length, an array longer than the bytes
-left could hold, bad UTF-8, trailing bytes) raises :class:`KafkaDecodeError`, nothing else; sizes
+left could hold, bad UTF-8) raises :class:`KafkaDecodeError`, nothing else; sizes
 are bounded by the named limits below before anything is allocated.
 """
 
@@ -242,11 +242,13 @@ def _read_struct(r: Reader, fields: Sequence[F], version: int, flexible: bool) -
     return out
 
 
-def decode(schema: Schema, version: int, buf: bytes | memoryview, pos: int = 0) -> dict[str, Any]:
-    """Decode a whole message body; trailing bytes are an error."""
+def decode(schema: Schema, version: int, buf: bytes | memoryview, pos: int = 0,
+           *, strict: bool = False) -> dict[str, Any]:
+    """Decode a message body. Bytes after it are ignored, as Kafka's brokers do (librdkafka's
+    flexible Metadata request for all topics carries some); ``strict`` refuses them."""
     r = Reader(buf, pos)
     out = _read_struct(r, schema.fields, version, version >= schema.flexible)
-    if r.remaining:
+    if strict and r.remaining:
         raise KafkaDecodeError(f"{r.remaining} bytes after the {schema.name} body")
     return out
 

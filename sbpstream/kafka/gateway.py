@@ -81,6 +81,11 @@ MAX_PARTITIONS: Final = 10_000
 """Partitions a CreateTopics may ask for per topic."""
 READ_BATCH_BYTES: Final = (64 * 1024, 8 * 1024 * 1024)
 """Bounds of the data-node fetch size asked per partition (from partition_max_bytes)."""
+# Authorized-operation bitfields (Metadata v8+, when asked): Kafka's AclOperation codes READ 3,
+# WRITE 4, CREATE 5, DELETE 6, DESCRIBE 8; the gateway has no ACLs, so everything it serves.
+TOPIC_OPERATIONS: Final = sum(1 << op for op in (3, 4, 5, 6, 8))
+CLUSTER_OPERATIONS: Final = sum(1 << op for op in (5, 8))
+NOT_REQUESTED: Final = -2147483648
 TIMESTAMP_LATEST: Final = -1
 TIMESTAMP_EARLIEST: Final = -2
 
@@ -243,6 +248,7 @@ class KafkaGateway:
         pending: asyncio.Queue[asyncio.Future[bytes | None] | None] = asyncio.Queue(
             MAX_IN_FLIGHT_REQUESTS)
         out = asyncio.create_task(self._write_responses(writer, pending))
+        frame = b""
         try:
             while not out.done():
                 size = INT32.unpack(await reader.readexactly(4))[0]
@@ -256,6 +262,7 @@ class KafkaGateway:
             pass
         except KafkaDecodeError as exc:
             log.info("event=kafka_bad_request peer=%s error=%s", peer, exc)
+            log.debug("event=kafka_bad_request_bytes frame=%s", frame.hex() if frame else "")
         except asyncio.CancelledError:
             pass
         except Exception:  # a bug: drop this connection, keep the gateway
@@ -395,6 +402,8 @@ class KafkaGateway:
     async def _metadata(self, conn: _Conn, version: int, req: dict[str, Any]
                         ) -> dict[str, Any]:
         wanted = req["topics"]
+        topic_ops = TOPIC_OPERATIONS if req["include_topic_authorized_operations"] \
+            else NOT_REQUESTED
         topics: list[dict[str, Any]] = []
         if wanted is None or (version == 0 and not wanted):
             for name, parts in sorted((await self._all_topics()).items()):
@@ -421,7 +430,9 @@ class KafkaGateway:
             "brokers": [{"node_id": self.node_id, "host": host, "port": port, "rack": None}],
             "cluster_id": "sbpstream",
             "controller_id": self.node_id,
-            "topics": topics,
+            "topics": [dict(t, topic_authorized_operations=topic_ops) for t in topics],
+            "cluster_authorized_operations": CLUSTER_OPERATIONS
+            if req["include_cluster_authorized_operations"] else NOT_REQUESTED,
         }
 
     def _topic_meta(self, name: str, parts: dict[int, int]) -> dict[str, Any]:
