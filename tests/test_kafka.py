@@ -16,11 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
+from cluster_helpers import node_at
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KPTopicPartition
+from waiting import eventually
 
 from sbpstream.client import Client
 from sbpstream.client.routing import primary_address
@@ -28,8 +31,6 @@ from sbpstream.cluster import LocalCluster
 from sbpstream.kafka.codec import INT32, decode, encode
 from sbpstream.kafka.records import encode_batch
 from sbpstream.kafka.schemas import API_VERSIONS, PRODUCE, SUPPORTED
-from tests.cluster_helpers import node_at
-from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -209,7 +210,6 @@ def test_retried_idempotent_batch_is_stored_once(cluster: LocalCluster) -> None:
     def produce(s: socket.socket, cid: int, seq: int, n: int) -> tuple[int, int]:
         raw = bytearray(encode_batch(0, [(T0, b"k", b"v%d" % (seq + j), ()) for j in range(n)]))
         struct.pack_into(">qhi", raw, 43, 4242, 0, seq)
-        import crc32c
         struct.pack_into(">I", raw, 17, crc32c.crc32c(bytes(raw[21:])))
         body = encode(api.request, 7, {"transactional_id": None, "acks": -1, "timeout_ms": 30000,
                                        "topic_data": [{"name": "retry", "partition_data": [
@@ -254,8 +254,8 @@ def test_idempotent_producer_across_a_data_node_sigkill_leaves_no_duplicates(
                 except BufferError:
                     p.poll(0.05)
             p.poll(0)
-            if i % 500 == 0:
-                time.sleep(0.02)  # spread the load so the kill lands mid-stream
+            if i % 200 == 0:
+                time.sleep(0.02)  # spread the load (~2 s) so the kill lands mid-stream
         p.flush(180)
 
     sender = threading.Thread(target=send_all)
@@ -266,10 +266,12 @@ def test_idempotent_producer_across_a_data_node_sigkill_leaves_no_duplicates(
     addr = primary_address(rng)
     assert addr is not None
     node_at(cluster, addr).kill()  # SIGKILL
+    at_kill = len(acked)
     sender.join(240)
     assert not sender.is_alive()
     assert not errors, errors[:3]
     assert len(acked) == total
+    assert at_kill < total  # the kill landed while records were still being produced
     got = _consume_confluent(cluster, "failover", 1, total)
     values = [int(v) for _, _, _, v, _, _ in got if v is not None]
     assert values == list(range(total))  # each once, in order: no duplicates, no loss

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 
 from sbpstream.kafka.gateway import KafkaGateway, run_gateway
 
@@ -20,7 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replicas", type=int, default=1, help="replicas of streams it creates")
     ap.add_argument("--no-auto-create", action="store_true")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    ap_level = os.environ.get("SBPSTREAM_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=ap_level, format="%(asctime)s %(name)s %(message)s")
     gw = KafkaGateway(args.pm, host=args.host, port=args.port, advertised=args.advertise,
                       auto_create=not args.no_auto_create, default_partitions=args.partitions,
                       replicas=args.replicas)
