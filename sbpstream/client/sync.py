@@ -286,6 +286,18 @@ class Producer(ProducerBase):
         self._before_call()
         return self._runner.run(to_cf(self._async.send_batch(stream_id, records, key=key)))
 
+    def send_whole(
+        self,
+        stream_id: int,
+        records: Sequence[Record],
+    ) -> concurrent.futures.Future[Offsets]:
+        """Queue ``records`` so that they travel in ONE batch: their offsets are consecutive
+        even when other producers write to the stream (the Kafka gateway's Produce). Returns one
+        future of their :class:`Offsets`. RecordTooLargeError when they exceed a batch.
+        """
+        self._before_call()
+        return self._runner.run(to_cf(self._async.send_whole(stream_id, records)))
+
     def flush(self) -> None:
         """Send every queued record now and wait until each is acknowledged or failed."""
         self._before_call()
