@@ -29,8 +29,15 @@ import crc32c
 import lz4.frame
 import zstandard
 
-from sbpstream.kafka.codec import KafkaDecodeError, Reader, uvarint, varint
-from sbpstream.records import MAX_DECOMPRESSED_BYTES, iter_records, read_header
+from sbpstream.kafka.codec import KafkaDecodeError, uvarint
+from sbpstream.records import (
+    MAX_DECOMPRESSED_BYTES,
+    BatchError,
+    iter_all_records_bytes,
+    read_header,
+)
+from sbpstream.records.varint import ZIGZAG_BYTE, decode_varint
+from sbpstream.records.varint import encode_varint as varint
 
 KAFKA_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 KAFKA_HEADER_SIZE: Final = 61
@@ -155,40 +162,82 @@ def decode_batches(buf: bytes | memoryview, now_ms: int | None = None) -> list[K
 
 def _decode_records(section: memoryview | bytes, count: int, base_ts: int,
                     fixed_ts: int | None) -> list[KafkaRecord]:
-    r = Reader(section)
+    """The hot loop of Produce: one- and two-byte varints (the usual case) are decoded
+    without a call to the general decoder."""
+    buf = bytes(section)
+    end = len(buf)
+    zz = ZIGZAG_BYTE
     out: list[KafkaRecord] = []
-    for _ in range(count):
-        length = r.varint()
-        if length < MIN_RECORD_BYTES - 1 or length > r.remaining:
-            raise KafkaDecodeError(f"bad record length {length}")
-        rec_end = r.pos + length
-        r.int8()  # record attributes: unused
-        ts_delta = r.varint()
-        r.varint()  # offset delta: records are contiguous, the position is the delta
-        n = r.varint()
-        key = None if n == -1 else bytes(r.take(n))
-        n = r.varint()
-        value = None if n == -1 else bytes(r.take(n))
-        hcount = r.varint()
-        if not 0 <= hcount <= rec_end - r.pos:
-            raise KafkaDecodeError(f"bad header count {hcount}")
-        headers = []
-        for _h in range(hcount):
-            n = r.varint()
-            try:
-                name = str(r.take(n), "utf-8")
-            except UnicodeDecodeError:
-                raise KafkaDecodeError("header key is not UTF-8") from None
-            n = r.varint()
-            headers.append((name, b"" if n == -1 else bytes(r.take(n))))
-        if r.pos != rec_end:
-            raise KafkaDecodeError("record length does not match its fields")
-        ts = fixed_ts if fixed_ts is not None else base_ts + ts_delta
-        if ts < 0:
-            raise KafkaDecodeError(f"negative record timestamp {ts}")
-        out.append(KafkaRecord(ts, key, value, tuple(headers)))
-    if r.remaining:
-        raise KafkaDecodeError(f"{r.remaining} bytes after the last record")
+    pos = 0
+
+    def vint(pos: int) -> tuple[int, int]:
+        b = buf[pos]
+        if b < 0x80:
+            return zz[b], pos + 1
+        c = buf[pos + 1]
+        if c < 0x80:  # two bytes: lengths and timestamp deltas up to 8 KiB / 8 s
+            u = (b & 0x7F) | (c << 7)
+            return (u >> 1) ^ -(u & 1), pos + 2
+        return decode_varint(buf, pos)
+
+    try:
+        for _ in range(count):
+            length, pos = vint(pos)
+            rec_end = pos + length
+            if length < MIN_RECORD_BYTES - 1 or rec_end > end:
+                raise KafkaDecodeError(f"bad record length {length}")
+            # attributes (1 byte, unused), timestamp delta, offset delta (records are
+            # contiguous: the position is the delta)
+            ts_delta, pos = vint(pos + 1)
+            _, pos = vint(pos)
+            n, pos = vint(pos)
+            if n == -1:
+                key = None
+            elif 0 <= n <= rec_end - pos:
+                key = buf[pos:pos + n]
+                pos += n
+            else:
+                raise KafkaDecodeError(f"bad key length {n}")
+            n, pos = vint(pos)
+            if n == -1:
+                value = None
+            elif 0 <= n <= rec_end - pos:
+                value = buf[pos:pos + n]
+                pos += n
+            else:
+                raise KafkaDecodeError(f"bad value length {n}")
+            hcount, pos = vint(pos)
+            if not 0 <= hcount <= rec_end - pos:
+                raise KafkaDecodeError(f"bad header count {hcount}")
+            headers: list[tuple[str, bytes]] = []
+            for _h in range(hcount):
+                n, pos = vint(pos)
+                if not 0 <= n <= rec_end - pos:
+                    raise KafkaDecodeError(f"bad header key length {n}")
+                name = str(buf[pos:pos + n], "utf-8")
+                pos += n
+                n, pos = vint(pos)
+                if n == -1:
+                    headers.append((name, b""))
+                elif 0 <= n <= rec_end - pos:
+                    headers.append((name, buf[pos:pos + n]))
+                    pos += n
+                else:
+                    raise KafkaDecodeError(f"bad header value length {n}")
+            if pos != rec_end:
+                raise KafkaDecodeError("record length does not match its fields")
+            ts = fixed_ts if fixed_ts is not None else base_ts + ts_delta
+            if ts < 0:
+                raise KafkaDecodeError(f"negative record timestamp {ts}")
+            out.append(KafkaRecord(ts, key, value, tuple(headers)))
+    except IndexError:
+        raise KafkaDecodeError("record runs past the end of the records section") from None
+    except UnicodeDecodeError:
+        raise KafkaDecodeError("header key is not UTF-8") from None
+    except BatchError as e:  # decode_varint's
+        raise KafkaDecodeError(str(e)) from None
+    if pos != end:
+        raise KafkaDecodeError(f"{end - pos} bytes after the last record")
     return out
 
 
@@ -249,9 +298,8 @@ def sbp_to_kafka(batches: list[memoryview], start_offset: int, max_bytes: int) -
         h = read_header(b)
         if h.base_offset + h.record_count <= start_offset:
             continue
-        recs: list[KRecord] = [
-            (r.timestamp_ms, r.key, r.value, tuple((k, bytes(hv)) for k, hv in r.headers))
-            for r in iter_records(b) if r.offset >= start_offset]
+        recs: list[KRecord] = [(ts, key, value, hdrs) for _o, ts, key, value, hdrs
+                               in iter_all_records_bytes(b, start_offset=start_offset)]
         if not recs:
             continue
         first = max(h.base_offset, start_offset)
