@@ -62,7 +62,7 @@ from sbpstream.kafka.schemas import (
 )
 from sbpstream.protocol.errors import SbpError, StreamNotFoundError
 from sbpstream.protocol.names import MAX_STREAM_NAME_LEN
-from sbpstream.records import MAX_BATCH_BYTES, RecordTooLargeError
+from sbpstream.records import RecordTooLargeError
 
 log = logging.getLogger("sbpstream.kafka")
 
@@ -785,5 +785,5 @@ async def run_gateway(gateway: KafkaGateway) -> None:
         await gateway.close()
 
 
-__all__ = ["MAX_BATCH_BYTES", "KafkaGateway", "parse_stream_name", "run_gateway", "stream_name",
+__all__ = ["KafkaGateway", "parse_stream_name", "run_gateway", "stream_name",
            "topic_problem"]
