@@ -356,6 +356,9 @@ def up(
     secure: Annotated[bool, typer.Option(
         "--secure", help="TLS and authentication everywhere (certificates under DIR/certs); "
         "prints the admin credentials.")] = False,
+    kafka_port: Annotated[int | None, typer.Option(
+        "--kafka-port", help="Also run a Kafka gateway on this port (docs/kafka.md).",
+        show_default=False)] = None,
 ) -> None:
     """Run a whole local cluster (PM on SQLite + N data nodes) in the foreground, supervised.
 
@@ -370,7 +373,7 @@ def up(
     cluster = LocalCluster(
         directory, datanodes=datanodes, pm_port=pm_port, dn_port=dn_port, host=host,
         fsync=fsync, heartbeat_interval_ms=heartbeat_interval_ms, node_timeout_ms=node_timeout_ms,
-        metrics_port=admin_port, pid_files=True,
+        metrics_port=admin_port, pid_files=True, kafka_port=kafka_port,
         secure=secure_certs(directory) if secure else None,
     )
     ports = [n.port for n in cluster.nodes]
@@ -463,6 +466,7 @@ def _print_banner(cluster: Any, console: str = "") -> None:
         row("placement manager:", cluster.pm),
         *([f"  {'web console:':<19}{console}"] if console else []),
         *[row(f"data node {i}:", dn) for i, dn in enumerate(cluster.datanodes)],
+        *([row("kafka gateway:", cluster.kafka)] if getattr(cluster, "kafka", None) else []),
         "A server that dies is restarted on the same port with the same data.",
         "",
         "From a second terminal:",
@@ -593,6 +597,51 @@ def datanode_server(
         run(run_datanode(config))
     except (OSError, SbpError, ValueError) as exc:
         fail(f"data node failed: {exc}")
+
+
+@app.command("kafka-gateway")
+def kafka_gateway(
+    pm: PmOption = DEFAULT_PM,
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")
+                    ] = 9092,
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    advertise: Annotated[str, typer.Option(
+        "--advertise", help="HOST:PORT Metadata tells clients (default HOST:PORT as bound).")
+                         ] = "",
+    partitions: Annotated[int, typer.Option(
+        "--partitions", min=1, help="Partitions of a topic created on first use.")] = 1,
+    replicas: Annotated[int, typer.Option(
+        "--replicas", min=1, help="Replicas of the streams of a topic created without a "
+        "replication factor.")] = 1,
+    auto_create: Annotated[bool, typer.Option(
+        "--auto-create/--no-auto-create", help="Create unknown topics a client asks for.")
+                           ] = True,
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
+                         ] = "INFO",
+) -> None:
+    """Run a Kafka wire-protocol gateway: Kafka clients produce and consume through it
+    (topic T partition N = stream T.N; docs/kafka.md)."""
+    from sbpstream.kafka.gateway import KafkaGateway, run_gateway
+
+    _valid_pm(pm)
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    gw = KafkaGateway(pm, host=host, port=port, advertised=advertise or None,
+                      auto_create=auto_create, default_partitions=partitions, replicas=replicas)
+
+    async def serve() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await run_gateway(gw)
+
+    try:
+        run(serve())
+    except (OSError, SbpError, ValueError) as exc:
+        fail(f"kafka gateway failed: {exc}")
 
 
 # ----------------------------------------------------------------------------------- streams

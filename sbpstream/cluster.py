@@ -43,6 +43,16 @@ RESTART_STABLE_S = 60.0
 SUPERVISE_POLL_S = 0.2  # how often the supervisor looks at its children
 
 
+def tcp_open(address: str, timeout_s: float = 1.0) -> bool:
+    """True when something at ``address`` accepts a TCP connection (the Kafka gateway)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def ping(address: str, timeout_s: float = 1.0, tls_ca: str = "") -> bool:
     """True when something at ``address`` answers an SBP PING (over TLS, verified against
     ``tls_ca``, when given; PING needs no authentication)."""
@@ -119,7 +129,8 @@ class Node:
                 raise RuntimeError(
                     f"{self.name} exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
                 )
-            if ping(self.address, 0.5, self.tls_ca):
+            if (tcp_open(self.address, 0.5) if self.kind == "kafka"
+                    else ping(self.address, 0.5, self.tls_ca)):
                 return
             time.sleep(0.05)
         raise TimeoutError(
@@ -196,6 +207,7 @@ class LocalCluster:
         metrics_port: int | None = None,
         pid_files: bool = False,
         secure: Path | None = None,
+        kafka_port: int | None = None,
     ) -> None:
         """``secure``: a directory made by ``sbpstream certs init``: every process serves TLS
         with its certificates and authenticates with its cluster secret (docs/security.md)."""
@@ -243,6 +255,14 @@ class LocalCluster:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         for i in range(datanodes):
             self.add_datanode(dn_port + i if dn_port else None)
+        self.kafka: Node | None = None  # a Kafka gateway (``kafka_port``; 0: any free port)
+        if kafka_port is not None:
+            kport = kafka_port or self._free_port(host)
+            self.kafka = Node(
+                "kafka", "kafka", kport,
+                ["--host", host, "--port", str(kport), "--pm", self.pm.address],
+                self.directory / "logs" / "kafka.log", host, env=self.env,
+                pid_path=self._pid_path("kafka"))
 
     def _free_port(self, host: str) -> int:
         """A free port not yet handed to another process of this cluster."""
@@ -257,8 +277,8 @@ class LocalCluster:
 
     @property
     def nodes(self) -> list[Node]:
-        """The PM, then the data nodes."""
-        return [self.pm, *self.datanodes]
+        """The PM, then the data nodes, then the Kafka gateway if any."""
+        return [self.pm, *self.datanodes, *([self.kafka] if self.kafka else [])]
 
     @property
     def pm_address(self) -> str:
@@ -302,14 +322,21 @@ class LocalCluster:
             dn.start()
         for dn in self.datanodes:
             dn.wait_ready()
+        if self.kafka is not None:
+            self.kafka.start()
+            self.kafka.wait_ready()
         return self
 
     def stop(self) -> None:
+        if self.kafka is not None:
+            self.kafka.stop()
         for dn in self.datanodes:
             dn.stop()
         self.pm.stop()
 
     def kill_all(self) -> None:
+        if self.kafka is not None:
+            self.kafka.kill()
         for dn in self.datanodes:
             dn.kill()
         self.pm.kill()

@@ -127,6 +127,7 @@ class AsyncConsumer:
         self.high_watermark = -1
         self._buffer: deque[ConsumedRecord] = deque()
         self._replica = 0
+        self._replica_range = -1  # the range index self._replica was chosen for
         self._attempts: Attempts | None = None
         self._closed = False
 
@@ -457,6 +458,12 @@ class AsyncConsumer:
         if not addrs:
             raise OffsetOutOfRangeError(f"range {rng.range_index} of stream {self.stream_id} "
                                         "has no replicas")
+        if rng.range_index != self._replica_range:
+            # a new range starts at its first replica (the primary of a writable range): the
+            # replica a failure moved us to in the last range may be a follower of this one,
+            # whose readable end lags the primary's until the next append reaches it
+            self._replica_range = rng.range_index
+            self._replica = 0
         # A writable range is read from its primary unless it just failed: a secondary learns
         # the committed offset one replication round late, so the primary's last records would
         # wait there for the next write. Sealed ranges and retries go round the replicas.

@@ -63,7 +63,14 @@ from sbpstream.protocol.messages import (
     FetchResponse,
     ProducerState,
 )
-from sbpstream.records import BatchBuilder, iter_batches, read_header
+from sbpstream.records import (
+    HEADER_SIZE,
+    MAX_BATCH_BYTES,
+    BatchBuilder,
+    RecordTooLargeError,
+    iter_batches,
+    read_header,
+)
 
 if TYPE_CHECKING:
     from sbpstream.client.aclient import AsyncClient
@@ -410,6 +417,45 @@ class AsyncProducer:
         st.futures.append(_Piece(offsets, piece, n - piece))
         return fut
 
+    async def send_whole(self, stream_id: int, records: Sequence[Record]
+                         ) -> asyncio.Future[Offsets]:
+        """Queue ``records`` so that they travel in ONE batch: their offsets are consecutive
+        even when other producers write to the stream (the Kafka gateway's Produce). Returns one
+        future of their :class:`Offsets`. RecordTooLargeError when they exceed a batch."""
+        loop = self._loop_or_start()
+        fut: asyncio.Future[Offsets] = loop.create_future()
+        n = len(records)
+        offsets = Offsets(n, fut)
+        if not n:
+            return fut
+        size = 0
+        bound = HEADER_SIZE
+        for r in records:
+            hdr = sum(len(k) + len(v) for k, v in r.headers)
+            size += RECORD_OVERHEAD_BYTES + len(r.value or b"") + len(r.key or b"") + hdr
+            # an upper bound of the encoded record: varints of at most 10 bytes each
+            bound += 50 + len(r.value or b"") + len(r.key or b"") + 3 * hdr + 20 * len(r.headers)
+        if self._buffered + size > self.buffer_max_bytes:
+            await self._wait_for_space(size)
+        if self._closed:
+            raise ProducerClosedError("the producer is closed")
+        st = self._streams.get(stream_id)
+        if st is None:
+            st = self._streams[stream_id] = _Stream(stream_id)
+        if st.builder is not None and st.builder.size_bytes + bound > self.batch_max_bytes:
+            self._close_builder(st)
+        if st.builder is None:
+            self._open_builder(st, max(self.batch_max_bytes, min(bound, MAX_BATCH_BYTES)))
+        b = st.builder
+        assert b is not None
+        for r in records:
+            if not b.add(r.value, r.key, r.headers, r.timestamp_ms):
+                raise RecordTooLargeError(f"{n} records exceed one batch ({MAX_BATCH_BYTES} B)")
+        st.futures.append(_Piece(offsets, 0, n))
+        st.pending_bytes += size
+        self._buffered += size
+        return fut
+
     async def _send_records(self, st: _Stream, records: Sequence[bytes | Record],
                             key: bytes | None, offsets: Offsets) -> None:
         """send_batch of records that are not all plain values: one record at a time."""
@@ -479,10 +525,10 @@ class AsyncProducer:
         st.pending_bytes += size
         self._buffered += size
 
-    def _open_builder(self, st: _Stream) -> BatchBuilder:
+    def _open_builder(self, st: _Stream, batch_bytes_max: int = 0) -> BatchBuilder:
         b = st.builder = BatchBuilder(
             codec=self._codec,
-            batch_bytes_max=self.batch_max_bytes,
+            batch_bytes_max=batch_bytes_max or self.batch_max_bytes,
             producer_id=self.producer_id,
             producer_epoch=self.producer_epoch,
             base_sequence=st.next_sequence,

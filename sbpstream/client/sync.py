@@ -226,7 +226,9 @@ class Client(ClientBase):
         A writable range's end comes from its primary. While the primary cannot be reached (it
         died and the PM has not sealed its range yet), this retries until the range is sealed
         or the primary answers, within the retry deadline; at the deadline it returns the
-        highest committed offset the other replicas and the PM know.
+        highest committed offset the other replicas and the PM know, or raises the primary's
+        error when no replica answered (a reader must not take an unknown end for an empty
+        stream).
         """
         return self._runner.run(self._async.end_offset(stream_id))
 
@@ -371,6 +373,18 @@ class Producer(ProducerBase):
         """
         self._before_call()
         return self._runner.run(to_cf(self._async.send_batch(stream_id, records, key=key)))
+
+    def send_whole(
+        self,
+        stream_id: int,
+        records: Sequence[Record],
+    ) -> concurrent.futures.Future[Offsets]:
+        """Queue ``records`` so that they travel in ONE batch: their offsets are consecutive
+        even when other producers write to the stream (the Kafka gateway's Produce). Returns one
+        future of their :class:`Offsets`. RecordTooLargeError when they exceed a batch.
+        """
+        self._before_call()
+        return self._runner.run(to_cf(self._async.send_whole(stream_id, records)))
 
     def flush(self) -> None:
         """Send every queued record now and wait until each is acknowledged or failed."""

@@ -1,0 +1,789 @@
+"""The Kafka gateway: an asyncio server speaking the Kafka binary protocol over the SDK.
+
+A topic ``T`` with ``P`` partitions is the ``P`` named streams ``T.0`` .. ``T.<P-1>``; a Kafka
+offset is the stream's offset. Produce goes through one idempotent SDK producer (each Kafka
+batch lands in one sbpstream batch, so its offsets are consecutive); Fetch reads through SDK
+consumers (long-poll mode), one per connection and partition. Idempotent Kafka producers get a
+producer id from InitProducerId and the gateway checks their sequences per partition (a window
+of :data:`PRODUCER_WINDOW` batches, like a broker): a retried batch is answered with the offset
+of the first copy, never stored twice. See docs/kafka.md.
+
+Requests of a connection are read in order, Produce requests are queued in that order, and
+responses are written in request order. A frame that cannot be decoded, an unknown API or an
+unsupported version closes the connection (Kafka's behaviour); ApiVersions of an unknown version
+is answered with UNSUPPORTED_VERSION and the versions served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from sbpstream.client.aclient import AsyncClient
+from sbpstream.client.consumer import AsyncConsumer
+from sbpstream.client.producer import AsyncProducer, Offsets
+from sbpstream.client.types import Record
+from sbpstream.kafka import errors as E
+from sbpstream.kafka.codec import (
+    INT32,
+    MAX_REQUEST_BYTES,
+    KafkaDecodeError,
+    decode,
+    decode_header,
+    encode,
+    encode_response,
+    peek_header,
+)
+from sbpstream.kafka.records import (
+    KafkaBatch,
+    UnsupportedBatchError,
+    UnsupportedCompressionError,
+    decode_batches,
+    sbp_to_kafka,
+)
+from sbpstream.kafka.schemas import (
+    API_VERSIONS,
+    API_VERSIONS_RESP,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    FETCH,
+    INIT_PRODUCER_ID,
+    LIST_OFFSETS,
+    METADATA,
+    PRODUCE,
+    SUPPORTED,
+)
+from sbpstream.protocol.errors import SbpError, StreamNotFoundError
+from sbpstream.protocol.names import MAX_STREAM_NAME_LEN
+from sbpstream.records import RecordTooLargeError
+
+log = logging.getLogger("sbpstream.kafka")
+
+PRODUCER_WINDOW: Final = 5
+"""Batches per (producer, partition) remembered for deduplication: Kafka's
+max.in.flight.requests.per.connection bound for idempotence."""
+MAX_PRODUCER_STATES: Final = 100_000
+"""(producer id, partition) sequence states kept; the least recently used goes first."""
+MAX_IN_FLIGHT_REQUESTS: Final = 64
+"""Requests of one connection being served at once; reading pauses beyond."""
+MAX_READERS_PER_CONNECTION: Final = 1024
+"""Partition readers (SDK consumers) cached per connection; the least recently used is closed."""
+MAX_FETCH_WAIT_MS: Final = 30_000
+"""A Fetch's max_wait_ms is capped at this."""
+MAX_PARTITIONS: Final = 10_000
+"""Partitions a CreateTopics may ask for per topic."""
+READ_BATCH_BYTES: Final = (64 * 1024, 8 * 1024 * 1024)
+"""Bounds of the data-node fetch size asked per partition (from partition_max_bytes)."""
+# Authorized-operation bitfields (Metadata v8+, when asked): Kafka's AclOperation codes READ 3,
+# WRITE 4, CREATE 5, DELETE 6, DESCRIBE 8; the gateway has no ACLs, so everything it serves.
+TOPIC_OPERATIONS: Final = sum(1 << op for op in (3, 4, 5, 6, 8))
+CLUSTER_OPERATIONS: Final = sum(1 << op for op in (5, 8))
+NOT_REQUESTED: Final = -2147483648
+TIMESTAMP_LATEST: Final = -1
+TIMESTAMP_EARLIEST: Final = -2
+
+_TOPIC_CHARS: Final = re.compile(r"[a-zA-Z0-9._-]+")
+_PARTITION_NAME: Final = re.compile(r"(.+)\.(0|[1-9][0-9]{0,8})")
+
+
+def stream_name(topic: str, partition: int) -> str:
+    """The stream holding ``partition`` of ``topic``: ``<topic>.<partition>``."""
+    return f"{topic}.{partition}"
+
+
+def parse_stream_name(name: str) -> tuple[str, int] | None:
+    """(topic, partition) of a stream named by the rule; None for another name."""
+    m = _PARTITION_NAME.fullmatch(name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def topic_problem(topic: str, partitions: int = 1) -> str | None:
+    """Why ``topic`` cannot be a topic (its stream names must be valid), or None."""
+    if not topic or _TOPIC_CHARS.fullmatch(topic) is None or topic in (".", ".."):
+        return f"topic name {topic[:60]!r} must be 1+ characters of a-z A-Z 0-9 . _ -"
+    if len(stream_name(topic, partitions - 1)) > MAX_STREAM_NAME_LEN:
+        return f"topic name is too long: its streams' names exceed {MAX_STREAM_NAME_LEN}"
+    return None
+
+
+@dataclass(slots=True)
+class _Sent:
+    first: int
+    last: int
+    result: asyncio.Future[int]  # the base offset
+
+
+@dataclass(slots=True)
+class _SeqState:
+    epoch: int
+    sent: deque[_Sent] = field(default_factory=deque)
+
+
+@dataclass(slots=True)
+class _Reader:
+    consumer: AsyncConsumer
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class _Conn:
+    """Per-connection state: the cached partition readers."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+        self.readers: OrderedDict[int, _Reader] = OrderedDict()
+
+    async def close(self) -> None:
+        for r in self.readers.values():
+            with contextlib.suppress(Exception):
+                await r.consumer.close()
+        self.readers.clear()
+
+
+Handler = Callable[[_Conn, int, dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
+class KafkaGateway:
+    """Serve Kafka clients at ``host:port`` over the cluster whose PM is ``pm``.
+
+    ``advertised`` is the ``host:port`` Metadata tells clients to connect to (default: the
+    listening address). ``auto_create`` creates a topic of ``default_partitions`` partitions
+    when a Metadata request names an unknown one and allows it (Kafka's
+    auto.create.topics.enable); ``replicas`` is the replica count of streams it creates when a
+    CreateTopics leaves the replication factor to the broker.
+    """
+
+    def __init__(
+        self,
+        pm: str | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9092,
+        advertised: str | None = None,
+        node_id: int = 0,
+        auto_create: bool = True,
+        default_partitions: int = 1,
+        replicas: int = 1,
+        linger_ms: float = 2.0,
+    ) -> None:
+        self.pm = pm
+        self.host = host
+        self.port = port
+        self._advertised = advertised
+        self.node_id = node_id
+        self.auto_create = auto_create
+        self.default_partitions = default_partitions
+        self.replicas = replicas
+        self.linger_ms = linger_ms
+        self.client = AsyncClient(pm, retry_deadline_ms=60_000)
+        self._producer: AsyncProducer | None = None
+        self._server: asyncio.Server | None = None
+        self._sids: dict[tuple[str, int], int] = {}
+        self._seq: OrderedDict[tuple[int, int], _SeqState] = OrderedDict()
+        self._conns: set[asyncio.Task[None]] = set()
+        self._handlers: dict[int, Handler] = {
+            METADATA: self._metadata,
+            FETCH: self._fetch,
+            LIST_OFFSETS: self._list_offsets,
+            CREATE_TOPICS: self._create_topics,
+            DELETE_TOPICS: self._delete_topics,
+            INIT_PRODUCER_ID: self._init_producer_id,
+        }
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        if self._advertised:
+            h, _, p = self._advertised.rpartition(":")
+            return h, int(p)
+        return self.host, self.port
+
+    @property
+    def producer(self) -> AsyncProducer:
+        if self._producer is None:
+            self._producer = self.client.producer(
+                linger_ms=self.linger_ms, batch_max_bytes=1024 * 1024)
+        return self._producer
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        if self.port == 0:
+            self.port = self._server.sockets[0].getsockname()[1]
+        log.info("event=kafka_gateway_listening addr=%s:%d pm=%s", self.host, self.port,
+                 ",".join(self.client.pm_addresses))
+
+    async def serve_forever(self) -> None:
+        if self._server is None:
+            await self.start()
+        assert self._server is not None
+        async with self._server:
+            await self._server.serve_forever()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._conns):
+            t.cancel()
+        for t in list(self._conns):
+            with contextlib.suppress(BaseException):
+                await t
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.close()
+        await self.client.close()
+
+    # ------------------------------------------------------------------------- connections
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        peer = str(writer.get_extra_info("peername"))
+        conn = _Conn(peer)
+        pending: asyncio.Queue[asyncio.Future[bytes | None] | None] = asyncio.Queue(
+            MAX_IN_FLIGHT_REQUESTS)
+        out = asyncio.create_task(self._write_responses(writer, pending))
+        frame = b""
+        try:
+            while not out.done():
+                size = INT32.unpack(await reader.readexactly(4))[0]
+                if not 0 < size <= MAX_REQUEST_BYTES:
+                    log.info("event=kafka_bad_frame peer=%s size=%d", peer, size)
+                    break
+                frame = await reader.readexactly(size)
+                fut = await self._dispatch(conn, frame)
+                await pending.put(fut)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except KafkaDecodeError as exc:
+            log.info("event=kafka_bad_request peer=%s error=%s", peer, exc)
+            log.debug("event=kafka_bad_request_bytes frame=%s", frame.hex() if frame else "")
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # a bug: drop this connection, keep the gateway
+            log.exception("event=kafka_connection_failed peer=%s", peer)
+        finally:
+            with contextlib.suppress(asyncio.QueueFull):
+                pending.put_nowait(None)
+            if not out.done():
+                # let the responses already owed go out (a client closing after its last
+                # request still gets them), unless the connection is gone
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(out), MAX_FETCH_WAIT_MS / 1000 + 5)
+            out.cancel()
+            with contextlib.suppress(BaseException):
+                await out
+            await conn.close()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._conns.discard(task)
+
+    async def _write_responses(
+        self, writer: asyncio.StreamWriter,
+        pending: asyncio.Queue[asyncio.Future[bytes | None] | None],
+    ) -> None:
+        while True:
+            fut = await pending.get()
+            if fut is None:
+                return
+            try:
+                data = await fut
+            except Exception:
+                log.exception("event=kafka_request_failed")
+                writer.close()
+                return
+            if data is not None:
+                writer.write(data)
+                await writer.drain()
+
+    async def _dispatch(self, conn: _Conn, frame: bytes) -> asyncio.Future[bytes | None]:
+        """Decode a request; return the future of its response frame (None: no response).
+
+        Produce is queued here, in request order; everything else runs in its own task."""
+        api_key, version, correlation_id = peek_header(frame)
+        api = SUPPORTED.get(api_key)
+        if api is None:
+            raise KafkaDecodeError(f"unknown api key {api_key}")
+        loop = asyncio.get_running_loop()
+        if api_key == API_VERSIONS and not api.min_version <= version <= api.max_version:
+            fut: asyncio.Future[bytes | None] = loop.create_future()
+            body = encode(API_VERSIONS_RESP, 0, {"error_code": E.UNSUPPORTED_VERSION,
+                                                 "api_keys": self._api_keys()})
+            fut.set_result(encode_response(correlation_id, False, body))
+            return fut
+        if not api.min_version <= version <= api.max_version:
+            raise KafkaDecodeError(f"{api.name} v{version} is not served "
+                                   f"(v{api.min_version}-v{api.max_version})")
+        flexible = version >= api.request.flexible
+        header = decode_header(frame, flexible)
+        req = decode(api.request, version, frame, header.body_offset)
+        # ApiVersions answers with response header v0 whatever its version
+        flexible_resp = flexible and api_key != API_VERSIONS
+
+        def frame_of(resp: dict[str, Any] | None) -> bytes | None:
+            if resp is None:
+                return None
+            return encode_response(correlation_id, flexible_resp,
+                                   encode(api.response, version, resp))
+
+        if api_key == API_VERSIONS:
+            fut = loop.create_future()
+            fut.set_result(frame_of({"error_code": 0, "api_keys": self._api_keys()}))
+            return fut
+        if api_key == PRODUCE:
+            done = await self._produce(req)
+            if done is None:  # acks=0
+                fut = loop.create_future()
+                fut.set_result(None)
+                return fut
+            produce_task = asyncio.ensure_future(done)
+            return asyncio.ensure_future(_then(produce_task, frame_of))
+        handler = self._handlers[api_key]
+        return asyncio.ensure_future(_then(handler(conn, version, req), frame_of))
+
+    def _api_keys(self) -> list[dict[str, Any]]:
+        return [{"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
+                for a in SUPPORTED.values()]
+
+    # ------------------------------------------------------------------------ topic mapping
+
+    async def _sid(self, topic: str, partition: int) -> int:
+        key = (topic, partition)
+        sid = self._sids.get(key)
+        if sid is None:
+            if partition < 0 or topic_problem(topic, partition + 1):
+                raise StreamNotFoundError(f"no partition {partition} of topic {topic!r}")
+            sid = await self.client.resolve_stream(stream_name(topic, partition), refresh=True)
+            self._sids[key] = sid
+        return sid
+
+    def _forget(self, topic: str, partition: int | None = None) -> None:
+        for key in [k for k in self._sids if k[0] == topic and partition in (None, k[1])]:
+            del self._sids[key]
+
+    async def _partitions(self, topic: str) -> dict[int, int]:
+        """partition -> stream id of ``topic`` (the partitions 0..P-1 that exist)."""
+        if topic_problem(topic):
+            return {}
+        found: dict[int, int] = {}
+        for st in await self.client.find_streams(prefix=topic + "."):
+            parsed = parse_stream_name(st.name)
+            if parsed is not None and parsed[0] == topic:
+                found[parsed[1]] = st.stream_id
+        out: dict[int, int] = {}
+        while len(out) in found:
+            out[len(out)] = found[len(out)]
+        for p, sid in out.items():
+            self._sids[(topic, p)] = sid
+        return out
+
+    async def _all_topics(self) -> dict[str, dict[int, int]]:
+        topics: dict[str, dict[int, int]] = {}
+        for st in await self.client.find_streams(prefix=""):
+            parsed = parse_stream_name(st.name)
+            if parsed is not None:
+                topics.setdefault(parsed[0], {})[parsed[1]] = st.stream_id
+        out: dict[str, dict[int, int]] = {}
+        for t, parts in topics.items():
+            if 0 in parts:
+                out[t] = {}
+                while len(out[t]) in parts:
+                    out[t][len(out[t])] = parts[len(out[t])]
+        return out
+
+    # ----------------------------------------------------------------------------- metadata
+
+    async def _metadata(self, conn: _Conn, version: int, req: dict[str, Any]
+                        ) -> dict[str, Any]:
+        wanted = req["topics"]
+        topic_ops = TOPIC_OPERATIONS if req["include_topic_authorized_operations"] \
+            else NOT_REQUESTED
+        topics: list[dict[str, Any]] = []
+        if wanted is None or (version == 0 and not wanted):
+            for name, parts in sorted((await self._all_topics()).items()):
+                topics.append(self._topic_meta(name, parts))
+        else:
+            for t in wanted:
+                name = t["name"]
+                problem = topic_problem(name)
+                if problem:
+                    topics.append({"error_code": E.INVALID_TOPIC_EXCEPTION, "name": name})
+                    continue
+                parts = await self._partitions(name)
+                if not parts and self.auto_create and req["allow_auto_topic_creation"]:
+                    code, _ = await self._create(name, self.default_partitions, self.replicas,
+                                                 {})
+                    if code in (E.NONE, E.TOPIC_ALREADY_EXISTS):
+                        parts = await self._partitions(name)
+                if not parts:
+                    topics.append({"error_code": E.UNKNOWN_TOPIC_OR_PARTITION, "name": name})
+                else:
+                    topics.append(self._topic_meta(name, parts))
+        host, port = self.advertised
+        return {
+            "brokers": [{"node_id": self.node_id, "host": host, "port": port, "rack": None}],
+            "cluster_id": "sbpstream",
+            "controller_id": self.node_id,
+            "topics": [dict(t, topic_authorized_operations=topic_ops) for t in topics],
+            "cluster_authorized_operations": CLUSTER_OPERATIONS
+            if req["include_cluster_authorized_operations"] else NOT_REQUESTED,
+        }
+
+    def _topic_meta(self, name: str, parts: dict[int, int]) -> dict[str, Any]:
+        n = self.node_id
+        return {"error_code": 0, "name": name, "partitions": [
+            {"error_code": 0, "partition_index": p, "leader_id": n, "leader_epoch": -1,
+             "replica_nodes": [n], "isr_nodes": [n], "offline_replicas": []}
+            for p in sorted(parts)]}
+
+    # ----------------------------------------------------------------------------- produce
+
+    async def _produce(self, req: dict[str, Any]
+                       ) -> Awaitable[dict[str, Any]] | None:
+        """Queue every partition's records now (in request order); return the awaitable of the
+        response (None for acks=0, which gets none)."""
+        acks = req["acks"]
+        results: list[tuple[str, int, Awaitable[tuple[int, int]]]] = []
+        for td in req["topic_data"]:
+            for pd in td["partition_data"]:
+                results.append((td["name"], pd["index"],
+                                await self._produce_partition(td["name"], pd["index"],
+                                                              pd["records"], acks, req)))
+        if acks == 0:
+            for _, _, aw in results:
+                asyncio.ensure_future(aw).add_done_callback(_log_failure)
+            return None
+        return self._produce_response(results, req["timeout_ms"])
+
+    async def _produce_response(self, results: list[tuple[str, int, Awaitable[tuple[int, int]]]],
+                                timeout_ms: int) -> dict[str, Any]:
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        timeout = max(timeout_ms, 1000) / 1000
+        for topic, partition, aw in results:
+            try:
+                code, base = await asyncio.wait_for(asyncio.shield(aw), timeout)
+            except TimeoutError:
+                code, base = E.REQUEST_TIMED_OUT, -1
+            by_topic.setdefault(topic, []).append(
+                {"index": partition, "error_code": code, "base_offset": base,
+                 "log_append_time_ms": -1, "log_start_offset": -1, "record_errors": [],
+                 "error_message": None})
+        return {"responses": [{"name": t, "partition_responses": p}
+                              for t, p in by_topic.items()], "throttle_time_ms": 0}
+
+    async def _produce_partition(self, topic: str, partition: int, records: bytes | None,
+                                 acks: int, req: dict[str, Any]
+                                 ) -> Awaitable[tuple[int, int]]:
+        """Queue one partition's batches; the awaitable of (error code, base offset)."""
+        code = E.NONE
+        if acks not in (0, 1, -1):
+            code = E.INVALID_REQUIRED_ACKS
+        elif req["transactional_id"] is not None:
+            code = E.INVALID_REQUEST
+        batches: list[KafkaBatch] = []
+        if code == E.NONE:
+            try:
+                batches = decode_batches(records or b"")
+            except UnsupportedCompressionError:
+                code = E.UNSUPPORTED_COMPRESSION_TYPE
+            except UnsupportedBatchError:
+                code = E.UNSUPPORTED_FOR_MESSAGE_FORMAT
+            except KafkaDecodeError as exc:
+                log.info("event=kafka_corrupt_batch topic=%s partition=%d error=%s",
+                         topic, partition, exc)
+                code = E.CORRUPT_MESSAGE
+            if not batches and code == E.NONE:
+                code = E.CORRUPT_MESSAGE
+        if code == E.NONE:
+            try:
+                sid = await self._sid(topic, partition)
+            except SbpError as exc:
+                code = E.kafka_code(exc)
+        if code != E.NONE:
+            return _ready((code, -1))
+        waits: list[Awaitable[tuple[int, int]]] = []
+        for b in batches:
+            waits.append(await self._produce_batch(topic, partition, sid, b))
+        return _first_base(waits)
+
+    async def _produce_batch(self, topic: str, partition: int, sid: int, b: KafkaBatch
+                             ) -> Awaitable[tuple[int, int]]:
+        state: _SeqState | None = None
+        if b.producer_id >= 0:
+            key = (b.producer_id, sid)
+            state = self._seq.get(key)
+            if state is None or b.producer_epoch > state.epoch:
+                state = _SeqState(b.producer_epoch)
+                self._seq[key] = state
+                while len(self._seq) > MAX_PRODUCER_STATES:
+                    self._seq.popitem(last=False)
+            self._seq.move_to_end(key)
+            if b.producer_epoch < state.epoch:
+                return _ready((E.INVALID_PRODUCER_EPOCH, -1))
+            for s in state.sent:
+                if s.first == b.base_sequence and s.last == b.last_sequence:
+                    return _dup(s.result)  # a retry: the first copy's outcome
+            if state.sent and b.base_sequence != (state.sent[-1].last + 1) & 0x7FFFFFFF:
+                return _ready((E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1))
+        recs = [Record(r.value, r.key, r.headers, r.timestamp_ms) for r in b.records]
+        try:
+            fut = await self.producer.send_whole(sid, recs)
+        except RecordTooLargeError:
+            return _ready((E.MESSAGE_TOO_LARGE, -1))
+        except SbpError as exc:
+            return _ready((E.kafka_code(exc), -1))
+        result: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        sent = None
+        if state is not None:
+            sent = _Sent(b.base_sequence, b.last_sequence, result)
+            state.sent.append(sent)
+            if len(state.sent) > PRODUCER_WINDOW:
+                state.sent.popleft()
+        # a task now: the outcome settles the dedup window even if no one awaits the response
+        return asyncio.ensure_future(self._settle(topic, partition, fut, result, state, sent))
+
+    async def _settle(self, topic: str, partition: int, fut: asyncio.Future[Offsets],
+                      result: asyncio.Future[int], state: _SeqState | None,
+                      sent: _Sent | None) -> tuple[int, int]:
+        offsets = await fut
+        err = offsets.error
+        if err is None:
+            result.set_result(offsets[0])
+            return E.NONE, offsets[0]
+        code = E.kafka_code(err)
+        result.set_exception(err)
+        result.exception()  # retrieved: duplicates re-raise their own copy
+        if code == E.UNKNOWN_TOPIC_OR_PARTITION:
+            self._forget(topic, partition)
+        if state is not None and sent is not None and sent in state.sent:
+            # not stored: the client's retry of this batch (and of those after) must be taken
+            while state.sent and state.sent[-1] is not sent:
+                state.sent.pop()
+            state.sent.pop()
+        return code, -1
+
+    # ------------------------------------------------------------------------------- fetch
+
+    async def _fetch(self, conn: _Conn, version: int, req: dict[str, Any]) -> dict[str, Any]:
+        wait_ms = max(0, min(req["max_wait_ms"], MAX_FETCH_WAIT_MS))
+        parts = [(t["topic"], p) for t in req["topics"] for p in t["partitions"]]
+        got = await asyncio.gather(*(self._fetch_partition(conn, t, p, 0) for t, p in parts))
+        if wait_ms and not any(len(g["records"] or b"") for g in got) and not any(
+                g["error_code"] for g in got):
+            got = await asyncio.gather(
+                *(self._fetch_partition(conn, t, p, wait_ms) for t, p in parts))
+        budget = req["max_bytes"] if req["max_bytes"] > 0 else 0x7FFFFFFF
+        responses: dict[str, list[dict[str, Any]]] = {}
+        used = 0
+        for (topic, _), g in zip(parts, got, strict=True):
+            n = len(g["records"] or b"")
+            if used and used + n > budget:
+                g["records"] = b""
+            used += n
+            responses.setdefault(topic, []).append(g)
+        return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0,
+                "responses": [{"topic": t, "partitions": ps} for t, ps in responses.items()]}
+
+    async def _fetch_partition(self, conn: _Conn, topic: str, p: dict[str, Any],
+                               wait_ms: int) -> dict[str, Any]:
+        partition, offset = p["partition"], p["fetch_offset"]
+        out: dict[str, Any] = {"partition_index": partition, "error_code": 0,
+                               "high_watermark": -1, "last_stable_offset": -1,
+                               "log_start_offset": -1, "aborted_transactions": None,
+                               "preferred_read_replica": -1, "records": b""}
+        try:
+            sid = await self._sid(topic, partition)
+            if offset < 0:
+                out["error_code"] = E.OFFSET_OUT_OF_RANGE
+                return out
+            rd = conn.readers.get(sid)
+            limit = min(max(p["partition_max_bytes"], READ_BATCH_BYTES[0]), READ_BATCH_BYTES[1])
+            if rd is None:
+                rd = conn.readers[sid] = _Reader(self.client.consumer(
+                    sid, offset, subscribe=False, batch_max_bytes=limit))
+                while len(conn.readers) > MAX_READERS_PER_CONNECTION:
+                    _, old = conn.readers.popitem(last=False)
+                    await old.consumer.close()
+            conn.readers.move_to_end(sid)
+            async with rd.lock:
+                c = rd.consumer
+                c.batch_max_bytes = limit
+                if c.position != offset:
+                    await c.seek(offset)
+                batches = await c.fetch_batches(wait_ms)
+                data, nxt = sbp_to_kafka(batches, offset, max(p["partition_max_bytes"], 1))
+                hw = max(c.high_watermark, nxt)
+        except SbpError as exc:
+            out["error_code"] = E.kafka_code(exc)
+            if out["error_code"] == E.UNKNOWN_TOPIC_OR_PARTITION:
+                self._forget(topic, partition)
+            return out
+        out["records"] = data
+        out["high_watermark"] = out["last_stable_offset"] = hw
+        return out
+
+    # ------------------------------------------------------------------------ list offsets
+
+    async def _list_offsets(self, conn: _Conn, version: int, req: dict[str, Any]
+                            ) -> dict[str, Any]:
+        topics = []
+        for t in req["topics"]:
+            parts = []
+            for p in t["partitions"]:
+                r: dict[str, Any] = {"partition_index": p["partition_index"], "error_code": 0,
+                                     "timestamp": -1, "offset": -1, "leader_epoch": -1}
+                try:
+                    sid = await self._sid(t["name"], p["partition_index"])
+                    ts = p["timestamp"]
+                    if ts == TIMESTAMP_EARLIEST:
+                        r["offset"] = await self.client.start_offset(sid)
+                    elif ts == TIMESTAMP_LATEST:
+                        r["offset"] = await self.client.end_offset(sid)
+                    else:  # offsets by time are not indexed by sbpstream
+                        r["error_code"] = E.INVALID_REQUEST
+                except SbpError as exc:
+                    r["error_code"] = E.kafka_code(exc)
+                parts.append(r)
+            topics.append({"name": t["name"], "partitions": parts})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    # ---------------------------------------------------------------------- create, delete
+
+    async def _create(self, name: str, partitions: int, replicas: int,
+                      configs: dict[str, str | None], validate_only: bool = False
+                      ) -> tuple[int, str | None]:
+        if partitions == -1:
+            partitions = self.default_partitions
+        if replicas == -1:
+            replicas = self.replicas
+        if not 0 < partitions <= MAX_PARTITIONS:
+            return E.INVALID_PARTITIONS, f"partitions must be in [1, {MAX_PARTITIONS}]"
+        if replicas < 1:
+            return E.INVALID_REPLICATION_FACTOR, "replication factor must be at least 1"
+        problem = topic_problem(name, partitions)
+        if problem:
+            return E.INVALID_TOPIC_EXCEPTION, problem
+        retention: dict[str, int] = {}
+        for k, v in configs.items():
+            if k == "retention.ms" and v is not None:
+                try:
+                    retention["retention_ms"] = int(v)
+                except ValueError:
+                    return E.INVALID_CONFIG, f"retention.ms {v!r} is not an integer"
+        try:
+            if await self._partitions(name):
+                return E.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+            if validate_only:
+                return E.NONE, None
+            await self.client.create_streams(
+                names=[stream_name(name, p) for p in range(partitions)],
+                replica_nums=replicas, **retention)
+        except SbpError as exc:
+            code = E.kafka_code(exc)
+            if code == E.NOT_ENOUGH_REPLICAS:
+                code = E.INVALID_REPLICATION_FACTOR
+            elif "exist" in exc.message.lower() or "in use" in exc.message.lower():
+                code = E.TOPIC_ALREADY_EXISTS
+            return code, exc.message
+        return E.NONE, None
+
+    async def _create_topics(self, conn: _Conn, version: int, req: dict[str, Any]
+                             ) -> dict[str, Any]:
+        out = []
+        for t in req["topics"]:
+            configs = {c["name"]: c["value"] for c in t["configs"]}
+            code, msg = await self._create(t["name"], t["num_partitions"],
+                                           t["replication_factor"], configs,
+                                           req["validate_only"])
+            parts = t["num_partitions"] if t["num_partitions"] > 0 else self.default_partitions
+            out.append({"name": t["name"], "error_code": code, "error_message": msg,
+                        "num_partitions": parts if code == E.NONE else -1,
+                        "replication_factor": (t["replication_factor"] if
+                                               t["replication_factor"] > 0 else self.replicas)
+                        if code == E.NONE else -1,
+                        "configs": None})
+        return {"throttle_time_ms": 0, "topics": out}
+
+    async def _delete_topics(self, conn: _Conn, version: int, req: dict[str, Any]
+                             ) -> dict[str, Any]:
+        out = []
+        for name in req["topic_names"]:
+            code, msg = E.NONE, None
+            try:
+                parts = await self._partitions(name)
+                if not parts:
+                    code = E.UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    await self.client.delete_streams(list(parts.values()))
+                    self._forget(name)
+            except SbpError as exc:
+                code, msg = E.kafka_code(exc), exc.message
+            out.append({"name": name, "error_code": code, "error_message": msg})
+        return {"throttle_time_ms": 0, "responses": out}
+
+    # ------------------------------------------------------------------------ idempotence
+
+    async def _init_producer_id(self, conn: _Conn, version: int, req: dict[str, Any]
+                                ) -> dict[str, Any]:
+        if req["transactional_id"] is not None:
+            return {"throttle_time_ms": 0, "error_code": E.INVALID_REQUEST,
+                    "producer_id": -1, "producer_epoch": -1}
+        # a fresh id per call: 62 random bits make a collision with a live producer negligible
+        return {"throttle_time_ms": 0, "error_code": 0,
+                "producer_id": random.getrandbits(62), "producer_epoch": 0}
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+async def _then(aw: Awaitable[dict[str, Any] | None],
+                fn: Callable[[dict[str, Any] | None], bytes | None]) -> bytes | None:
+    return fn(await aw)
+
+
+async def _ready(value: tuple[int, int]) -> tuple[int, int]:
+    return value
+
+
+async def _dup(result: asyncio.Future[int]) -> tuple[int, int]:
+    try:
+        return E.NONE, await asyncio.shield(result)
+    except SbpError as exc:
+        return E.kafka_code(exc), -1
+
+
+async def _first_base(waits: list[Awaitable[tuple[int, int]]]) -> tuple[int, int]:
+    """Several batches for one partition: the first error, else the first base offset."""
+    got = [await w for w in waits]
+    for code, _ in got:
+        if code != E.NONE:
+            return code, -1
+    return got[0]
+
+
+def _log_failure(fut: asyncio.Future[tuple[int, int]]) -> None:
+    if fut.cancelled():
+        return
+    exc = fut.exception()
+    if exc is not None:
+        log.warning("event=kafka_acks0_produce_failed error=%s", exc)
+    elif fut.result()[0] != E.NONE:
+        log.warning("event=kafka_acks0_produce_failed code=%d", fut.result()[0])
+
+
+async def run_gateway(gateway: KafkaGateway) -> None:
+    """Serve until cancelled, then close."""
+    try:
+        await gateway.serve_forever()
+    finally:
+        await gateway.close()
+
+
+__all__ = ["KafkaGateway", "parse_stream_name", "run_gateway", "stream_name",
+           "topic_problem"]

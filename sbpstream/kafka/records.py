@@ -1,0 +1,324 @@
+"""Kafka record batch v2 to and from sbpstream records. No I/O.
+
+Kafka's batch (protocol guide, "Record Batch")::
+
+    baseOffset int64, batchLength int32, partitionLeaderEpoch int32, magic int8 (=2),
+    crc uint32 (CRC-32C of attributes..end), attributes int16, lastOffsetDelta int32,
+    baseTimestamp int64, maxTimestamp int64, producerId int64, producerEpoch int16,
+    baseSequence int32, records [Record] (int32 count)
+
+    Record: length varint, attributes int8, timestampDelta varlong, offsetDelta varint,
+            key varint-length bytes, value varint-length bytes,
+            headers [varint count] (key varint-length string, value varint-length bytes)
+
+Attributes bits 0-2 are the codec (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd), bit 3 the timestamp
+type (1: LogAppendTime), bit 4 transactional, bit 5 control. sbpstream's batch has the same
+records minus the per-record attributes and offset delta (see :mod:`sbpstream.records`).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import crc32c
+import lz4.frame
+import zstandard
+
+from sbpstream.kafka.codec import KafkaDecodeError, uvarint
+from sbpstream.records import (
+    MAX_DECOMPRESSED_BYTES,
+    BatchError,
+    iter_all_records_bytes,
+    read_header,
+)
+from sbpstream.records.varint import ZIGZAG_BYTE, decode_varint
+from sbpstream.records.varint import encode_varint as varint
+
+KAFKA_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
+KAFKA_HEADER_SIZE: Final = 61
+assert KAFKA_HEADER.size == KAFKA_HEADER_SIZE
+CRC_START: Final = 21  # attributes
+LENGTH_PREFIX: Final = 12  # baseOffset + batchLength
+MAGIC_OFFSET: Final = 16
+
+CODEC_NONE: Final = 0
+CODEC_GZIP: Final = 1
+CODEC_SNAPPY: Final = 2
+CODEC_LZ4: Final = 3
+CODEC_ZSTD: Final = 4
+ATTR_CODEC: Final = 0x07
+ATTR_LOG_APPEND_TIME: Final = 0x08
+ATTR_TRANSACTIONAL: Final = 0x10
+ATTR_CONTROL: Final = 0x20
+
+MAX_RECORDS_PER_BATCH: Final = 1_000_000
+"""A produced batch claiming more records than this is refused (every record is >= 7 bytes, so
+a 16 MiB batch holds fewer anyway)."""
+MIN_RECORD_BYTES: Final = 7  # length, attributes, ts delta, offset delta, key, value, headers
+
+
+class UnsupportedBatchError(KafkaDecodeError):
+    """A well-formed batch the gateway does not store: snappy, transactional or control."""
+
+
+class UnsupportedCompressionError(UnsupportedBatchError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBatch:
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records: list[KafkaRecord]
+
+    @property
+    def last_sequence(self) -> int:
+        return (self.base_sequence + len(self.records) - 1) & 0x7FFFFFFF
+
+
+def _decompress(codec: int, data: memoryview) -> bytes:
+    try:
+        if codec == CODEC_GZIP:
+            d = zlib.decompressobj(wbits=31)
+            out = d.decompress(data, MAX_DECOMPRESSED_BYTES)
+            if d.unconsumed_tail:
+                raise KafkaDecodeError("gzip records exceed the decompression bound")
+            return out
+        if codec == CODEC_LZ4:
+            out = lz4.frame.decompress(data)
+            if len(out) > MAX_DECOMPRESSED_BYTES:
+                raise KafkaDecodeError("lz4 records exceed the decompression bound")
+            return bytes(out)
+        if codec == CODEC_ZSTD:
+            dctx = zstandard.ZstdDecompressor()
+            with dctx.stream_reader(bytes(data)) as rd:
+                out = rd.read(MAX_DECOMPRESSED_BYTES + 1)
+            if len(out) > MAX_DECOMPRESSED_BYTES:
+                raise KafkaDecodeError("zstd records exceed the decompression bound")
+            return bytes(out)
+    except KafkaDecodeError:
+        raise
+    except Exception as e:  # every decompressor's own error types
+        raise KafkaDecodeError(f"cannot decompress records (codec {codec}): {e}") from None
+    if codec == CODEC_SNAPPY:
+        raise UnsupportedCompressionError("snappy is not supported; use lz4, zstd or gzip")
+    raise KafkaDecodeError(f"unknown compression codec {codec}")
+
+
+def decode_batches(buf: bytes | memoryview, now_ms: int | None = None) -> list[KafkaBatch]:
+    """The batches of a Produce partition's ``records``: CRC checked, decompressed, decoded.
+
+    KafkaDecodeError (CORRUPT_MESSAGE) for anything malformed; UnsupportedBatchError for a batch
+    that is well-formed but not storable (magic < 2 is reported as malformed)."""
+    mv = memoryview(buf)
+    out: list[KafkaBatch] = []
+    pos = 0
+    while pos < len(mv):
+        if len(mv) - pos < KAFKA_HEADER_SIZE:
+            raise KafkaDecodeError("truncated record batch header")
+        (_base, length, _epoch, magic, crc, attrs, _last_delta, base_ts, _max_ts, pid, pepoch,
+         base_seq, count) = KAFKA_HEADER.unpack_from(mv, pos)
+        if magic != 2:
+            raise KafkaDecodeError(f"record batch magic {magic}: only v2 batches are accepted")
+        end = pos + LENGTH_PREFIX + length
+        if length < KAFKA_HEADER_SIZE - LENGTH_PREFIX or end > len(mv):
+            raise KafkaDecodeError(f"bad batch length {length}")
+        if crc32c.crc32c(mv[pos + CRC_START : end]) != crc:
+            raise KafkaDecodeError("record batch CRC mismatch")
+        if attrs & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
+            raise UnsupportedBatchError("transactional and control batches are not supported")
+        if not 0 < count <= MAX_RECORDS_PER_BATCH:
+            raise KafkaDecodeError(f"bad record count {count}")
+        section: memoryview | bytes = mv[pos + KAFKA_HEADER_SIZE : end]
+        codec = attrs & ATTR_CODEC
+        if codec != CODEC_NONE:
+            section = _decompress(codec, memoryview(section))
+        if count > len(section) // MIN_RECORD_BYTES:
+            raise KafkaDecodeError(f"{count} records cannot fit in {len(section)} bytes")
+        if attrs & ATTR_LOG_APPEND_TIME or base_ts < 0:
+            base_ts = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+            fixed_ts: int | None = base_ts
+        else:
+            fixed_ts = None
+        records = _decode_records(section, count, base_ts, fixed_ts)
+        out.append(KafkaBatch(pid, pepoch, base_seq, records))
+        pos = end
+    return out
+
+
+def _decode_records(section: memoryview | bytes, count: int, base_ts: int,
+                    fixed_ts: int | None) -> list[KafkaRecord]:
+    """The hot loop of Produce: one- and two-byte varints (the usual case) are decoded
+    without a call to the general decoder."""
+    buf = bytes(section)
+    end = len(buf)
+    zz = ZIGZAG_BYTE
+    out: list[KafkaRecord] = []
+    pos = 0
+
+    def vint(pos: int) -> tuple[int, int]:
+        b = buf[pos]
+        if b < 0x80:
+            return zz[b], pos + 1
+        c = buf[pos + 1]
+        if c < 0x80:  # two bytes: lengths and timestamp deltas up to 8 KiB / 8 s
+            u = (b & 0x7F) | (c << 7)
+            return (u >> 1) ^ -(u & 1), pos + 2
+        return decode_varint(buf, pos)
+
+    try:
+        for _ in range(count):
+            length, pos = vint(pos)
+            rec_end = pos + length
+            if length < MIN_RECORD_BYTES - 1 or rec_end > end:
+                raise KafkaDecodeError(f"bad record length {length}")
+            # attributes (1 byte, unused), timestamp delta, offset delta (records are
+            # contiguous: the position is the delta)
+            ts_delta, pos = vint(pos + 1)
+            _, pos = vint(pos)
+            n, pos = vint(pos)
+            if n == -1:
+                key = None
+            elif 0 <= n <= rec_end - pos:
+                key = buf[pos:pos + n]
+                pos += n
+            else:
+                raise KafkaDecodeError(f"bad key length {n}")
+            n, pos = vint(pos)
+            if n == -1:
+                value = None
+            elif 0 <= n <= rec_end - pos:
+                value = buf[pos:pos + n]
+                pos += n
+            else:
+                raise KafkaDecodeError(f"bad value length {n}")
+            hcount, pos = vint(pos)
+            if not 0 <= hcount <= rec_end - pos:
+                raise KafkaDecodeError(f"bad header count {hcount}")
+            headers: list[tuple[str, bytes]] = []
+            for _h in range(hcount):
+                n, pos = vint(pos)
+                if not 0 <= n <= rec_end - pos:
+                    raise KafkaDecodeError(f"bad header key length {n}")
+                name = str(buf[pos:pos + n], "utf-8")
+                pos += n
+                n, pos = vint(pos)
+                if n == -1:
+                    headers.append((name, b""))
+                elif 0 <= n <= rec_end - pos:
+                    headers.append((name, buf[pos:pos + n]))
+                    pos += n
+                else:
+                    raise KafkaDecodeError(f"bad header value length {n}")
+            if pos != rec_end:
+                raise KafkaDecodeError("record length does not match its fields")
+            ts = fixed_ts if fixed_ts is not None else base_ts + ts_delta
+            if ts < 0:
+                raise KafkaDecodeError(f"negative record timestamp {ts}")
+            out.append(KafkaRecord(ts, key, value, tuple(headers)))
+    except IndexError:
+        raise KafkaDecodeError("record runs past the end of the records section") from None
+    except UnicodeDecodeError:
+        raise KafkaDecodeError("header key is not UTF-8") from None
+    except BatchError as e:  # decode_varint's
+        raise KafkaDecodeError(str(e)) from None
+    if pos != end:
+        raise KafkaDecodeError(f"{end - pos} bytes after the last record")
+    return out
+
+
+# ------------------------------------------------------------------------------ sbp -> kafka
+
+_NULL: Final = varint(-1)
+_ZERO: Final = varint(0)
+
+
+KRecord = tuple[int, bytes | memoryview | None, bytes | memoryview | None,
+                tuple[tuple[str, bytes], ...]]
+
+
+def encode_batch(base_offset: int, records: Sequence[KRecord]) -> bytes:
+    """One uncompressed Kafka v2 batch of ``(timestamp_ms, key, value, headers)`` records at
+    consecutive offsets from ``base_offset`` (no producer id: the gateway's, not the client's)."""
+    base_ts = records[0][0]
+    max_ts = base_ts
+    parts: list[bytes] = []
+    for delta, (ts, key, value, headers) in enumerate(records):
+        if ts > max_ts:
+            max_ts = ts
+        body = [b"\x00", varint(ts - base_ts), varint(delta)]
+        if key is None:
+            body.append(_NULL)
+        else:
+            body += (varint(len(key)), bytes(key))
+        if value is None:
+            body.append(_NULL)
+        else:
+            body += (varint(len(value)), bytes(value))
+        if headers:
+            body.append(varint(len(headers)))
+            for name, hv in headers:
+                raw = name.encode("utf-8")
+                body += (varint(len(raw)), raw, varint(len(hv)), bytes(hv))
+        else:
+            body.append(_ZERO)
+        rec = b"".join(body)
+        parts += (varint(len(rec)), rec)
+    payload = b"".join(parts)
+    header = bytearray(KAFKA_HEADER.pack(
+        base_offset, KAFKA_HEADER_SIZE - LENGTH_PREFIX + len(payload), -1, 2, 0, 0,
+        len(records) - 1, base_ts, max_ts, -1, -1, -1, len(records)))
+    crc = crc32c.crc32c(payload, crc32c.crc32c(memoryview(header)[CRC_START:]))
+    struct.pack_into(">I", header, 17, crc)
+    return bytes(header) + payload
+
+
+def sbp_to_kafka(batches: list[memoryview], start_offset: int, max_bytes: int) -> tuple[bytes, int]:
+    """Kafka batches for the records at and after ``start_offset`` of sbpstream ``batches``,
+    one Kafka batch per sbpstream batch, stopping once ``max_bytes`` is reached (the first batch
+    always goes, as in Kafka). Returns the bytes and the offset after the last record."""
+    out: list[bytes] = []
+    size = 0
+    next_offset = start_offset
+    for b in batches:
+        h = read_header(b)
+        if h.base_offset + h.record_count <= start_offset:
+            continue
+        recs: list[KRecord] = [(ts, key, value, hdrs) for _o, ts, key, value, hdrs
+                               in iter_all_records_bytes(b, start_offset=start_offset)]
+        if not recs:
+            continue
+        first = max(h.base_offset, start_offset)
+        kb = encode_batch(first, recs)
+        if out and size + len(kb) > max_bytes:
+            break
+        out.append(kb)
+        size += len(kb)
+        next_offset = first + len(recs)
+    return b"".join(out), next_offset
+
+
+__all__ = [
+    "KafkaBatch",
+    "KafkaRecord",
+    "UnsupportedBatchError",
+    "UnsupportedCompressionError",
+    "decode_batches",
+    "encode_batch",
+    "sbp_to_kafka",
+    "uvarint",
+]

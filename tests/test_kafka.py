@@ -1,0 +1,285 @@
+"""The Kafka gateway with real Kafka clients from PyPI: confluent-kafka (librdkafka) and
+kafka-python, against a LocalCluster running ``python -m sbpstream.kafka`` (``up --kafka-port``).
+
+Topic T partition N is stream T.N; the offsets the clients see are the streams' offsets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import pytest
+from cluster_helpers import node_at
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KPTopicPartition
+from waiting import eventually
+
+from sbpstream.client import Client
+from sbpstream.client.routing import primary_address
+from sbpstream.cluster import LocalCluster
+from sbpstream.kafka.codec import INT32, decode, encode
+from sbpstream.kafka.records import encode_batch
+from sbpstream.kafka.schemas import API_VERSIONS, PRODUCE, SUPPORTED
+
+pytestmark = pytest.mark.timeout(300)
+
+N = 100_000
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path_factory.mktemp("kafka"), datanodes=3, fsync="none",
+                     heartbeat_interval_ms=200, node_timeout_ms=1500, kafka_port=0)
+    with c:
+        yield c
+
+
+def _bootstrap(c: LocalCluster) -> str:
+    assert c.kafka is not None
+    return c.kafka.address
+
+
+def _create(c: LocalCluster, topic: str, partitions: int, replicas: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": _bootstrap(c)})
+    for f in admin.create_topics([NewTopic(topic, partitions, replicas)]).values():
+        f.result(30)
+
+
+def _consume_confluent(c: LocalCluster, topic: str, partitions: int, total: int
+                       ) -> list[tuple[int, int, bytes | None, bytes | None, Any, int]]:
+    cons = Consumer({"bootstrap.servers": _bootstrap(c), "group.id": "unused-assign",
+                     "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    cons.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out: list[tuple[int, int, bytes | None, bytes | None, Any, int]] = []
+    deadline = time.monotonic() + 120
+    try:
+        while len(out) < total and time.monotonic() < deadline:
+            for m in cons.consume(10_000, 1.0):
+                assert m.error() is None, m.error()
+                out.append((m.partition(), m.offset(), m.key(), m.value(), m.headers(),
+                            m.timestamp()[1]))
+    finally:
+        cons.close()
+    return out
+
+
+def test_confluent_100k_with_keys_and_headers_read_back_by_both_clients(
+        cluster: LocalCluster) -> None:
+    _create(cluster, "orders", 2)
+    delivered: dict[int, tuple[int, int]] = {}
+    errors: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            delivered[int(msg.key()[1:])] = (msg.partition(), msg.offset())
+
+    p = Producer({"bootstrap.servers": _bootstrap(cluster), "linger.ms": 5,
+                  "enable.idempotence": True})
+    for i in range(N):
+        while True:
+            try:
+                p.produce("orders", value=b"value-%d" % i, key=b"k%d" % i, partition=i % 2,
+                          headers=[("i", str(i).encode()), ("kind", b"test")],
+                          timestamp=T0 + i, on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    assert p.flush(120) == 0
+    assert not errors and len(delivered) == N
+    # per partition, the offsets are 0.. in send order
+    for part in (0, 1):
+        offs = [delivered[i][1] for i in range(part, N, 2)]
+        assert offs == list(range(N // 2))
+
+    got = _consume_confluent(cluster, "orders", 2, N)
+    assert len(got) == N
+    for part, off, key, value, headers, ts in got:
+        assert key is not None
+        i = int(key[1:])
+        assert (part, off) == delivered[i]
+        assert value == b"value-%d" % i
+        assert headers == [("i", str(i).encode()), ("kind", b"test")]
+        assert ts == T0 + i
+
+    # kafka-python refuses frames over receive_message_max_bytes (1 MB by default) although a
+    # Fetch of two partitions may bring max_partition_fetch_bytes (1 MiB) of each, from Kafka too
+    kp = KafkaConsumer(bootstrap_servers=_bootstrap(cluster), enable_auto_commit=False,
+                       consumer_timeout_ms=5000, fetch_max_wait_ms=100,
+                       receive_message_max_bytes=8 * 1024 * 1024)
+    kp.assign([KPTopicPartition("orders", 0), KPTopicPartition("orders", 1)])
+    kp.seek_to_beginning()
+    seen = 0
+    for rec in kp:
+        i = int(rec.key[1:])
+        assert (rec.partition, rec.offset) == delivered[i]
+        assert rec.value == b"value-%d" % i and rec.timestamp == T0 + i
+        assert rec.headers == [("i", str(i).encode()), ("kind", b"test")]
+        seen += 1
+        if seen == N:
+            break
+    kp.close()
+    assert seen == N
+
+    # what `sbpstream consume` shows of stream orders.1: the same offsets and records
+    out = subprocess.run(
+        [sys.executable, "-m", "sbpstream.cli", "consume", "--stream", "orders.1",
+         "--pm", cluster.pm_address, "--format", "json"],
+        capture_output=True, check=True, timeout=120).stdout.decode().splitlines()
+    rows = [json.loads(line) for line in out]
+    assert len(rows) == N // 2
+    for row in rows:
+        i = int(row["key"][1:])
+        assert (1, row["offset"]) == delivered[i]
+        assert row["value"] == f"value-{i}" and row["timestamp_ms"] == T0 + i
+
+
+def _frame(api_key: int, version: int, cid: int, body: list[bytes]) -> bytes:
+    head = struct.pack(">hhih", api_key, version, cid, 4) + b"test"
+    raw = head + b"".join(body)
+    return INT32.pack(len(raw)) + raw
+
+
+def _call(s: socket.socket, frame: bytes) -> bytes:
+    s.sendall(frame)
+    size = INT32.unpack(_recv(s, 4))[0]
+    return _recv(s, size)
+
+
+def _recv(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
+
+
+def _closed(s: socket.socket) -> bool:
+    s.settimeout(10)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\xff\xff\xff\xff",  # negative size
+    b"\x7f\x00\x00\x00",  # 2 GB frame
+    INT32.pack(3) + b"\x00\x01\x00",  # shorter than any header
+    INT32.pack(8) + struct.pack(">hhi", 999, 0, 1),  # unknown api key
+    INT32.pack(8) + struct.pack(">hhi", 0, 99, 1),  # unsupported Produce version
+    _frame(3, 1, 1, [b"\x00\x00\x00\x05\x00"]),  # Metadata with a truncated topics array
+])
+def test_bad_frames_close_the_connection_and_the_gateway_lives_on(
+        cluster: LocalCluster, garbage: bytes) -> None:
+    host, port = _bootstrap(cluster).rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(garbage)
+        assert _closed(s)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        api = SUPPORTED[API_VERSIONS]
+        resp = _call(s, _frame(API_VERSIONS, 99, 5, []))  # an unknown ApiVersions version
+        assert INT32.unpack(resp[:4])[0] == 5
+        body = decode(api.response, 0, resp, 4)
+        assert body["error_code"] == 35 and {k["api_key"] for k in body["api_keys"]} >= {0, 1}
+
+
+def test_retried_idempotent_batch_is_stored_once(cluster: LocalCluster) -> None:
+    """The same Produce (same producer id, epoch, sequences) sent twice: the second answer is
+    the first's offset, and the stream holds the records once; a gap is refused."""
+    _create(cluster, "retry", 1)
+    host, port = _bootstrap(cluster).rsplit(":", 1)
+    api = SUPPORTED[PRODUCE]
+
+    def produce(s: socket.socket, cid: int, seq: int, n: int) -> tuple[int, int]:
+        raw = bytearray(encode_batch(0, [(T0, b"k", b"v%d" % (seq + j), ()) for j in range(n)]))
+        struct.pack_into(">qhi", raw, 43, 4242, 0, seq)
+        struct.pack_into(">I", raw, 17, crc32c.crc32c(bytes(raw[21:])))
+        body = encode(api.request, 7, {"transactional_id": None, "acks": -1, "timeout_ms": 30000,
+                                       "topic_data": [{"name": "retry", "partition_data": [
+                                           {"index": 0, "records": bytes(raw)}]}]})
+        resp = decode(api.response, 7, _call(s, _frame(PRODUCE, 7, cid, body)), 4)
+        pr = resp["responses"][0]["partition_responses"][0]
+        return pr["error_code"], pr["base_offset"]
+
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        assert produce(s, 1, 0, 10) == (0, 0)
+        assert produce(s, 2, 10, 5) == (0, 10)
+        assert produce(s, 3, 0, 10) == (0, 0)  # a retry of the first: its offset, not stored
+        assert produce(s, 4, 10, 5) == (0, 10)
+        assert produce(s, 5, 20, 5)[0] == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER: 15..19 missing
+        assert produce(s, 6, 15, 5) == (0, 15)
+    with Client(cluster.pm_address) as c:
+        assert c.end_offset("retry.0") == 20
+
+
+def test_idempotent_producer_across_a_data_node_sigkill_leaves_no_duplicates(
+        cluster: LocalCluster) -> None:
+    total = 20_000
+    _create(cluster, "failover", 1, replicas=2)
+    p = Producer({"bootstrap.servers": _bootstrap(cluster), "enable.idempotence": True,
+                  "linger.ms": 5, "request.timeout.ms": 3000, "message.timeout.ms": 120_000,
+                  "retry.backoff.ms": 100})
+    acked: list[int] = []
+    errors: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            acked.append(msg.offset())
+
+    def send_all() -> None:
+        for i in range(total):
+            while True:
+                try:
+                    p.produce("failover", value=b"%d" % i, partition=0, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            p.poll(0)
+            if i % 200 == 0:
+                time.sleep(0.02)  # spread the load (~2 s) so the kill lands mid-stream
+        p.flush(180)
+
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    eventually(lambda: len(acked) >= total // 4, timeout=60, what="a quarter acknowledged")
+    with Client(cluster.pm_address) as c:
+        rng = c.list_ranges("failover.0")[-1]
+    addr = primary_address(rng)
+    assert addr is not None
+    node_at(cluster, addr).kill()  # SIGKILL
+    at_kill = len(acked)
+    sender.join(240)
+    assert not sender.is_alive()
+    assert not errors, errors[:3]
+    assert len(acked) == total
+    assert at_kill < total  # the kill landed while records were still being produced
+    got = _consume_confluent(cluster, "failover", 1, total)
+    values = [int(v) for _, _, _, v, _, _ in got if v is not None]
+    assert values == list(range(total))  # each once, in order: no duplicates, no loss
+    assert [off for _, off, *_ in got] == list(range(total))
+
+
+def test_up_kafka_port_is_documented_in_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "sbpstream.cli", "up", "--help"],
+                         capture_output=True, check=True, timeout=60, text=True).stdout
+    assert "--kafka-port" in out
+    assert Path(__file__).parent.parent.joinpath("docs", "kafka.md").is_file()
