@@ -72,18 +72,21 @@ class WireDataNodeApi:
         self._addr_of = service_addr
         self.pool = ConnectionPool(connect_timeout_s=DN_CONNECT_TIMEOUT_S)
 
-    def to_range(self, r: md.RangeMeta) -> m.Range:
-        return m.Range(
-            stream_id=r.stream_id,
-            range_index=r.range_index,
-            start_offset=r.start_offset,
-            next_offset=r.next_offset,
-            end_offset=r.end_offset,
-            replica_nodes=tuple(
+    def to_range(self, r: md.RangeMeta,
+                 replicas: dict[tuple[md.ReplicaMeta, ...], tuple[m.ReplicaNode, ...]] | None
+                 = None) -> m.Range:
+        """``replicas``: a cache for one response (a node's listing repeats a few replica
+        sets hundreds of thousands of times; addresses are read once per set)."""
+        reps = None if replicas is None else replicas.get(r.replicas)
+        if reps is None:
+            reps = tuple(
                 m.ReplicaNode(m.DataNode(rep.node_id, self._addr_of(rep.node_id)), rep.is_primary)
                 for rep in r.replicas
-            ),
-        )
+            )
+            if replicas is not None:
+                replicas[r.replicas] = reps
+        return m.Range(r.stream_id, r.range_index, r.start_offset, r.next_offset, r.end_offset,
+                       reps)
 
     async def _call(self, node: NodeState, req: m.Message, resp_cls: type[RespT]) -> RespT:
         conn = await self.pool.get(node.advertise_addr)
@@ -489,11 +492,13 @@ class PmServer:
                 await sender.add(m.ListRangesResult(0, Status.of(e)), 0)
                 continue
             group: list[m.Range] = []
+            to_range = self.dn.to_range
+            cache: dict[tuple[md.ReplicaMeta, ...], tuple[m.ReplicaNode, ...]] = {}
             for x in ranges:
                 if group and group[0].stream_id != x.stream_id:
                     await sender.add_ranges(group[0].stream_id, group)
                     group = []
-                group.append(self.dn.to_range(x))
+                group.append(to_range(x, cache))
             if group:
                 await sender.add_ranges(group[0].stream_id, group)
         await sender.finish()
