@@ -336,6 +336,9 @@ class AppendRequest(Message):
     items: tuple[AppendItem, ...] = ()  # the spec's append_requests
     replication: bool = False  # project: primary -> secondary, base offsets already assigned
     committed_offset: int = -1  # project: the primary's committed offset (replication only)
+    # project: replication of several ranges in one request: item i's range committed offset
+    # (then committed_offset is -1); empty: committed_offset holds for every item
+    committed_offsets: tuple[int, ...] = ()
 
 
 @table(fixed=True)
