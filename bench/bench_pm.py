@@ -18,7 +18,7 @@ random stream, the clock starting at the process start) and the end of its backg
 (its log), and the whole-node LIST_RANGES (every frame received; then decoded).
 
     python -m bench.bench_pm [--streams 100000] [--runs 3] [--samples 5]
-    python -m bench.bench_pm --restart [--streams 333000]
+    python -m bench.bench_pm --restart [--streams 333000] [--samples 1]
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def start_datanode(directory: Path, pm: str) -> subprocess.Popen[bytes]:
 DN_PORT = [0]
 
 
-async def restart_run(streams: int) -> None:
+async def restart_run(streams: int, samples: int) -> None:
     print(f"bench_pm --restart: {streams} streams at R=1 on one data node "
           f"(python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
     with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
@@ -280,7 +280,7 @@ async def restart_run(streams: int) -> None:
             print(f"  created {len(ids)} streams in {time.perf_counter() - t0:.1f} s")
             node_id = int((d / "dn" / "node_id").read_text().split(":")[1].strip(" }"))
             owner = (m.DataNode(node_id, ""),)
-            for _ in range(3):
+            for _ in range(samples):
                 t0 = time.perf_counter()
                 frames = await conn.request(Opcode.LIST_RANGES,
                                             m.ListRangesRequest(items=owner).encode(),
@@ -351,7 +351,10 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=5, help="latency samples per figure")
     p.add_argument("--restart", action="store_true", help="the data node restart figures")
     a = p.parse_args()
-    run(restart_run(a.streams) if a.restart else main_async(a.streams, a.runs, a.samples))
+    if a.restart:
+        run(restart_run(a.streams, a.samples))
+    else:
+        run(main_async(a.streams, a.runs, a.samples))
 
 
 if __name__ == "__main__":
