@@ -300,9 +300,15 @@ async def restart_run(streams: int, samples: int) -> None:
             body = build_batch([Record(value=b"x" * 100)])
             req = m.AppendRequest(timeout_ms=30_000, items=(m.AppendItem(
                 stream_id=sid, request_index=0, batch_length=len(body)),))
-            f = await ping.request_one(Opcode.APPEND, req.encode(), body, timeout_s=60)
+            refused: list[int] = []
+            while True:  # as a client does: retry a refused append (RANGE_NOT_FOUND, ...)
+                f = await ping.request_one(Opcode.APPEND, req.encode(), body, timeout_s=60)
+                status = m.AppendResponse.decode(f.header).items[0].status
+                if status.ok:
+                    break
+                refused.append(status.code)
+                await asyncio.sleep(0.1)
             t_append = time.perf_counter() - t0
-            status = m.AppendResponse.decode(f.header).items[0].status
             await ping.aclose()
             while (d / "dn.log").read_text().count("event=reconciled") < 2:
                 await asyncio.sleep(0.1)
@@ -310,7 +316,7 @@ async def restart_run(streams: int, samples: int) -> None:
             line = [x for x in (d / "dn.log").read_text().splitlines()
                     if "event=reconciled" in x][-1]
             print(f"  restart: answers PING after {t_ping:.2f} s, first APPEND acknowledged "
-                  f"after {t_append:.2f} s (status {status.code}), reconciled after "
+                  f"after {t_append:.2f} s (refused before: {refused}), reconciled after "
                   f"{t_rec:.2f} s ({line.split('event=reconciled ')[1]})")
         finally:
             await conn.aclose()

@@ -527,6 +527,8 @@ class _FramedResults:
         await self._resp.send(m.ListRangesResponse(items=tuple(self._items)).encode(), end=end)
         self._items = []
         self._ranges = 0
+        if not end:  # a node's whole listing is seconds of encoding: let heartbeats and
+            await asyncio.sleep(0)  # lookups (a restarting node's appends) in between frames
 
     async def finish(self) -> None:
         await self._flush(end=True)
