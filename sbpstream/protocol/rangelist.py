@@ -87,7 +87,6 @@ def _uoffset_slot(parts: list[bytes], off: int, target: int) -> int:
     return off
 
 
-
 def _int64_slot(parts: list[bytes], off: int, value: int) -> int:
     pad = -off & 7
     if pad:
