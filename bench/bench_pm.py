@@ -11,7 +11,14 @@ register, heartbeat and answer SYNC_RANGES. Figures, medians of ``--runs`` (defa
   bounded frames), at that size.
 - DESCRIBE_STREAMS latency: 1,000 ids, and one page of the listing (limit 1,000) from the middle.
 
+With ``--restart``, instead: a PM and one real data node (subprocesses), ``--streams`` streams
+at R=1 all placed on it, then the node is stopped (SIGTERM) and started again; figures: the
+store's recovery and registration until it answers PING, the first acknowledged APPEND (to a
+random stream, the clock starting at the process start) and the end of its background reconcile
+(its log), and the whole-node LIST_RANGES (every frame received; then decoded).
+
     python -m bench.bench_pm [--streams 100000] [--runs 3] [--samples 5]
+    python -m bench.bench_pm --restart [--streams 333000] [--samples 1]
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from sbpstream.net.server import Request, Responder, Server
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.messages import ClientRole
 from sbpstream.protocol.opcodes import Opcode
+from sbpstream.records import Record, build_batch
 
 BATCH = 1000
 NODES = 3
@@ -237,6 +245,89 @@ async def measure_latencies(
         samples)
 
 
+def start_datanode(directory: Path, pm: str) -> subprocess.Popen[bytes]:
+    log = open(directory / "dn.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sbpstream.datanode", "--dir", str(directory / "dn"), "--pm", pm,
+         "--port", str(DN_PORT[0]), "--log-level", "INFO"],
+        stdout=subprocess.DEVNULL, stderr=log)
+    log.close()
+    return proc
+
+
+DN_PORT = [0]
+
+
+async def restart_run(streams: int, samples: int) -> None:
+    print(f"bench_pm --restart: {streams} streams at R=1 on one data node "
+          f"(python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
+    with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
+        d = Path(tmp)
+        pm, address = start_pm(d)
+        DN_PORT[0] = free_port()
+        dn = start_datanode(d, address)
+        conn = await wait_ready(pm, address)
+        node_addr = f"127.0.0.1:{DN_PORT[0]}"
+        try:
+            await (await wait_ready(dn, node_addr)).aclose()
+            ids: list[int] = []
+            t0 = time.perf_counter()
+            while len(ids) < streams:
+                n = min(BATCH, streams - len(ids))
+                r = await call(conn, m.CreateStreamsRequest(items=tuple(
+                    m.CreateStreamItem(1, 86_400_000) for _ in range(n))), m.CreateStreamsResponse)
+                ids += [it.stream.stream_id for it in r.items if it.stream is not None]
+            print(f"  created {len(ids)} streams in {time.perf_counter() - t0:.1f} s")
+            node_id = int((d / "dn" / "node_id").read_text().split(":")[1].strip(" }"))
+            owner = (m.DataNode(node_id, ""),)
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                frames = await conn.request(Opcode.LIST_RANGES,
+                                            m.ListRangesRequest(items=owner).encode(),
+                                            timeout_s=CALL_TIMEOUT_S)
+                t1 = time.perf_counter()
+                n = sum(len(it.ranges) for f in frames
+                        for it in m.ListRangesResponse.decode(f.header).items)
+                print(f"  LIST_RANGES of the node: {n} ranges, {len(frames)} frames received "
+                      f"in {t1 - t0:.2f} s, decoded in {time.perf_counter() - t1:.2f} s")
+            dn.terminate()
+            dn.wait(120)
+            t0 = time.perf_counter()
+            dn = start_datanode(d, address)
+            ping = await wait_ready(dn, node_addr)
+            t_ping = time.perf_counter() - t0
+            sid = random.Random(1).choice(ids)
+            body = build_batch([Record(value=b"x" * 100)])
+            req = m.AppendRequest(timeout_ms=30_000, items=(m.AppendItem(
+                stream_id=sid, request_index=0, batch_length=len(body)),))
+            refused: list[int] = []
+            while True:  # as a client does: retry a refused append (RANGE_NOT_FOUND, ...)
+                f = await ping.request_one(Opcode.APPEND, req.encode(), body, timeout_s=60)
+                status = m.AppendResponse.decode(f.header).items[0].status
+                if status.ok:
+                    break
+                refused.append(status.code)
+                await asyncio.sleep(0.1)
+            t_append = time.perf_counter() - t0
+            await ping.aclose()
+            while (d / "dn.log").read_text().count("event=reconciled") < 2:
+                await asyncio.sleep(0.1)
+            t_rec = time.perf_counter() - t0
+            line = [x for x in (d / "dn.log").read_text().splitlines()
+                    if "event=reconciled" in x][-1]
+            print(f"  restart: answers PING after {t_ping:.2f} s, first APPEND acknowledged "
+                  f"after {t_append:.2f} s (refused before: {refused}), reconciled after "
+                  f"{t_rec:.2f} s ({line.split('event=reconciled ')[1]})")
+        finally:
+            await conn.aclose()
+            for p in (dn, pm):
+                p.terminate()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
 async def main_async(streams: int, runs: int, samples: int) -> None:
     print(f"bench_pm: {streams} streams in batches of {BATCH}, {NODES} fake data nodes, "
           f"{runs} runs (python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
@@ -264,8 +355,12 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=100_000)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--samples", type=int, default=5, help="latency samples per figure")
+    p.add_argument("--restart", action="store_true", help="the data node restart figures")
     a = p.parse_args()
-    run(main_async(a.streams, a.runs, a.samples))
+    if a.restart:
+        run(restart_run(a.streams, a.samples))
+    else:
+        run(main_async(a.streams, a.runs, a.samples))
 
 
 if __name__ == "__main__":

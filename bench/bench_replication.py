@@ -7,6 +7,10 @@
    (the producer's seal-and-resend path), and the same for the primary.
 
     .venv/bin/python -m bench.bench_replication [--records 30000] [--runs 3] [--fsync always]
+
+With ``--streams N`` (and typically ``--datanodes 3 --no-failover``): the records go round-robin
+over N streams per R, R=1 and R=3 alternate within each run, and the same-run ratio R=3/R=1 is
+reported (median of the runs' ratios).
 """
 
 from __future__ import annotations
@@ -26,11 +30,27 @@ from sbpstream.net.loop import run
 FAILOVER_BOUND_S = 60.0  # a failover not done within this is reported as a failure
 
 
-async def throughput(pm: str, replicas: int, records: int, size: int) -> float:
+async def throughput(pm: str, replicas: int, records: int, size: int, streams: int = 1) -> float:
     async with AsyncClient(pm) as client:
-        sid = await client.create_stream(replica_nums=replicas)
-        res = await produce_load(client, [sid], records, size)
+        sids = await client.create_streams(streams, replica_nums=replicas)
+        res = await produce_load(client, sids, records, size)
         return res.mb_per_s
+
+
+def same_run_ratio(pm: str, records: int, size: int, streams: int, runs: int) -> None:
+    print(f"append through the SDK, {records} records of {size} B over {streams} streams; "
+          f"R=1 then R=3 in each run, {runs} runs")
+    r1s, r3s, ratios = [], [], []
+    for i in range(runs):
+        r1 = run(throughput(pm, 1, records, size, streams))
+        r3 = run(throughput(pm, 3, records, size, streams))
+        r1s.append(r1)
+        r3s.append(r3)
+        ratios.append(r3 / r1)
+        print(f"  run {i + 1}: R=1 {r1:.1f} MB/s, R=3 {r3:.1f} MB/s, ratio {r3 / r1:.2f}")
+    for name, vals in (("R=1 MB/s", r1s), ("R=3 MB/s", r3s), ("R=3 / R=1", ratios)):
+        m, lo, hi = median_spread(vals)
+        print(f"  {name:10}: {m:7.2f} [{lo:.2f}..{hi:.2f}]")
 
 
 async def failover(cluster: LocalCluster, which: str) -> float:
@@ -86,12 +106,19 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--fsync", default="always", choices=["always", "interval", "none"])
+    ap.add_argument("--streams", type=int, default=1)
+    ap.add_argument("--datanodes", type=int, default=5)
+    ap.add_argument("--no-failover", action="store_true")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        cluster = LocalCluster(Path(d), datanodes=5, heartbeat_interval_ms=200,
+        cluster = LocalCluster(Path(d), datanodes=a.datanodes, heartbeat_interval_ms=200,
                                node_timeout_ms=2000, fsync=a.fsync)
         cluster.start()
         try:
+            if a.streams > 1:
+                same_run_ratio(cluster.pm_address, a.records, a.size, a.streams, a.runs)
+                if a.no_failover:
+                    return
             print(f"append through the SDK, {a.records} records of {a.size} B, fsync={a.fsync}, "
                   f"5 data nodes on one host; medians of {a.runs} [min..max]")
             base = None

@@ -44,6 +44,7 @@ SAMPLES: list[m.Message] = [
         (m.AppendItem(42, 1, 4096, 3), m.AppendItem(-(1 << 62), 2, 123, 0)),
         True,
         1_234,
+        (1_000, -1),
     ),
     m.AppendResponse(
         10,

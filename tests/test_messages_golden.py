@@ -59,6 +59,10 @@ def _cases() -> dict[str, Any]:
             ),
             "FetchResponse/all-ok": m.FetchResponse(items=(m.FetchResult(1, 2, 3),) * 3),
             "FetchResponse/mixed": m.FetchResponse(items=mixed * 2),
+            # the representative before committed_offsets existed: its bytes are unchanged
+            "AppendRequest/one-range": dataclasses.replace(
+                next(x for x in SAMPLES if isinstance(x, m.AppendRequest)), committed_offsets=()
+            ),
             "AppendRequest/defaults-inside": m.AppendRequest(
                 items=(m.AppendItem(), m.AppendItem(range_index=0))
             ),

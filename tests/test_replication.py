@@ -24,6 +24,12 @@ from sbpstream.protocol.messages import (
     AppendItem,
     AppendRequest,
     AppendResponse,
+    FetchItem,
+    FetchRequest,
+    FetchResponse,
+    SealItem,
+    SealRangesRequest,
+    SealRangesResponse,
 )
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import build_batch
@@ -153,3 +159,67 @@ async def test_replica_count_bounds(cluster: LocalCluster) -> None:
     async with AsyncClient(cluster.pm_address) as client:
         with pytest.raises(SbpError, match=r"NOT_ENOUGH_DATA_NODES|INVALID_STREAM_CONFIG"):
             await client.create_stream(replica_nums=6)
+
+
+async def test_one_round_replicates_many_ranges_with_their_own_commits(tmp_path: Path) -> None:
+    """Two ranges with the same primary and secondaries go out in shared rounds (one APPEND per
+    secondary carrying both): each secondary gets each range's batches in order and learns each
+    range's own committed offset, never the other's."""
+    with LocalCluster(tmp_path, datanodes=3, heartbeat_interval_ms=200,
+                      node_timeout_ms=20_000) as c:
+        async with AsyncClient(c.pm_address) as client:
+            by_primary: dict[str, list[int]] = {}
+            while not any(len(v) >= 2 for v in by_primary.values()):
+                sid = await client.create_stream(replica_nums=3)
+                (r,) = await client.list_ranges(sid)
+                addr = next(rn.data_node.advertise_addr for rn in r.replica_nodes
+                            if rn.is_primary)
+                by_primary.setdefault(addr, []).append(sid)
+            addr, (a, b) = next((k, v[:2]) for k, v in by_primary.items() if len(v) >= 2)
+            (ra,) = await client.list_ranges(a)
+            secondaries = [rn.data_node.advertise_addr for rn in ra.replica_nodes
+                           if not rn.is_primary]
+        conn = await Connection.open(addr)
+
+        async def append(counts: dict[int, int], tag: str) -> None:
+            batches = {sid: build_batch([Record(value=f"{tag}{sid}-{i}".encode())
+                                         for i in range(n)]) for sid, n in counts.items()}
+            req = AppendRequest(timeout_ms=10_000, items=tuple(
+                AppendItem(stream_id=sid, request_index=i, batch_length=len(batches[sid]))
+                for i, sid in enumerate(counts)))
+            frames = await conn.request(Opcode.APPEND, req.encode(), list(batches.values()),
+                                        timeout_s=30)
+            res = [r for f in frames for r in AppendResponse.decode(f.header).items]
+            assert len(res) == len(counts) and all(r.status.ok for r in res), res
+
+        try:
+            await append({a: 3, b: 5}, "x")
+            await append({a: 1, b: 1}, "y")  # carries the commits of the first append
+            for sec in secondaries:
+                s = await Connection.open(sec)
+                try:
+                    for sid, want in ((a, 3), (b, 5)):
+                        req = FetchRequest(max_wait_ms=0, items=(FetchItem(
+                            stream_id=sid, request_index=0, fetch_offset=0,
+                            batch_max_bytes=1 << 20),))
+                        frames = await s.request(Opcode.FETCH, req.encode(), timeout_s=10)
+                        items = [it for f in frames for it in FetchResponse.decode(f.header).items]
+                        assert items[-1].high_watermark == want, (sec, sid, items)
+                finally:
+                    await s.aclose()
+            pm = await Connection.open(c.pm_address)
+            try:
+                f = await pm.request_one(Opcode.SEAL_RANGES, SealRangesRequest(items=(
+                    SealItem(a, 0), SealItem(b, 0))).encode(), timeout_s=30)
+                results = SealRangesResponse.decode(f.header).items
+            finally:
+                await pm.aclose()
+            for (sid, n), res in zip(((a, 4), (b, 6)), results, strict=True):
+                assert res.status.ok, res.status
+                sealed = res.ranges[0]  # every replica holds the same records, in order
+                assert sealed.end_offset == n
+                want = [f"x{sid}-{i}".encode() for i in range(n - 1)] + [f"y{sid}-0".encode()]
+                for rep in sealed.replica_nodes:
+                    assert await read_range(rep.data_node.advertise_addr, sealed) == want
+        finally:
+            await conn.aclose()

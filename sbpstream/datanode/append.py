@@ -269,6 +269,9 @@ class AppendHandler:
         by_range: dict[tuple[int, int], list[Written]] = {}
         for w in written:
             by_range.setdefault((w.rng.stream_id, w.rng.range_index), []).append(w)
+        # replication of several ranges in one request: each item carries its range's
+        # committed offset (a missing one is 0: the commit does not move)
+        per_item = dict(zip(map(id, m.items), m.committed_offsets, strict=False))
         out: list[AppendResult] = []
         for (sid, idx), ws in by_range.items():
             try:
@@ -279,7 +282,9 @@ class AppendHandler:
                 continue
             top = max(w.outcome.next_offset for w in ws)
             _count(ctx, sid, ws, m.replication)
-            if m.replication and m.committed_offset >= 0:
+            if m.replication and m.committed_offsets:
+                top = min(top, max(per_item.get(id(w.item), 0) for w in ws))
+            elif m.replication and m.committed_offset >= 0:
                 top = min(top, m.committed_offset)
             ctx.table.commit(sid, idx, top)
             out.extend(

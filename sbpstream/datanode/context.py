@@ -159,7 +159,10 @@ class NodeContext:
 
     def resolve_range(self, stream_id: int, range_index: int) -> RangeInfo | None:
         """The range an APPEND targets (-1: the stream's last range here), None when unknown.
-        Raises StreamDeletedError for a deleted stream."""
+        Raises StreamDeletedError for a deleted stream. A stream still awaiting the PM's
+        confirmation after a restart is unknown until a lookup confirms it."""
+        if stream_id in self.table.pending:
+            return None
         s = self.table.streams.get(stream_id)
         r = None
         if s is not None and s.ranges:
@@ -290,12 +293,21 @@ class NodeContext:
         r = await self.pm.call(ListRangesRequest(timeout_ms=int(PM_CALL_TIMEOUT_S * 1000),
                                                  items=(StreamOwner(stream_id),)),
                                ListRangesResponse)
+        r.status.raise_for_error()
         adopted = False
         for res in r.items:
+            if res.status.code in (ErrorCode.STREAM_NOT_FOUND, ErrorCode.STREAM_DELETED):
+                if stream_id in self.table.streams:
+                    log.warning("event=stream_gone_at_pm stream_id=%d code=%d", stream_id,
+                                res.status.code)
+                    self.delete_stream(stream_id)
+                continue
+            res.status.raise_for_error()
             for rng in res.ranges:
                 if self.is_me(rng.replica_nodes):
                     self.adopt_range(rng)
                     adopted = True
+        self.table.confirm([stream_id])  # the PM's view is applied (after a restart)
         if adopted:
             self.note_new_streams([stream_id])
 

@@ -4,6 +4,15 @@ Start-up order matters: open the store (recovery), get the node id (ALLOCATE_ID 
 kept in ``DIR/node_id``), have a HEARTBEAT acknowledged, learn this node's ranges from the PM
 (LIST_RANGES by data node) and reconcile them with the store, and only then listen: a node that
 answers PING is registered and knows its ranges (LocalCluster relies on that).
+
+A node whose store holds more than ``RECONCILE_IN_BACKGROUND_RANGES`` ranges listens right after
+registering and reconciles in the background (a whole-node listing of 333,000 ranges takes
+seconds). Until the listing is applied, every stream the store holds is *pending*
+(``RangeTable.pending``): an APPEND to it first looks the stream up at the PM (LIST_RANGES by
+stream, as for a range the node never heard of) and applies the PM's view, so a range the PM
+sealed or a stream it deleted while the node was away never takes an append; a FETCH of it sees
+no committed data yet and long-polls until the stream is confirmed. Streams the listing does not
+mention (orphans) are confirmed at its end, as the synchronous path leaves them.
 """
 
 from __future__ import annotations
@@ -77,6 +86,10 @@ CLIENTS_MAX = 10_000
 
 NODE_ID_FILE = "node_id"
 STORE_DIR = "store"
+RECONCILE_IN_BACKGROUND_RANGES = 10_000
+"""Above this many ranges in the store, listen before the whole-node reconcile (see above)."""
+RECONCILE_YIELD_EVERY = 2_000
+"""Ranges adopted between two yields to the event loop while reconciling in the background."""
 
 
 class DataNode:
@@ -100,6 +113,8 @@ class DataNode:
         self.fetch: FetchHandler | None = None
         #: SDK clients that sent HEARTBEAT here: client_id -> (peer, monotonic last seen).
         self.clients: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.reconciled = asyncio.Event()
+        """Set once this node's ranges were reconciled with the PM's listing."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -126,7 +141,13 @@ class DataNode:
         if not self.advertise:
             self.advertise = f"{cfg.host}:{self.port}"
         await self._register()
-        await self._reconcile()
+        table = self.ctx.table
+        held = sum(len(s.ranges) for s in table.streams.values())
+        background = held > RECONCILE_IN_BACKGROUND_RANGES
+        if background:
+            table.pending = set(table.streams)
+        else:
+            await self._reconcile()
         await self._pull_quotas_at_start()
         handlers: dict[int, Handler] = {}
         control = ControlHandlers(self.ctx)
@@ -153,6 +174,8 @@ class DataNode:
         self.port = self.server.port
         self.introspector.start()
         spawn = self.ctx.spawn
+        if background:
+            spawn(self._reconcile(yield_every=RECONCILE_YIELD_EVERY))
         spawn(self._every(cfg.heartbeat_interval_ms, self._heartbeat, "heartbeat"))
         spawn(self._every(cfg.metrics_interval_ms, self._report_metrics, "metrics"))
         spawn(self._every(int(SWEEP_INTERVAL_S * 1000), self.ctx.rereplicator.sweep, "converge"))
@@ -164,9 +187,9 @@ class DataNode:
                                             routes=admin_routes(self.introspector),
                                             tls=cfg.security.tls)
             await self.exporter.start()
-        log.info("event=datanode_started node_id=%d address=%s dir=%s fsync=%s ranges=%d",
-                 self.node_id, self.advertise, self.directory, cfg.fsync.value,
-                 sum(len(s.ranges) for s in self.ctx.table.streams.values()))
+        log.info("event=datanode_started node_id=%d address=%s dir=%s fsync=%s ranges=%d "
+                 "reconcile=%s", self.node_id, self.advertise, self.directory, cfg.fsync.value,
+                 held, "background" if background else "done")
 
     def metric_samples(self) -> list[Sample]:
         """Figures for ``/metrics`` (runs on the loop thread: see sbpstream.net.admin)."""
@@ -369,9 +392,12 @@ class DataNode:
         except SbpError as exc:
             log.warning("event=quotas_pull_failed error=%r", str(exc))
 
-    async def _reconcile(self) -> None:
+    async def _reconcile(self, yield_every: int = 0) -> None:
         """Learn this node's ranges from the PM; align the store with what the PM decided
-        while we were away (seals, new ranges)."""
+        while we were away (seals, new ranges). With ``yield_every``, the node is serving
+        already: yield to the loop every that many ranges, confirm each stream as it is applied
+        and the rest (orphans) at the end."""
+        t0 = time.monotonic()
         frames: list[ListRangesResponse] = []
 
         async def list_mine() -> bool:
@@ -382,22 +408,35 @@ class DataNode:
             return True
 
         await self._retrying("list_ranges", list_mine)
+        t_listed = time.monotonic()
         listed: set[tuple[int, int]] = set()
+        table = self.ctx.table
+        mine: set[int] = set()  # streams this listing is applying
         for f in frames:
             for res in f.items:
                 if res.status.code:
                     continue
                 for r in res.ranges:
                     listed.add((r.stream_id, r.range_index))
+                    if yield_every and r.stream_id not in table.pending and r.stream_id not in mine:
+                        continue  # an append's lookup confirmed it since: that view is newer
+                    mine.add(r.stream_id)
                     try:
                         self.ctx.adopt_range(r)
                     except SbpError as exc:
                         log.error("event=reconcile_failed stream_id=%d range_index=%d error=%r",
                                   r.stream_id, r.range_index, str(exc))
-        streams = self.ctx.table.streams
+                    if yield_every and len(listed) % yield_every == 0:
+                        await asyncio.sleep(0)
+            if yield_every:
+                table.confirm([res.stream_id for res in f.items])
+        streams = table.streams
         orphans = [(sid, idx) for sid, s in streams.items() for idx in s.ranges
                    if (sid, idx) not in listed]
-        log.info("event=reconciled ranges_listed=%d orphans=%d", len(listed), len(orphans))
+        table.confirm(set(table.pending))
+        log.info("event=reconciled ranges_listed=%d orphans=%d list_s=%.3f apply_s=%.3f",
+                 len(listed), len(orphans), t_listed - t0, time.monotonic() - t_listed)
+        self.reconciled.set()
         self.ctx.note_new_streams(list(streams))
 
     # ------------------------------------------------------------------ background work

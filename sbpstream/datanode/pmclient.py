@@ -7,6 +7,7 @@ top-level status) it moves to the leader named in ``detail`` (or the next addres
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TypeVar
 
@@ -65,7 +66,11 @@ class PmClient:
                 conn = await self._pool.get(addr)
                 frames = await conn.request(request.OPCODE, request.encode(),
                                             timeout_s=timeout_s)
-                resps = [response_cls.decode(f.header) for f in frames]
+                resps = []
+                for f in frames:  # a node's whole listing: yield between frames
+                    resps.append(response_cls.decode(f.header))
+                    if len(frames) > 1:
+                        await asyncio.sleep(0)
             except (ConnectionClosedError, ClientTimeoutError, ShuttingDownError, OSError) as exc:
                 last = exc
                 self._pool.discard(addr)

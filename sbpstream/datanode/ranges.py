@@ -46,6 +46,18 @@ class StreamInfo:
 class RangeTable:
     def __init__(self) -> None:
         self.streams: dict[int, StreamInfo] = {}
+        self.pending: set[int] = set()
+        """Streams known from the local store only, until the PM confirms their ranges (a data
+        node reconciling in the background after a restart, see node.py): no append reaches
+        them before a lookup at the PM, and readers wait (the PM may have sealed them shorter
+        while the node was away)."""
+
+    def confirm(self, stream_ids: list[int] | set[int]) -> None:
+        """The PM's view of these streams was applied: serve them, wake their readers."""
+        for sid in stream_ids:
+            if sid in self.pending:
+                self.pending.discard(sid)
+                self.wake(sid)
 
     def get(self, stream_id: int, range_index: int) -> RangeInfo | None:
         s = self.streams.get(stream_id)
@@ -91,7 +103,10 @@ class RangeTable:
                 ev.set()
 
     def high_watermark(self, stream_id: int) -> int:
-        """The next offset a reader may read up to (exclusive) in this stream, or -1."""
+        """The next offset a reader may read up to (exclusive) in this stream, or -1 (also
+        while the stream awaits confirmation by the PM: its readers wait)."""
+        if stream_id in self.pending:
+            return -1
         s = self.streams.get(stream_id)
         last = None if s is None else s.last()
         return -1 if last is None else last.committed_offset

@@ -2,11 +2,13 @@
 
 The primary assigns offsets and writes locally; right after ``store.append`` (synchronously, so
 in offset order) the batch is handed to the range's :class:`RangeReplicator`. One sender task per
-range forwards everything queued as ONE replication APPEND (``replication=True``, batches carrying
-their base offsets, ``committed_offset`` = what the primary has acknowledged so far) to every
-secondary at once, and resolves the batches' futures when **all** secondaries answered OK. Rounds
-are strictly sequential, so a secondary always receives a range's batches in offset order (it
-rejects a batch that does not start at its next offset).
+set of secondaries (:class:`_Channel`) forwards everything queued by all its ranges as ONE
+replication APPEND (``replication=True``, batches carrying their base offsets, and what the
+primary has acknowledged so far: ``committed_offset`` for a round of one range,
+``committed_offsets`` per item for several) to every secondary at once, and resolves the batches'
+futures when **all** secondaries answered OK. Rounds are strictly sequential, so a secondary
+always receives a range's batches in offset order (it rejects a batch that does not start at its
+next offset).
 
 The first failed round breaks the replicator for good: that batch and every later one fail with
 REPLICA_UNAVAILABLE, nothing more is forwarded, and the writer seals the range at the PM (which
@@ -14,8 +16,8 @@ cuts it at the minimum end over the reachable replicas, so unacknowledged tails 
 acknowledged record survives). Each successful round raises the range's ``replicated_offset``
 (every secondary holds everything below it); the seal answers it as this node's end, so batches
 written here but never replicated are cut by the seal instead of leaving the secondaries short.
-A secondary learns the committed offset with the next round, or the
-sealed end at seal time; until then it does not serve the newest records.
+A secondary learns the committed offset with the next round, or the sealed end at seal time;
+until then it does not serve the newest records.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from sbpstream.protocol.errors import ReplicaUnavailableError, SbpError
-from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse
+from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse, AppendResult
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records.header import patch_base_offset, read_header
 
@@ -57,14 +59,17 @@ class _Pending:
 
 
 class RangeReplicator:
-    def __init__(self, ctx: NodeContext, rng: RangeInfo) -> None:
+    """One primary range's replication: its queue of batches, its futures, its broken state.
+    The sending is done by the :class:`_Channel` of its secondaries, shared with every range
+    replicated to the same secondaries."""
+
+    def __init__(self, ctx: NodeContext, rng: RangeInfo, channel: _Channel | None = None) -> None:
         self.ctx = ctx
         self.rng = rng
         self.queue: deque[_Pending] = deque()
         self.queued_bytes = 0
         self.broken: SbpError | None = None
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self.channel = channel if channel is not None else _Channel(ctx, tuple(self.secondaries))
 
     @property
     def secondaries(self) -> list[str]:
@@ -86,9 +91,7 @@ class RangeReplicator:
         patch_base_offset(data, base_offset)
         self.queue.append(_Pending(data, fut, base_offset + read_header(data).record_count))
         self.queued_bytes += len(data)
-        self._wake.set()
-        if self._task is None:
-            self._task = loop.create_task(self._run())
+        self.channel.ready(self)
         return fut
 
     def _break(self, exc: SbpError, *, failure: bool = True) -> None:
@@ -103,95 +106,164 @@ class RangeReplicator:
             if not p.done.done():
                 p.done.set_exception(exc)
 
-    async def _run(self) -> None:
-        while self.broken is None:
-            if not self.queue:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            take: list[_Pending] = []
-            size = 0
-            while self.queue and len(take) < MAX_ROUND_ITEMS and (
-                    not take or size + len(self.queue[0].data) <= MAX_ROUND_BYTES):
-                p = self.queue.popleft()
-                take.append(p)
-                size += len(p.data)
-            self.queued_bytes -= size
-            try:
-                await self._round(take)
-            except SbpError as exc:
-                for p in take:
-                    if not p.done.done():
-                        p.done.set_exception(exc)
-                self._break(exc)
-                return
-            except Exception as exc:  # a failed round must never leave writers hanging
-                err = ReplicaUnavailableError(f"replication failed: {type(exc).__name__}: {exc}")
-                for p in take:
-                    if not p.done.done():
-                        p.done.set_exception(err)
-                self._break(err)
-                return
-            # every secondary holds these batches: raise the mark BEFORE any writer can be
-            # acknowledged (the futures' callbacks run later), so that whatever was acknowledged
-            # is below it when a seal reads it
-            self.rng.replicated_offset = max(self.rng.replicated_offset, take[-1].next_offset)
-            for p in take:
-                if not p.done.done():
-                    p.done.set_result(None)
-
-    async def _round(self, take: list[_Pending]) -> None:
-        rng = self.rng
-        header = AppendRequest(
-            timeout_ms=int(ROUND_TIMEOUT_S * 1000),
-            items=tuple(AppendItem(stream_id=rng.stream_id, request_index=i,
-                                   batch_length=len(p.data), range_index=rng.range_index)
-                        for i, p in enumerate(take)),
-            replication=True,
-            committed_offset=rng.committed_offset,
-        ).encode()
-        payload = [p.data for p in take]
-        targets = self.secondaries
-        results = await asyncio.gather(
-            *(self._send(addr, header, payload, len(take)) for addr in targets),
-            return_exceptions=True)
-        for addr, res in zip(targets, results, strict=True):
-            if isinstance(res, BaseException):
-                if isinstance(res, SbpError):
-                    raise ReplicaUnavailableError(
-                        f"secondary {addr} failed for range {rng.stream_id}/{rng.range_index}: "
-                        f"{res}") from res
-                raise ReplicaUnavailableError(
-                    f"secondary {addr} failed for range {rng.stream_id}/{rng.range_index}: "
-                    f"{type(res).__name__}: {res}") from res
-
-    async def _send(self, addr: str, header: bytes, payload: list[bytearray], n: int) -> None:
-        conn = await self.ctx.pool.get(addr)
-        frames = await conn.request(Opcode.APPEND, header, payload, timeout_s=ROUND_TIMEOUT_S)
-        answered = 0
-        for f in frames:
-            for r in AppendResponse.decode(f.header).items:
-                answered += 1
-                if r.status.code:
-                    raise r.status.error()
-        if answered != n:
-            raise ReplicaUnavailableError(f"secondary {addr} answered {answered} of {n} items")
+    def fail(self, taken: list[_Pending], exc: SbpError) -> None:
+        """A round failed for this range: its batches, and every later one, fail."""
+        for p in taken:
+            if not p.done.done():
+                p.done.set_exception(exc)
+        self._break(exc)
 
     def close(self) -> None:
         """The range was sealed or deleted here: not a failure, nothing more is forwarded."""
         self._break(ReplicaUnavailableError(
             f"range {self.rng.stream_id}/{self.rng.range_index} is no longer replicated here"),
             failure=False)
+
+
+class _Channel:
+    """Sends the queued batches of every range replicated to the same secondaries.
+
+    A round takes what each ready range has queued (in the order the ranges became ready, within
+    MAX_ROUND_ITEMS / MAX_ROUND_BYTES) and forwards it as ONE replication APPEND to every
+    secondary at once: with 1,000 streams, a few frames per round instead of two per range. A
+    request of one range carries ``committed_offset``; of several, ``committed_offsets`` (each
+    item its range's). Rounds are strictly sequential, so every range's batches reach a secondary
+    in offset order. A failed send fails every range of the round; an item a secondary refused
+    fails its range only.
+    """
+
+    def __init__(self, ctx: NodeContext, targets: tuple[str, ...]) -> None:
+        self.ctx = ctx
+        self.targets = targets
+        self._ready: dict[RangeReplicator, None] = {}  # insertion-ordered set
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def ready(self, rep: RangeReplicator) -> None:
+        self._ready[rep] = None
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def _take(self) -> list[tuple[RangeReplicator, list[_Pending]]]:
+        round_: list[tuple[RangeReplicator, list[_Pending]]] = []
+        items = size = 0
+        for rep in list(self._ready):
+            if items >= MAX_ROUND_ITEMS or size >= MAX_ROUND_BYTES:
+                break
+            taken: list[_Pending] = []
+            q = rep.queue
+            while q and items < MAX_ROUND_ITEMS and (
+                    not items or size + len(q[0].data) <= MAX_ROUND_BYTES):
+                p = q.popleft()
+                taken.append(p)
+                items += 1
+                size += len(p.data)
+                rep.queued_bytes -= len(p.data)
+            if not q:
+                del self._ready[rep]
+            if taken:
+                round_.append((rep, taken))
+        return round_
+
+    async def _run(self) -> None:
+        while True:
+            if not self._ready:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            round_ = [(rep, taken) for rep, taken in self._take() if rep.broken is None]
+            if not round_:
+                continue
+            try:
+                failed = await self._round(round_)
+            except SbpError as exc:
+                failed = {rep: exc for rep, _ in round_}
+            except Exception as exc:  # a failed round must never leave writers hanging
+                err = ReplicaUnavailableError(f"replication failed: {type(exc).__name__}: {exc}")
+                failed = {rep: err for rep, _ in round_}
+            for rep, taken in round_:
+                why = failed.get(rep)
+                if why is not None:
+                    rep.fail(taken, why)
+                    continue
+                # every secondary holds these batches: raise the mark BEFORE any writer can be
+                # acknowledged (the futures' callbacks run later), so that whatever was
+                # acknowledged is below it when a seal reads it (docs/operations.md)
+                rep.rng.replicated_offset = max(rep.rng.replicated_offset,
+                                                taken[-1].next_offset)
+                for p in taken:
+                    if not p.done.done():
+                        p.done.set_result(None)
+
+    async def _round(
+        self, round_: list[tuple[RangeReplicator, list[_Pending]]]
+    ) -> dict[RangeReplicator, SbpError]:
+        """Send one round; returns the ranges that failed (with why)."""
+        owners: list[RangeReplicator] = []
+        items: list[AppendItem] = []
+        committed: list[int] = []
+        payload: list[bytearray] = []
+        for rep, taken in round_:
+            rng = rep.rng
+            for p in taken:
+                items.append(AppendItem(stream_id=rng.stream_id, request_index=len(items),
+                                        batch_length=len(p.data), range_index=rng.range_index))
+                committed.append(rng.committed_offset)
+                owners.append(rep)
+                payload.append(p.data)
+        one = len(round_) == 1
+        header = AppendRequest(
+            timeout_ms=int(ROUND_TIMEOUT_S * 1000), items=tuple(items), replication=True,
+            committed_offset=committed[0] if one else -1,
+            committed_offsets=() if one else tuple(committed),
+        ).encode()
+        results = await asyncio.gather(
+            *(self._send(addr, header, payload) for addr in self.targets),
+            return_exceptions=True)
+        failed: dict[RangeReplicator, SbpError] = {}
+        for addr, res in zip(self.targets, results, strict=True):
+            if isinstance(res, BaseException):
+                why = str(res) if isinstance(res, SbpError) else f"{type(res).__name__}: {res}"
+                for rep, _ in round_:
+                    failed.setdefault(rep, ReplicaUnavailableError(
+                        f"secondary {addr} failed for range {rep.rng.stream_id}/"
+                        f"{rep.rng.range_index}: {why}"))
+                continue
+            answered = [False] * len(items)
+            for r in res:
+                if 0 <= r.request_index < len(items):
+                    answered[r.request_index] = True
+                    if r.status.code:
+                        rep = owners[r.request_index]
+                        failed.setdefault(rep, ReplicaUnavailableError(
+                            f"secondary {addr} failed for range {rep.rng.stream_id}/"
+                            f"{rep.rng.range_index}: {r.status.error()}"))
+            for i, ok in enumerate(answered):
+                if not ok:
+                    failed.setdefault(owners[i], ReplicaUnavailableError(
+                        f"secondary {addr} did not answer item {i} of a replication round"))
+        return failed
+
+    async def _send(self, addr: str, header: bytes, payload: list[bytearray]
+                    ) -> list[AppendResult]:
+        conn = await self.ctx.pool.get(addr)
+        frames = await conn.request(Opcode.APPEND, header, payload, timeout_s=ROUND_TIMEOUT_S)
+        return [r for f in frames for r in AppendResponse.decode(f.header).items]
+
+    def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
 
 
 class Replicators:
-    """The replicators of this node's primary ranges that have secondaries."""
+    """The replicators of this node's primary ranges that have secondaries, and the channels
+    (one per set of secondaries) that send for them."""
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
         self.by_range: dict[tuple[int, int], RangeReplicator] = {}
+        self.channels: dict[tuple[str, ...], _Channel] = {}
 
     def needs(self, rng: RangeInfo) -> bool:
         return any(rn.data_node.node_id != self.ctx.node_id for rn in rng.replicas)
@@ -202,8 +274,17 @@ class Replicators:
         if r is None or r.rng is not rng:
             if r is not None:
                 r.close()  # the range was adopted again: the old replicator must not linger
-            r = self.by_range[key] = RangeReplicator(self.ctx, rng)
+            r = RangeReplicator(self.ctx, rng, self._channel(rng))
+            self.by_range[key] = r
         return r
+
+    def _channel(self, rng: RangeInfo) -> _Channel:
+        targets = tuple(rn.data_node.advertise_addr for rn in rng.replicas
+                        if rn.data_node.node_id != self.ctx.node_id)
+        ch = self.channels.get(targets)
+        if ch is None:
+            ch = self.channels[targets] = _Channel(self.ctx, targets)
+        return ch
 
     def drop(self, stream_id: int, range_index: int | None = None) -> None:
         for key in [k for k in self.by_range
@@ -215,3 +296,6 @@ class Replicators:
             with contextlib.suppress(Exception):
                 r.close()
         self.by_range.clear()
+        for ch in self.channels.values():
+            ch.close()
+        self.channels.clear()

@@ -101,18 +101,21 @@ class WireDataNodeApi:
         self.pool = ConnectionPool(connect_timeout_s=DN_CONNECT_TIMEOUT_S,
                                    ssl_context=ssl_context, authenticator=authenticator)
 
-    def to_range(self, r: md.RangeMeta) -> m.Range:
-        return m.Range(
-            stream_id=r.stream_id,
-            range_index=r.range_index,
-            start_offset=r.start_offset,
-            next_offset=r.next_offset,
-            end_offset=r.end_offset,
-            replica_nodes=tuple(
+    def to_range(self, r: md.RangeMeta,
+                 replicas: dict[tuple[md.ReplicaMeta, ...], tuple[m.ReplicaNode, ...]] | None
+                 = None) -> m.Range:
+        """``replicas``: a cache for one response (a node's listing repeats a few replica
+        sets hundreds of thousands of times; addresses are read once per set)."""
+        reps = None if replicas is None else replicas.get(r.replicas)
+        if reps is None:
+            reps = tuple(
                 m.ReplicaNode(m.DataNode(rep.node_id, self._addr_of(rep.node_id)), rep.is_primary)
                 for rep in r.replicas
-            ),
-        )
+            )
+            if replicas is not None:
+                replicas[r.replicas] = reps
+        return m.Range(r.stream_id, r.range_index, r.start_offset, r.next_offset, r.end_offset,
+                       reps)
 
     async def _call(self, node: NodeState, req: m.Message, resp_cls: type[RespT]) -> RespT:
         conn = await self.pool.get(node.advertise_addr)
@@ -612,11 +615,13 @@ class PmServer:
                 await sender.add(m.ListRangesResult(0, Status.of(e)), 0)
                 continue
             group: list[m.Range] = []
+            to_range = self.dn.to_range
+            cache: dict[tuple[md.ReplicaMeta, ...], tuple[m.ReplicaNode, ...]] = {}
             for x in ranges:
                 if group and group[0].stream_id != x.stream_id:
                     await sender.add_ranges(group[0].stream_id, group)
                     group = []
-                group.append(self.dn.to_range(x))
+                group.append(to_range(x, cache))
             if group:
                 await sender.add_ranges(group[0].stream_id, group)
         await sender.finish()
@@ -645,6 +650,8 @@ class _FramedResults:
         await self._resp.send(m.ListRangesResponse(items=tuple(self._items)).encode(), end=end)
         self._items = []
         self._ranges = 0
+        if not end:  # a node's whole listing is seconds of encoding: let heartbeats and
+            await asyncio.sleep(0)  # lookups (a restarting node's appends) in between frames
 
     async def finish(self) -> None:
         await self._flush(end=True)

@@ -37,7 +37,8 @@ import flatbuffers
 from sbpstream.protocol.errors import BadHeaderError
 
 __all__ = [
-    "Bound", "Codec", "Field", "FixedLayout", "Kind", "Schema", "Table", "TableDef", "parse_schema"
+    "Bound", "Codec", "Field", "FixedLayout", "Kind", "Schema", "Table", "TableDef", "parse_schema",
+    "put_tables",
 ]  # fmt: skip
 
 # struct format of each scalar type, and the builder method that writes it into a slot.
@@ -253,7 +254,8 @@ def _omitted(v: str, ref: Bound, k: str, values: str) -> str:
     return f"{v} is {k} or ({''.join(f'{v}.{n}, ' for n in ref.names)}) == {values}"
 
 
-def _put_tables(b: Any, items: Sequence[Any], build: Callable[[Any, Any], int]) -> int:
+def put_tables(b: Any, items: Sequence[Any], build: Callable[[Any, Any], int]) -> int:
+    """A vector of tables, each written by ``build``, the builder's way."""
     offsets = [build(b, item) for item in items]
     b.StartVector(4, len(offsets), 4)
     for off in reversed(offsets):
@@ -393,6 +395,7 @@ class Bound:
     omit_values: Any = None
     fixed: FixedLayout | None = None
     source: str = ""  # the compiled writer and reader, for a curious reader
+    put: Callable[[Any, Sequence[Any]], int] | None = None  # see Codec.vector_writer
 
 
 class Table:
@@ -461,6 +464,13 @@ class Codec:
         self.bound[table.name] = bound
         return bound
 
+    def vector_writer(self, cls: type[Table], put: Callable[[Any, Sequence[Any]], int]) -> None:
+        """Have vectors of ``cls`` written by ``put(builder, items) -> offset`` in the tables
+        bound from now on: a hand-written fast path, which must write the builder's bytes."""
+        bound = dataclasses.replace(cls.SCHEMA, put=put)
+        cls.SCHEMA = bound
+        self.bound[bound.table.name] = bound
+
     def _check(self, cls: type[Any], table: TableDef, renames: dict[str, str]) -> dict[str, str]:
         """Schema name -> Python name; refuses other names, another order or other defaults."""
         fields = dataclasses.fields(cls)
@@ -505,7 +515,7 @@ class Codec:
         in the reader; ``d{i}`` is its default and ``r{i}``/``w{i}`` read/write its tables."""
         env: dict[str, Any] = {
             "cls": cls, "slots": _slots, "U32": _U32, "text": _text, "raw": _raw,
-            "tables": _read_tables, "scalars": _read_scalars, "put_tables": _put_tables,
+            "tables": _read_tables, "scalars": _read_scalars, "put_tables": put_tables,
             "put_scalars": _put_scalars, "limit": limit,
         }  # fmt: skip
         defaults = {p.name: p.default for p in dataclasses.fields(cls)}
@@ -568,9 +578,10 @@ class Codec:
             return f"r{i}(buf, {at} + U32(buf, {at})[0])", f"0 if {skip} else w{i}(b, {v})"
         if f.kind is Kind.TABLES:
             env[f"w{i}"], env[f"r{i}"] = self._element(f.ref)
-            layout = self.bound[f.ref].fixed if f.ref in self.bound else None
-            env[f"x{i}"] = layout.put if layout is not None else None
-            put = f"x{i}(b, {v})" if layout is not None else f"put_tables(b, {v}, w{i})"
+            elem = self.bound.get(f.ref)
+            fast = None if elem is None else elem.put or (elem.fixed.put if elem.fixed else None)
+            env[f"x{i}"] = fast
+            put = f"x{i}(b, {v})" if fast is not None else f"put_tables(b, {v}, w{i})"
             return f"tables(buf, {at}, r{i}, limit)", f"{put} if {v} else 0"
         raise TypeError(f"{f.name}: a {f.kind.value} field is supported only as a vector's element")
 

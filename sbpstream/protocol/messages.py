@@ -25,13 +25,15 @@ are written by a fixed-layout fast path (``fixed=True``, see :class:`.fbtable.Fi
 from __future__ import annotations
 
 import enum
+import functools
 import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
+from sbpstream.protocol import rangelist
 from sbpstream.protocol.errors import LimitExceededError, SbpError, error_for
-from sbpstream.protocol.fbtable import Codec, Table, parse_schema
+from sbpstream.protocol.fbtable import Codec, Table, parse_schema, put_tables
 from sbpstream.protocol.opcodes import Opcode
 
 __all__ = [
@@ -338,6 +340,9 @@ class AppendRequest(Message):
     items: tuple[AppendItem, ...] = ()  # the spec's append_requests
     replication: bool = False  # project: primary -> secondary, base offsets already assigned
     committed_offset: int = -1  # project: the primary's committed offset (replication only)
+    # project: replication of several ranges in one request: item i's range committed offset
+    # (then committed_offset is -1); empty: committed_offset holds for every item
+    committed_offsets: tuple[int, ...] = ()
 
 
 @table(fixed=True)
@@ -445,6 +450,16 @@ class ListRangesResult(Table):
     stream_id: int = 0
     status: Status = STATUS_OK
     ranges: tuple[Range, ...] = ()
+
+
+def _status_omitted(s: Status) -> bool:
+    return s is STATUS_OK or (s.code, s.message, s.detail) == (0, "", b"")
+
+
+# A node's whole listing is hundreds of thousands of results: written by a fast path (same bytes)
+_CODEC.vector_writer(ListRangesResult, functools.partial(
+    rangelist.put_results, is_ok=_status_omitted,
+    fallback=functools.partial(put_tables, build=ListRangesResult.SCHEMA.build)))
 
 
 @response(Opcode.LIST_RANGES, items="list_responses")

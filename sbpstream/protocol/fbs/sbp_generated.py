@@ -926,12 +926,41 @@ class AppendRequest(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return -1
 
-def AppendRequestStart(builder): builder.StartObject(4)
+    # AppendRequest
+    def CommittedOffsets(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
+        return 0
+
+    # AppendRequest
+    def CommittedOffsetsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
+        return 0
+
+    # AppendRequest
+    def CommittedOffsetsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # AppendRequest
+    def CommittedOffsetsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        return o == 0
+
+def AppendRequestStart(builder): builder.StartObject(5)
 def AppendRequestAddTimeoutMs(builder, timeoutMs): builder.PrependInt32Slot(0, timeoutMs, 0)
 def AppendRequestAddAppendRequests(builder, appendRequests): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(appendRequests), 0)
 def AppendRequestStartAppendRequestsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
 def AppendRequestAddReplication(builder, replication): builder.PrependBoolSlot(2, replication, 0)
 def AppendRequestAddCommittedOffset(builder, committedOffset): builder.PrependInt64Slot(3, committedOffset, -1)
+def AppendRequestAddCommittedOffsets(builder, committedOffsets): builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(committedOffsets), 0)
+def AppendRequestStartCommittedOffsetsVector(builder, numElems): return builder.StartVector(8, numElems, 8)
 def AppendRequestEnd(builder): return builder.EndObject()
 
 
