@@ -73,6 +73,10 @@ class ErrorCode(enum.IntEnum):
     INVALID_STREAM_CONFIG = 62
     METADATA_ERROR = 63
     FENCED_LEADER = 64
+    # --- 80-89 consumer groups (project)
+    ILLEGAL_GENERATION = 80
+    UNKNOWN_MEMBER = 81
+    GROUP_NOT_EMPTY = 82
 
 
 class ClientErrorCode(enum.IntEnum):
@@ -337,6 +341,22 @@ class MetadataError(ServerFaultError, RetriableError):
 class FencedLeaderError(ServerFaultError, RedirectError):
     code = ErrorCode.FENCED_LEADER
     meaning = "the PM lost its leadership while writing"
+
+
+class IllegalGenerationError(RequestError, RetriableError):
+    code = ErrorCode.ILLEGAL_GENERATION
+    meaning = ("the member's generation is not the group's, or the stream is not assigned to it; "
+               "heartbeat and retry")
+
+
+class UnknownMemberError(RequestError, FatalError):
+    code = ErrorCode.UNKNOWN_MEMBER
+    meaning = "no such member in the group (it left or missed its session timeout); rejoin"
+
+
+class GroupNotEmptyError(RequestError, FatalError):
+    code = ErrorCode.GROUP_NOT_EMPTY
+    meaning = "the group has live members; stop them first"
 
 
 # ---- 90-119 client side only
