@@ -203,6 +203,18 @@ class DeleteOutcome:
     removed: tuple[RangeMeta, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetMeta:
+    """A consumer group's committed offset of one stream (docs/protocol.md, "Consumer
+    groups"): the next offset the group reads there."""
+
+    group: str
+    stream_id: int
+    offset: int
+    metadata: str = ""
+    commit_ms: int = 0
+
+
 class MetadataStore(Protocol):
     """Everything the PM persists. All methods are coroutines; failures of the store itself raise
     :class:`~sbpstream.protocol.errors.MetadataError`; per-item problems are returned as
@@ -311,6 +323,22 @@ class MetadataStore(Protocol):
     ) -> RangeMeta:
         """Sealed range ``range_index``: its replica on ``old_node_id`` is now on
         ``new_node_id`` (re-replication). Idempotent once done."""
+
+    async def commit_offsets(
+        self, items: Sequence[OffsetMeta], now_ms: int
+    ) -> list[OffsetMeta | SbpError]:
+        """Store committed offsets (one transaction per call, each item its own outcome; an
+        ``offset`` of -1 forgets the stream's committed offset)."""
+
+    async def fetch_offsets(self, group: str, stream_ids: Sequence[int]) -> list[OffsetMeta]:
+        """The committed offsets of ``group`` for ``stream_ids`` (empty: every stream it has
+        one for), ascending stream id; streams without one are absent."""
+
+    async def offset_groups(self) -> dict[str, int]:
+        """Every group with committed offsets -> how many streams it has one for."""
+
+    async def delete_offsets(self, group: str) -> int:
+        """Forget every committed offset of ``group``; how many there were."""
 
 
 

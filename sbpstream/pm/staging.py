@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Protocol
 
-from sbpstream.pm.metadata import NodeMeta, ProducerStateMeta, RangeMeta, StreamMeta
+from sbpstream.pm.metadata import NodeMeta, OffsetMeta, ProducerStateMeta, RangeMeta, StreamMeta
 from sbpstream.protocol.errors import MetadataError
 
 ALL_RANGES: Final = 1 << 62
@@ -42,6 +42,8 @@ class BaseReader(Protocol):
     def stream_named(self, name: str) -> int | None:
         """The id of the live stream holding ``name``, or None."""
 
+    def offset(self, group: str, sid: int) -> OffsetMeta | None: ...
+
 
 NAME_DROPPED: Final = 0
 """A layer's value for a name it released (stream ids start at 1)."""
@@ -54,8 +56,8 @@ class Layer:
     it and an item whose rule fails is taken back with :meth:`undo` (cheaper than a layer per
     item when the items need no separate accounting, as in SQLite)."""
 
-    __slots__ = ("counters", "dropped", "journal", "names", "nodes", "producers", "ranges",
-                 "streams")
+    __slots__ = ("counters", "dropped", "journal", "names", "nodes", "offsets", "producers",
+                 "ranges", "streams")
 
     def __init__(self, journaled: bool = False) -> None:
         self.streams: dict[int, StreamMeta] = {}
@@ -69,6 +71,8 @@ class Layer:
         self.counters: dict[str, int] = {}
         self.names: dict[str, int] = {}
         """name -> the stream id now holding it, or NAME_DROPPED when released."""
+        self.offsets: dict[tuple[str, int], OffsetMeta | None] = {}
+        """(group, stream id) -> committed offset, or None when forgotten."""
         self.journal: list[tuple[dict[Any, Any], Any, object]] | None = (
             [] if journaled else None)
         """(dict, key, previous value or _MISSING) per write since the last :meth:`keep`."""
@@ -76,7 +80,7 @@ class Layer:
     @property
     def empty(self) -> bool:
         return not (self.streams or self.ranges or self.dropped or self.producers
-                    or self.nodes or self.counters or self.names)
+                    or self.nodes or self.counters or self.names or self.offsets)
 
     def all_ranges(self) -> list[RangeMeta]:
         return [r for per in self.ranges.values() for r in per.values()]
@@ -166,6 +170,8 @@ class Layer:
             self.counters.update(item.counters)
         if item.names:
             self.names.update(item.names)
+        if item.offsets:
+            self.offsets.update(item.offsets)
 
 
 class StagedTxn:
@@ -232,9 +238,22 @@ class StagedTxn:
                 return None if sid == NAME_DROPPED else sid
         return self.base.stream_named(name)
 
+    def offset(self, group: str, sid: int) -> OffsetMeta | None:
+        key = (group, sid)
+        for layer in (self.top, self.below):
+            if key in layer.offsets:
+                return layer.offsets[key]
+        return self.base.offset(group, sid)
+
     # --- writes
     def put_stream(self, s: StreamMeta) -> None:
         self.top.put_stream(s)
+
+    def put_offset(self, o: OffsetMeta) -> None:
+        self.top._set(self.top.offsets, (o.group, o.stream_id), o)
+
+    def drop_offset(self, group: str, sid: int) -> None:
+        self.top._set(self.top.offsets, (group, sid), None)
 
     def put_name(self, name: str, sid: int) -> None:
         self.top._set(self.top.names, name, sid)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from sbpstream.pm.metadata import (
     NodeMeta,
     NodeMetrics,
+    OffsetMeta,
     ProducerStateMeta,
     RangeMeta,
     ReplicaMeta,
@@ -75,6 +76,15 @@ def decode_node(nid: int, v: bytes) -> NodeMeta:
                     int(d.get("last_heartbeat_ms", 0)),
                     NodeMetrics.from_dict(m) if isinstance(m, dict) else None,
                     int(d.get("metrics_ms", 0)))
+
+
+def encode_offset(o: OffsetMeta) -> bytes:
+    return _dumps([o.offset, o.commit_ms, o.metadata] if o.metadata else [o.offset, o.commit_ms])
+
+
+def decode_offset(group: str, sid: int, v: bytes) -> OffsetMeta:
+    d = json.loads(v)
+    return OffsetMeta(group, sid, int(d[0]), str(d[2]) if len(d) > 2 else "", int(d[1]))
 
 
 def encode_leader(address: str) -> bytes:

@@ -6,7 +6,13 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from sbpstream.pm.etcd.cache import Cache
-from sbpstream.pm.etcd.codec import encode_node, encode_producers, encode_range, encode_stream
+from sbpstream.pm.etcd.codec import (
+    encode_node,
+    encode_offset,
+    encode_producers,
+    encode_range,
+    encode_stream,
+)
 from sbpstream.pm.rules import sorted_replicas
 from sbpstream.pm.staging import NAME_DROPPED, Layer
 
@@ -63,6 +69,14 @@ class TxnOps:
                 ops.nbytes += 2 * len(key) + OP_OVERHEAD_BYTES
             else:
                 ops._put(key, str(sid).encode(), cache.name_rev(name), sid)
+        for (group, sid), o in layer.offsets.items():
+            key = k.offset(group, sid)
+            if o is None:
+                ops.spans.append((key, key + b"\0"))
+                ops.compares.setdefault(key, cache.offset_rev(group, sid))
+                ops.nbytes += 2 * len(key) + OP_OVERHEAD_BYTES
+            else:
+                ops._put(key, encode_offset(o), cache.offset_rev(group, sid), o)
         return ops
 
     def _put(self, key: bytes, value: bytes, cached_rev: int, decoded: object) -> None:
