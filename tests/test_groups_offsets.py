@@ -3,9 +3,13 @@ conformance suite's ``backend`` fixture), durable across a reopen."""
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 from test_pm_etcd_conformance import R1, Backend, backend, created, delete1, etcd_server
 
 from sbpstream.pm.metadata import NewStream, OffsetMeta
+from sbpstream.pm.sqlite_meta import SqliteMetadataStore
 from sbpstream.protocol.errors import (
     InvalidRequestError,
     SbpError,
@@ -51,3 +55,25 @@ async def test_commit_fetch_forget_and_reopen(backend: Backend) -> None:
     (ok,) = await store.commit_offsets([OffsetMeta("g1", sids[0], -1)], 3000)
     assert not isinstance(ok, SbpError)
     assert await store.fetch_offsets("g1", []) == []
+
+
+async def test_schema_2_file_is_migrated(tmp_path: Path) -> None:
+    """A file from before committed offsets (schema version 2) opens and takes commits."""
+    path = tmp_path / "pm.sqlite"
+    store = SqliteMetadataStore(path)
+    await store.open()
+    (c,) = created(await store.create_streams([NewStream(1, 0, R1)], 1))
+    await store.close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE consumer_offsets")
+    db.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    store = SqliteMetadataStore(path)
+    await store.open()
+    try:
+        (o,) = await store.commit_offsets([OffsetMeta("g", c.stream.stream_id, 3)], 5)
+        assert isinstance(o, OffsetMeta)
+        assert [x.offset for x in await store.fetch_offsets("g", [])] == [3]
+    finally:
+        await store.close()
