@@ -25,6 +25,7 @@ from sbpstream.net.client import ConnectionPool
 from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.pm import metadata as md
 from sbpstream.pm.config import PmConfig
+from sbpstream.pm.groups import GroupHandlers
 from sbpstream.pm.placement import NodeState
 from sbpstream.pm.repair import Repairer
 from sbpstream.pm.service import (
@@ -205,6 +206,8 @@ class PmServer:
             Opcode.TRIM_STREAMS: self._trim_streams,
             Opcode.REPORT_METRICS: self._report_metrics,
         }
+        self.groups = GroupHandlers(self.service)  # consumer groups (pm/groups.py)
+        handlers.update(self.groups.handlers())
         if self.election is not None:
             handlers = {op: self._leader_only(h) for op, h in handlers.items()}
         self.server = Server(handlers, name="pm")
@@ -306,7 +309,9 @@ class PmServer:
     # ------------------------------------------------------------------ leadership (etcd)
     async def _on_elected(self, token: int) -> None:
         """Won the election: start from the warm metadata cache with fresh liveness (every
-        node gets a grace period, as after a restart)."""
+        node gets a grace period, as after a restart). Group membership restarts empty: members
+        rejoin on their next heartbeat (pm/groups.py); committed offsets are in the metadata."""
+        self.groups.coordinator.reset()
         await self.service.start()
 
     def _leader_only(self, handler: Handler) -> Handler:
