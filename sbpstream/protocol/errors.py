@@ -343,10 +343,10 @@ class FencedLeaderError(ServerFaultError, RedirectError):
     meaning = "the PM lost its leadership while writing"
 
 
-class IllegalGenerationError(RequestError, RetriableError):
+class IllegalGenerationError(RequestError, FatalError):
     code = ErrorCode.ILLEGAL_GENERATION
     meaning = ("the member's generation is not the group's, or the stream is not assigned to it; "
-               "heartbeat and retry")
+               "heartbeat for the current generation before committing again")
 
 
 class UnknownMemberError(RequestError, FatalError):
