@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from sbpstream.net.server import Handler, Request, Responder
-from sbpstream.pm import rules
 from sbpstream.pm.metadata import OffsetMeta
 from sbpstream.pm.service import PmService
 from sbpstream.protocol import messages as m
@@ -46,6 +45,7 @@ from sbpstream.protocol.errors import (
     UnknownMemberError,
 )
 from sbpstream.protocol.messages import Status
+from sbpstream.protocol.names import validate_group_name
 from sbpstream.protocol.opcodes import Opcode
 
 log = logging.getLogger("sbpstream.pm.groups")
@@ -143,7 +143,7 @@ class GroupCoordinator:
     def join(self, group: str, member_id: str, streams: Iterable[int], session_timeout_ms: int,
              client_id: str = "", host: str = "") -> tuple[Member, int]:
         """Add (or re-add, keeping ``member_id``) a member; (member, generation)."""
-        rules.validate_group_name(group)
+        validate_group_name(group)
         timeout = session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
         if not MIN_SESSION_TIMEOUT_MS <= timeout <= MAX_SESSION_TIMEOUT_MS:
             raise InvalidRequestError(
@@ -361,7 +361,7 @@ class GroupHandlers:
     async def _commit(self, req: Request, resp: Responder) -> None:
         r = m.OffsetCommitRequest.decode(req.header)
         try:
-            rules.validate_group_name(r.group)
+            validate_group_name(r.group)
             if any(it.offset < 0 for it in r.items):
                 raise InvalidRequestError("committed offsets are >= 0 (RESET_OFFSETS forgets)")
             fences = self.coordinator.check_commit(r.group, r.member_id, r.generation,
@@ -374,7 +374,7 @@ class GroupHandlers:
     async def _fetch(self, req: Request, resp: Responder) -> None:
         r = m.OffsetFetchRequest.decode(req.header)
         try:
-            rules.validate_group_name(r.group)
+            validate_group_name(r.group)
             got = {o.stream_id: o for o in await self.service.meta.fetch_offsets(
                 r.group, r.stream_ids)}
             ids = r.stream_ids or tuple(sorted(got))
@@ -417,7 +417,7 @@ class GroupHandlers:
         items: list[m.GroupResult] = []
         for n in r.groups:
             try:
-                rules.validate_group_name(n.name)
+                validate_group_name(n.name)
                 self.coordinator.require_empty(n.name)
                 await self.service.meta.delete_offsets(n.name)
                 self.coordinator.forget(n.name)
@@ -429,7 +429,7 @@ class GroupHandlers:
     async def _reset(self, req: Request, resp: Responder) -> None:
         r = m.ResetOffsetsRequest.decode(req.header)
         try:
-            rules.validate_group_name(r.group)
+            validate_group_name(r.group)
             self.coordinator.require_empty(r.group)
             out = m.ResetOffsetsResponse(
                 items=await self._store(r.group, r.items, [None] * len(r.items)))

@@ -43,7 +43,7 @@ from sbpstream.protocol.errors import (
     StreamDeletedError,
     StreamNotFoundError,
 )
-from sbpstream.protocol.names import validate_stream_name
+from sbpstream.protocol.names import validate_group_name, validate_stream_name
 
 COUNTER_STREAM: Final = "next_stream_id"
 COUNTER_NODE: Final = "next_node_id"
@@ -290,17 +290,8 @@ def replace_replica(tx: MetaTxn, sid: int, idx: int, old_node_id: int,
 
 
 # ---------------------------------------------------------------------------- committed offsets
-MAX_GROUP_NAME: Final = 255
 MAX_OFFSET_METADATA: Final = 4096
-"""Bytes of a group name and of a commit's metadata string (UTF-8)."""
-
-
-def validate_group_name(group: str) -> None:
-    """1..255 UTF-8 bytes, printable, no '/' (it is part of an etcd key)."""
-    raw = group.encode()
-    if not raw or len(raw) > MAX_GROUP_NAME or "/" in group or not group.isprintable():
-        raise InvalidRequestError(f"bad group name {group!r}: 1-{MAX_GROUP_NAME} printable "
-                                  "UTF-8 bytes without '/'")
+"""UTF-8 bytes of a commit's metadata string."""
 
 
 def commit_offset(tx: MetaTxn, o: OffsetMeta, now_ms: int) -> OffsetMeta:
