@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from waiting import eventually_async
 
-from sbpstream.client import AsyncClient, AsyncConsumer, ConsumedRecord
+from sbpstream.client import AsyncClient, AsyncConsumer, Client, ConsumedRecord
 from sbpstream.client.groups import GroupAdmin
 from sbpstream.client.types import RebalanceEvent
 from sbpstream.cluster import LocalCluster
@@ -261,3 +261,23 @@ async def test_sigkilled_member_loses_its_streams_and_nothing_acknowledged_is_sk
         if child.poll() is None:
             child.kill()
             child.wait(10)
+
+
+def test_sync_twin_group_consumer(cluster: LocalCluster) -> None:
+    events: list[RebalanceEvent] = []
+    with Client(cluster.pm_address, retry_deadline_ms=30_000) as c:
+        sids = c.create_streams(2, replica_nums=1)
+        with c.producer() as p:
+            for sid in sids:
+                p.send_many(sid, [b"x"] * 4)
+        cons = c.consumer(sids, "earliest", group="sync", auto_commit=False,
+                          on_rebalance=events.append, max_wait_ms=100)
+        with cons:
+            got = [next(cons) for _ in range(5)]
+            assert cons.group == "sync" and cons.assignment == tuple(sorted(sids))
+            cons.commit()
+            assert sum(cons.committed().values()) == 5
+            assert [e.kind for e in cons.rebalance_events()] == ["assigned"]
+        assert {r.stream_id for r in got} <= set(sids)
+        assert [e.kind for e in events] == ["assigned"]
+        assert sum(c.committed_offsets("sync").values()) == 5
