@@ -9,6 +9,10 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from spark_fixtures import cluster_fixture, spark_session_fixture  # noqa: F401
+
+from sbpstream.client import Client
+from sbpstream.cluster import LocalCluster
 from sbpstream.protocol.errors import GroupNotEmptyError
 from sbpstream.spark.options import parse_source_options
 from sbpstream.spark.schema import SOURCE_SCHEMA
@@ -69,3 +73,27 @@ def test_without_the_option_nothing_is_committed_and_failures_only_log(
 def test_bad_options(options: dict[str, str], streaming: bool, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         parse_source_options(options, streaming=streaming)
+
+
+# ------------------------------------------------------------------ a real streaming query
+
+
+def test_streaming_query_commits_each_batch_to_the_group(
+        spark: Any, cluster: LocalCluster, tmp_path: Any) -> None:
+    with Client(cluster.pm_address) as c:
+        sid = c.create_stream()
+        with c.producer(linger_ms=1) as p:
+            for f in [p.send(sid, b"v%d" % i) for i in range(300)]:
+                f.result()
+        df = spark.readStream.format("sbpstream").option("pm", cluster.pm_address).option(
+            "streams", str(sid)).option("startingOffsets", "earliest").option(
+            "maxOffsetsPerTrigger", 100).option("commitToGroup", "spark-lag").load()
+        q = (df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        assert q.exception() is None
+        # three batches (100 records each); Spark tells the source a batch is done when it
+        # plans the next one, so the group trails the query by its last batch
+        assert c.committed_offsets("spark-lag") == {sid: 200}
+        info = c.describe_group("spark-lag")
+        assert [(s.stream_id, s.committed, s.lag) for s in info.streams] == [(sid, 200, 100)]

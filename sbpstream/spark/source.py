@@ -309,7 +309,8 @@ class SbpstreamStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAva
     def commit(self, end: dict[str, Any]) -> None:
         """The checkpoint is the only truth (as with Kafka). With option ``commitToGroup`` the
         batch's end offsets are also committed to that consumer group, so its lag shows in
-        ``sbpstream group describe``; a failed commit is logged, never fails the query."""
+        ``sbpstream group describe`` (Spark calls this when it plans the next batch: the group
+        trails the query by one batch); a failed commit is logged, never fails the query."""
         group = self.opts.commit_group
         if group is None:
             return
