@@ -74,8 +74,10 @@ class Reader:
             await asyncio.wait_for(self.task, 30)
 
 
-def member(c: AsyncClient, group: str, sids: list[int], **kw: object) -> AsyncConsumer:
-    return c.consumer(sids, "earliest", group=group, session_timeout_ms=3000,
+def member(c: AsyncClient, group: str, sids: list[int], start_latest: bool = False,
+           **kw: object) -> AsyncConsumer:
+    return c.consumer(sids, "latest" if start_latest else "earliest", group=group,
+                      session_timeout_ms=3000,
                       heartbeat_interval_ms=200, auto_commit_interval_ms=200,
                       max_wait_ms=100, **kw)  # type: ignore[arg-type]
 
@@ -281,3 +283,32 @@ def test_sync_twin_group_consumer(cluster: LocalCluster) -> None:
         assert {r.stream_id for r in got} <= set(sids)
         assert [e.kind for e in events] == ["assigned"]
         assert sum(c.committed_offsets("sync").values()) == 5
+
+
+async def test_latest_is_pinned_at_assignment(client: AsyncClient) -> None:
+    """A member starting at "latest" reads what was appended after it got the stream, even
+    when its reader is rebuilt (a rebalance) before it handed any of those records out."""
+    sids = await make_streams(client, 2, 3)
+    a = member(client, "latest", sids, start_latest=True)
+    await a.fill(100)
+    assert set(a.assignment) == set(sids)
+    async with client.producer() as p:
+        for sid in sids:
+            await p.send(sid, b"after")  # offset 3 of each, not handed out yet
+
+    async def sized(n: int) -> bool:
+        await a.poll(max_records=0, timeout_ms=50)  # applies rebalances, hands out nothing
+        return len(a.assignment) == n
+
+    b = member(client, "latest", sids)
+    await b.fill(100)  # joins: a releases one stream
+    await eventually_async(lambda: sized(1), timeout=WAIT_S, what="a released a stream")
+    await b.close()    # a gets it back: its reader is rebuilt
+    await eventually_async(lambda: sized(2), timeout=WAIT_S, what="a has both streams again")
+    got: list[tuple[int, int]] = []
+
+    async def both() -> bool:
+        got.extend((r.stream_id, r.offset) for r in await a.poll(timeout_ms=100))
+        return set(got) >= {(sid, 3) for sid in sids}
+    await eventually_async(both, timeout=WAIT_S, interval=0.01, what="the records after")
+    await a.close()

@@ -55,6 +55,9 @@ REBALANCE_HEARTBEAT_MS: Final = 100
 """Heartbeat interval while the assignment is moving (released streams reach their new owner
 one heartbeat later)."""
 
+LATEST_LOOKUPS: Final = 64
+"""End offsets looked up at once when newly assigned streams start at "latest"."""
+
 PmCall = Callable[[Any, Any], Awaitable[Any]]
 """``AsyncClient``'s call to the PM leader (redirects and retries included)."""
 
@@ -432,6 +435,12 @@ class GroupConsumer(AsyncConsumer):
             for sid in added:
                 if sid in got:
                     self._positions[sid] = self._committed[sid] = got[sid]
+            if self._start == "latest":  # pin "latest" now: a later rebuild must not skip
+                fresh = sorted(sid for sid in added if sid not in got)
+                for i in range(0, len(fresh), LATEST_LOOKUPS):
+                    chunk = fresh[i:i + LATEST_LOOKUPS]
+                    ends = await asyncio.gather(*(self._client.end_offset(s) for s in chunk))
+                    self._positions.update(zip(chunk, ends, strict=True))
         self._owned = target
         if target:
             self._inner = _Assigned(self._client, sorted(target), self._start,
