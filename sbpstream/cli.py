@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any, NoReturn, TypeVar, cast
+from typing import Annotated, Any, BinaryIO, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -100,6 +100,13 @@ stream_app = typer.Typer(
 )
 app.add_typer(stream_app, name="stream")
 add_security_commands(app)  # certs, user, acl (sbpstream/cli_security.py)
+group_app = typer.Typer(
+    help="List, describe (members, assignments, committed offsets and lag), reset the offsets "
+    "of, and delete consumer groups.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(group_app, name="group")
 
 PmOption = Annotated[
     str,
@@ -1035,13 +1042,19 @@ def consume(
         "--format", help="raw (the value, with the --print-* prefixes) or json (one object "
         "per record: stream, offset, timestamp_ms, key, value, headers; bytes that are not "
         "UTF-8 go in key_base64/value_base64).")] = "raw",
+    group: Annotated[str | None, typer.Option(
+        "--group", help="Read as a member of this consumer group: resume at its committed "
+        "offset (--from only when it has none) and commit what was written.",
+        show_default=False)] = None,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
     """Write one record per line to stdout: its value as raw bytes, or JSON with --format json.
 
     Exits when caught up with the stream's end (unless --follow) or after --count records.
     --print-timestamp, --print-offset and --print-key prefix the value, tab-separated, in that
-    order (as kafka-console-consumer's print.timestamp/print.offset/print.key).
+    order (as kafka-console-consumer's print.timestamp/print.offset/print.key). With --group
+    the next run resumes after the last record written (offsets are committed every few
+    seconds and at exit: a record may be written again after a crash, never skipped).
     """
     pos = _parse_from(start)
     if output_format not in ("raw", "json"):
@@ -1062,6 +1075,9 @@ def consume(
                 c.describe_stream(sid)
             if count == 0:
                 return
+            if group is not None:
+                _consume_group(c, group, sid, pos, end, count, line_of, out)
+                return
             cons = c.consumer(sid, pos, end=end)
             live = LiveCount("consumed")
             for n, rec in enumerate(cons, 1):
@@ -1081,6 +1097,27 @@ def consume(
         _quiet_broken_pipe()
     except KeyboardInterrupt:
         interrupted()
+
+
+def _consume_group(c: Client, group: str, sid: int, pos: StartPosition, end: int | None,
+                   count: int | None, line_of: Callable[[ConsumedRecord], bytes],
+                   out: BinaryIO) -> None:
+    """``consume --group``: a group member; without --follow it stops at ``end``."""
+    if end is not None:
+        done = c.committed_offsets(group, [sid]).get(sid)
+        if done is not None and done >= end:
+            return  # the group has read everything there is
+    live = LiveCount("consumed")
+    with c.consumer(sid, pos, group=group) as cons:
+        for n, rec in enumerate(cons, 1):
+            out.write(line_of(rec))
+            live.add(1)
+            if (count is not None and n >= count) or (end is not None and rec.offset + 1 >= end):
+                break
+            if end is None and not cons.buffered:
+                out.flush()
+        live.clear()
+        out.flush()
 
 
 def _record_formatter(fmt: str, timestamp: bool, offset: bool, key: bool
@@ -1129,6 +1166,79 @@ def _quiet_broken_pipe() -> NoReturn:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     raise typer.Exit(0)
+
+
+# ------------------------------------------------------------------------------- groups
+
+
+@group_app.command("list")
+def group_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS
+               ) -> None:
+    """Print every consumer group with live members or committed offsets, one a line."""
+    names = _run(pm, timeout_ms, lambda c: c.list_groups())
+    sys.stdout.write("".join(f"{n}\n" for n in names))
+
+
+@group_app.command("describe")
+def group_describe(
+    group: Annotated[str, typer.Argument(help="The group.", show_default=False)],
+    pm: PmOption = DEFAULT_PM,
+    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+) -> None:
+    """Per stream: committed offset, end offset, lag and the member reading it; then the
+    members (as kafka-consumer-groups --describe)."""
+    info = _run(pm, timeout_ms, lambda c: c.describe_group(group))
+    out_console.print(f"group {info.group}: {info.state}, generation {info.generation}, "
+                      f"{len(info.members)} members")
+    t = Table("stream", "committed", "end_offset", "lag", "member")
+    for s in info.streams:
+        t.add_row(str(s.stream_id), "-" if s.committed < 0 else str(s.committed),
+                  "-" if s.end_offset < 0 else str(s.end_offset),
+                  "-" if s.lag < 0 else str(s.lag), s.member_id or "-")
+    out_console.print(t)
+    if info.members:
+        mt = Table("member", "client", "host", "subscribed", "assigned")
+        for mb in info.members:
+            mt.add_row(mb.member_id, mb.client_id, mb.host, str(len(mb.stream_ids)),
+                       ",".join(map(str, mb.assigned)) or "-")
+        out_console.print(mt)
+
+
+@group_app.command("reset-offsets")
+def group_reset_offsets(
+    group: Annotated[str, typer.Argument(help="The group.", show_default=False)],
+    to: Annotated[str, typer.Option(
+        "--to", help="earliest, latest or an offset.", show_default=False)],
+    streams: Annotated[list[str] | None, typer.Option(
+        "--stream", help="Stream name or id (repeatable; default: every stream the group has "
+        "committed).", show_default=False)] = None,
+    pm: PmOption = DEFAULT_PM,
+    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+) -> None:
+    """Move a stopped group's committed offsets; prints stream and new offset per line."""
+    pos: StartPosition
+    if to in ("earliest", "latest"):
+        pos = "earliest" if to == "earliest" else "latest"
+    elif to.isdigit():
+        pos = int(to)
+    else:
+        fail(f"--to {to!r}: expected earliest, latest or an offset", EXIT_USAGE)
+    try:
+        refs: list[int | str] = [_stream_ref(s) for s in streams or []]
+    except CliError as exc:
+        fail(str(exc), EXIT_USAGE)
+    new = _run(pm, timeout_ms, lambda c: c.reset_offsets(group, pos, refs))
+    sys.stdout.write("".join(f"{sid}\t{off}\n" for sid, off in sorted(new.items())))
+
+
+@group_app.command("delete")
+def group_delete(
+    group: Annotated[str, typer.Argument(help="The group.", show_default=False)],
+    pm: PmOption = DEFAULT_PM,
+    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+) -> None:
+    """Forget a stopped group and its committed offsets."""
+    _run(pm, timeout_ms, lambda c: c.delete_group(group))
 
 
 # ------------------------------------------------------------------------------------ bench

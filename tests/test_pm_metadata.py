@@ -94,9 +94,9 @@ async def test_batch_create_is_per_item(store: SqliteMetadataStore, tmp_path: Pa
 
 async def test_rows_on_disk_keep_their_format(store: SqliteMetadataStore,
                                               tmp_path: Path) -> None:
-    """The rows of schema version 2, as every earlier writer left them: a file written by
+    """The rows of schema version 3, as every earlier writer left them: a file written by
     any earlier sbpstream of this version must still open and read the same (version 1 files
-    are migrated: tests/test_names.py)."""
+    are migrated: tests/test_names.py; version 2: tests/test_groups_offsets.py)."""
     nid = await store.allocate_node_id("host-a", 1000)
     await store.record_metrics(nid, NodeMetrics(memory_used=5), 1500)
     reps = (ReplicaMeta(3, False), ReplicaMeta(2, True))
@@ -111,7 +111,7 @@ async def test_rows_on_disk_keep_their_format(store: SqliteMetadataStore,
             return c.execute(sql).fetchall()
 
         assert rows("SELECT key, value FROM meta ORDER BY key") == [
-            ("next_node_id", 2), ("next_stream_id", 2), ("schema_version", 2)]
+            ("next_node_id", 2), ("next_stream_id", 2), ("schema_version", 3)]
         assert rows("SELECT * FROM streams") == [(1, 2, 60_000, 3, 0, 2000, 3000, "")]
         assert rows("SELECT * FROM ranges ORDER BY range_index") == [
             (1, 0, 3, 42, 42), (1, 1, 42, -1, 42)]

@@ -18,18 +18,29 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeVar
 
 from sbpstream.auth.client import client_security
 from sbpstream.client.consumer import DEFAULT_WINDOW_BYTES, AsyncConsumer
+from sbpstream.client.groups import (
+    DEFAULT_AUTO_COMMIT_INTERVAL_MS,
+    DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_SESSION_TIMEOUT_MS,
+    GroupAdmin,
+    GroupConsumer,
+)
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts, is_connection_error
 from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
     Compression,
+    GroupInfo,
+    GroupMemberInfo,
+    GroupStreamInfo,
     Range,
+    RebalanceEvent,
     RetryPolicy,
     StartPosition,
     Stream,
@@ -96,6 +107,7 @@ M = TypeVar("M", bound=Message)
 
 MAX_REDIRECTS = 8  # PM_NOT_LEADER hops followed in a row before backing off
 LIST_PAGE_SIZE = 1000  # streams per DESCRIBE_STREAMS page when listing
+DESCRIBE_GROUP_CONCURRENCY = 64  # end offsets looked up at once by describe_group
 
 HEARTBEAT_INTERVAL_S: Final = 5.0
 """How often a client sends HEARTBEAT (its client_id) to the PM and to each data node it used.
@@ -581,7 +593,7 @@ class AsyncClient:
 
     def consumer(
         self,
-        streams: int | Sequence[int],
+        streams: int | str | Sequence[int | str],
         start: StartPosition = "earliest",
         *,
         end: int | None = None,
@@ -590,6 +602,12 @@ class AsyncClient:
         auto_reset: str | None = None,
         subscribe: bool = True,
         window_bytes: int = DEFAULT_WINDOW_BYTES,
+        group: str | None = None,
+        auto_commit: bool = True,
+        auto_commit_interval_ms: int = DEFAULT_AUTO_COMMIT_INTERVAL_MS,
+        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
+        on_rebalance: Callable[[RebalanceEvent], None] | None = None,
     ) -> AsyncConsumer:
         """An async iterator over the records of ``streams`` (one id or a sequence; see
         :class:`AsyncConsumer`); each record's ``stream_id`` says which.
@@ -598,10 +616,30 @@ class AsyncClient:
         (one stream only) the iteration stops before that offset, otherwise it waits for new
         records forever. By default the data nodes push records (a subscription, at most
         ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls instead.
+
+        With ``group`` the consumer is a member of that consumer group (docs/client.md,
+        "Consumer groups"): ``streams`` may also hold names and one pattern (``"orders.*"``);
+        the group's members share them, each stream resumes at the group's committed offset
+        (else at ``start``), and with ``auto_commit`` the offsets of the records handed out are
+        committed every ``auto_commit_interval_ms`` and at close (at least once).
+        ``on_rebalance`` is called (on the event loop) with each :class:`RebalanceEvent`.
         """
+        if group is not None:
+            return GroupConsumer(
+                self, self._pm_call, streams, start, group, auto_commit=auto_commit,
+                auto_commit_interval_ms=auto_commit_interval_ms,
+                session_timeout_ms=session_timeout_ms,
+                heartbeat_interval_ms=heartbeat_interval_ms, on_rebalance=on_rebalance,
+                max_wait_ms=max_wait_ms, batch_max_bytes=batch_max_bytes, auto_reset=auto_reset,
+                subscribe=subscribe, window_bytes=window_bytes)
+        if isinstance(streams, str) or (not isinstance(streams, int)
+                                        and any(isinstance(s, str) for s in streams)):
+            raise InvalidRequestError("stream names and patterns are for a group consumer; "
+                                      "resolve_streams() gives ids")
+        ids = streams if isinstance(streams, int) else [s for s in streams if isinstance(s, int)]
         return AsyncConsumer(
             self,
-            streams,
+            ids,
             start,
             end=end,
             max_wait_ms=max_wait_ms,
@@ -610,6 +648,85 @@ class AsyncClient:
             subscribe=subscribe,
             window_bytes=window_bytes,
         )
+
+    # ------------------------------------------------------------------- consumer groups
+
+    async def list_groups(self) -> list[str]:
+        """Every consumer group with live members or committed offsets."""
+        return await GroupAdmin(self._pm_call).list()
+
+    async def describe_group(self, group: str) -> GroupInfo:
+        """Members, assignments and, per stream, the committed offset, end offset and lag."""
+        admin = GroupAdmin(self._pm_call)
+        d = await admin.describe(group)
+        committed = await admin.fetch(group)
+        owner = {sid: mb.member_id for mb in d.members for sid in mb.assigned}
+        sids = sorted(set(committed) | set(owner))
+        rows: list[GroupStreamInfo] = []
+        for i in range(0, len(sids), DESCRIBE_GROUP_CONCURRENCY):
+            chunk = sids[i:i + DESCRIBE_GROUP_CONCURRENCY]
+            ends = await asyncio.gather(*(self._end_or_none(sid) for sid in chunk))
+            for sid, end in zip(chunk, ends, strict=True):
+                c = committed.get(sid, -1)
+                e = -1 if end is None else end
+                lag = -1 if end is None else max(0, e - max(c, 0))
+                rows.append(GroupStreamInfo(sid, c, e, lag, owner.get(sid, "")))
+        members = tuple(GroupMemberInfo(mb.member_id, mb.client_id, mb.host, mb.stream_ids,
+                                        mb.assigned) for mb in d.members)
+        return GroupInfo(d.group, d.state, d.generation, members, tuple(rows))
+
+    async def _end_or_none(self, sid: int) -> int | None:
+        try:
+            return await self.end_offset(sid)
+        except SbpError:
+            return None  # deleted since it was committed
+
+    async def committed_offsets(
+        self, group: str, streams: Sequence[int | str] = ()
+    ) -> dict[int, int]:
+        """The group's committed offsets (stream id -> next offset to read); every stream it
+        has one for when ``streams`` is empty."""
+        ids = await self.resolve_streams(streams) if streams else []
+        return await GroupAdmin(self._pm_call).fetch(group, ids)
+
+    async def commit_offsets(self, group: str, offsets: Mapping[int | str, int]) -> None:
+        """Commit offsets for a group from outside it (e.g. Spark's ``commitToGroup``); refused
+        with GROUP_NOT_EMPTY while the group has live members, which commit their own."""
+        ids = await self.resolve_streams(list(offsets))
+        errs = await GroupAdmin(self._pm_call).commit(
+            group, dict(zip(ids, offsets.values(), strict=True)))
+        for err in errs.values():
+            if err is not None:
+                raise err
+
+    async def reset_offsets(
+        self, group: str, to: StartPosition, streams: Sequence[int | str] = ()
+    ) -> dict[int, int]:
+        """Move a stopped group's committed offsets to ``"earliest"``, ``"latest"`` or an
+        offset, for ``streams`` (default: every stream it has committed); the new offsets.
+        GROUP_NOT_EMPTY while the group has live members."""
+        admin = GroupAdmin(self._pm_call)
+        ids = await self.resolve_streams(streams) if streams else sorted(await admin.fetch(group))
+        if isinstance(to, int) and to < 0:
+            raise InvalidRequestError(f"bad offset {to}: offsets are >= 0")
+        new: dict[int, int] = {}
+        for sid in ids:
+            if to == "earliest":
+                new[sid] = await self.start_offset(sid)
+            elif to == "latest":
+                new[sid] = await self.end_offset(sid)
+            elif isinstance(to, int):
+                new[sid] = to
+            else:
+                raise InvalidRequestError(f"bad reset target {to!r}: earliest, latest or an "
+                                          "offset")
+        await admin.reset(group, new)
+        return new
+
+    async def delete_group(self, group: str) -> None:
+        """Forget a group without live members and its committed offsets (GROUP_NOT_EMPTY
+        while it has members)."""
+        await GroupAdmin(self._pm_call).delete(group)
 
     # ------------------------------------------------------------------- plumbing (SDK use)
 

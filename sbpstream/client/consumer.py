@@ -21,12 +21,18 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sbpstream.client.retry import REFRESH_CODES, Attempts
 from sbpstream.client.routing import replica_addresses
-from sbpstream.client.types import ColumnBatch, ConsumedRecord, Range, StartPosition
+from sbpstream.client.types import (
+    ColumnBatch,
+    ConsumedRecord,
+    Range,
+    RebalanceEvent,
+    StartPosition,
+)
 from sbpstream.protocol.errors import (
     ErrorCode,
     InvalidRequestError,
@@ -257,6 +263,33 @@ class AsyncConsumer:
         self._closed = True
         await self._stop_subscriber()
         self._buffer.clear()
+
+    # ------------------------------------------- consumer groups (overridden in client/groups.py)
+
+    @property
+    def group(self) -> str | None:
+        """The consumer group (``group=`` of :meth:`AsyncClient.consumer`); None without one."""
+        return None
+
+    @property
+    def assignment(self) -> tuple[int, ...]:
+        """The streams read now: all of them without a group, the assigned ones with one."""
+        return self.stream_ids
+
+    async def commit(self, offsets: Mapping[int, int] | None = None) -> None:
+        """Commit the group's offsets: by default, past every record handed out so far; or
+        ``offsets`` (stream id -> next offset to read). A group consumer only."""
+        raise InvalidRequestError("commit() needs a consumer with a group")
+
+    async def committed(self) -> dict[int, int]:
+        """The group's committed offsets of the assigned streams (stream id -> next offset to
+        read; streams without one are absent). A group consumer only."""
+        raise InvalidRequestError("committed() needs a consumer with a group")
+
+    def rebalance_events(self) -> list[RebalanceEvent]:
+        """The rebalance events since the last call, oldest first (always empty without a
+        group)."""
+        return []
 
     # ---------------------------------------------------------------------------- internals
 

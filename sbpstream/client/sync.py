@@ -7,7 +7,7 @@ same name on the client's private event loop thread and blocks until it is done.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sbpstream.client._sync_support import (
     ClientBase,
@@ -24,10 +24,12 @@ from sbpstream.client.types import (
     ColumnBatch,
     Compression,
     ConsumedRecord,
+    GroupInfo,
     QuotaCountersResponse,
     QuotaKind,
     QuotaSpec,
     Range,
+    RebalanceEvent,
     Record,
     StartPosition,
     Stream,
@@ -267,7 +269,7 @@ class Client(ClientBase):
 
     def consumer(
         self,
-        streams: int | Sequence[int],
+        streams: int | str | Sequence[int | str],
         start: StartPosition = "earliest",
         *,
         end: int | None = None,
@@ -276,6 +278,12 @@ class Client(ClientBase):
         auto_reset: str | None = None,
         subscribe: bool = True,
         window_bytes: int = 8388608,
+        group: str | None = None,
+        auto_commit: bool = True,
+        auto_commit_interval_ms: int = 5000,
+        session_timeout_ms: int = 10000,
+        heartbeat_interval_ms: int = 1000,
+        on_rebalance: Callable[[RebalanceEvent], None] | None = None,
     ) -> Consumer:
         """An async iterator over the records of ``streams`` (one id or a sequence; see
         :class:`AsyncConsumer`); each record's ``stream_id`` says which.
@@ -284,6 +292,13 @@ class Client(ClientBase):
         (one stream only) the iteration stops before that offset, otherwise it waits for new
         records forever. By default the data nodes push records (a subscription, at most
         ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls instead.
+
+        With ``group`` the consumer is a member of that consumer group (docs/client.md,
+        "Consumer groups"): ``streams`` may also hold names and one pattern (``"orders.*"``);
+        the group's members share them, each stream resumes at the group's committed offset
+        (else at ``start``), and with ``auto_commit`` the offsets of the records handed out are
+        committed every ``auto_commit_interval_ms`` and at close (at least once).
+        ``on_rebalance`` is called (on the event loop) with each :class:`RebalanceEvent`.
         """
         return Consumer._wrap(self._runner, self._runner.call(
             self._async.consumer,
@@ -295,7 +310,51 @@ class Client(ClientBase):
             auto_reset=auto_reset,
             subscribe=subscribe,
             window_bytes=window_bytes,
+            group=group,
+            auto_commit=auto_commit,
+            auto_commit_interval_ms=auto_commit_interval_ms,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            on_rebalance=on_rebalance,
         ))
+
+    def list_groups(self) -> list[str]:
+        """Every consumer group with live members or committed offsets."""
+        return self._runner.run(self._async.list_groups())
+
+    def describe_group(self, group: str) -> GroupInfo:
+        """Members, assignments and, per stream, the committed offset, end offset and lag."""
+        return self._runner.run(self._async.describe_group(group))
+
+    def committed_offsets(self, group: str, streams: Sequence[int | str] = ()) -> dict[int, int]:
+        """The group's committed offsets (stream id -> next offset to read); every stream it
+        has one for when ``streams`` is empty.
+        """
+        return self._runner.run(self._async.committed_offsets(group, streams))
+
+    def commit_offsets(self, group: str, offsets: Mapping[int | str, int]) -> None:
+        """Commit offsets for a group from outside it (e.g. Spark's ``commitToGroup``); refused
+        with GROUP_NOT_EMPTY while the group has live members, which commit their own.
+        """
+        self._runner.run(self._async.commit_offsets(group, offsets))
+
+    def reset_offsets(
+        self,
+        group: str,
+        to: StartPosition,
+        streams: Sequence[int | str] = (),
+    ) -> dict[int, int]:
+        """Move a stopped group's committed offsets to ``"earliest"``, ``"latest"`` or an
+        offset, for ``streams`` (default: every stream it has committed); the new offsets.
+        GROUP_NOT_EMPTY while the group has live members.
+        """
+        return self._runner.run(self._async.reset_offsets(group, to, streams))
+
+    def delete_group(self, group: str) -> None:
+        """Forget a group without live members and its committed offsets (GROUP_NOT_EMPTY
+        while it has members).
+        """
+        self._runner.run(self._async.delete_group(group))
 
     def add_user(self, user: str, password: str) -> None:
         """Add a user, or set a user's password (needs ``admin``)."""
@@ -487,3 +546,31 @@ class Consumer(ConsumerBase):
             return
         self._runner.run(self._async.close())
         self._after_close()
+
+    @property
+    def group(self) -> str | None:
+        """The consumer group (``group=`` of :meth:`AsyncClient.consumer`); None without one."""
+        return self._async.group
+
+    @property
+    def assignment(self) -> tuple[int, ...]:
+        """The streams read now: all of them without a group, the assigned ones with one."""
+        return self._async.assignment
+
+    def commit(self, offsets: Mapping[int, int] | None = None) -> None:
+        """Commit the group's offsets: by default, past every record handed out so far; or
+        ``offsets`` (stream id -> next offset to read). A group consumer only.
+        """
+        self._runner.run(self._async.commit(offsets))
+
+    def committed(self) -> dict[int, int]:
+        """The group's committed offsets of the assigned streams (stream id -> next offset to
+        read; streams without one are absent). A group consumer only.
+        """
+        return self._runner.run(self._async.committed())
+
+    def rebalance_events(self) -> list[RebalanceEvent]:
+        """The rebalance events since the last call, oldest first (always empty without a
+        group).
+        """
+        return self._runner.call(self._async.rebalance_events)

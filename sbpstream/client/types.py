@@ -29,12 +29,16 @@ __all__ = [
     "ColumnBatch",
     "Compression",
     "ConsumedRecord",
+    "GroupInfo",
+    "GroupMemberInfo",
+    "GroupStreamInfo",
     "Headers",
     "ProducerState",
     "QuotaCountersResponse",
     "QuotaKind",
     "QuotaSpec",
     "Range",
+    "RebalanceEvent",
     "Record",
     "ReplicaNode",
     "RetryPolicy",
@@ -123,3 +127,51 @@ class RetryPolicy:
         return float(
             min(self.backoff_max_ms, self.backoff_initial_ms * self.backoff_multiplier**attempt)
         )
+
+
+# ------------------------------------------------------------------- consumer groups (issue 21)
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceEvent:
+    """A group consumer's assignment changed: ``assigned`` streams are now read by it;
+    ``revoked`` ones were committed and handed over; ``lost`` ones moved before it could commit
+    them (it missed its session timeout): records past their last commit are read again
+    elsewhere."""
+
+    kind: Literal["assigned", "revoked", "lost"]
+    stream_ids: tuple[int, ...]
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberInfo:
+    member_id: str
+    client_id: str
+    host: str
+    stream_ids: tuple[int, ...]
+    """The streams the member subscribed."""
+    assigned: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStreamInfo:
+    """One stream of a group: its committed offset (-1: none), end offset, lag, reader."""
+
+    stream_id: int
+    committed: int
+    end_offset: int
+    lag: int
+    """``end_offset - committed``; with nothing committed, the records from the stream's start."""
+    member_id: str
+    """The member it is assigned to ("" when none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    group: str
+    state: str
+    """"stable", "rebalancing" or "empty"."""
+    generation: int
+    members: tuple[GroupMemberInfo, ...]
+    streams: tuple[GroupStreamInfo, ...]

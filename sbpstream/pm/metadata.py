@@ -205,6 +205,18 @@ class DeleteOutcome:
     removed: tuple[RangeMeta, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetMeta:
+    """A consumer group's committed offset of one stream (docs/protocol.md, "Consumer
+    groups"): the next offset the group reads there."""
+
+    group: str
+    stream_id: int
+    offset: int
+    metadata: str = ""
+    commit_ms: int = 0
+
+
 class MetadataStore(Protocol):
     """Everything the PM persists. All methods are coroutines; failures of the store itself raise
     :class:`~sbpstream.protocol.errors.MetadataError`; per-item problems are returned as
@@ -338,6 +350,22 @@ class MetadataStore(Protocol):
 
     async def auth_list(self, kind: str) -> list[tuple[str, str]]:
         """Every (key, value) of ``kind``, by key."""
+
+    async def commit_offsets(
+        self, items: Sequence[OffsetMeta], now_ms: int
+    ) -> list[OffsetMeta | SbpError]:
+        """Store committed offsets (one transaction per call, each item its own outcome; an
+        ``offset`` of -1 forgets the stream's committed offset)."""
+
+    async def fetch_offsets(self, group: str, stream_ids: Sequence[int]) -> list[OffsetMeta]:
+        """The committed offsets of ``group`` for ``stream_ids`` (empty: every stream it has
+        one for), ascending stream id; streams without one are absent."""
+
+    async def offset_groups(self) -> dict[str, int]:
+        """Every group with committed offsets -> how many streams it has one for."""
+
+    async def delete_offsets(self, group: str) -> int:
+        """Forget every committed offset of ``group``; how many there were."""
 
 
 

@@ -23,6 +23,7 @@ from sbpstream.pm.metadata import (
     NewStream,
     NodeMeta,
     NodeMetrics,
+    OffsetMeta,
     ProducerStateMeta,
     RangeMeta,
     ReplicaMeta,
@@ -42,7 +43,7 @@ from sbpstream.protocol.errors import (
     StreamDeletedError,
     StreamNotFoundError,
 )
-from sbpstream.protocol.names import validate_stream_name
+from sbpstream.protocol.names import validate_group_name, validate_stream_name
 from sbpstream.quota.model import MAX_QUOTAS, QuotaSpec, entity_key, validate, validate_entity
 
 COUNTER_STREAM: Final = "next_stream_id"
@@ -101,6 +102,13 @@ class MetaTxn(Protocol):
     def put_quota(self, q: QuotaSpec) -> None: ...
 
     def delete_quota(self, key: str) -> None: ...
+
+    def offset(self, group: str, sid: int) -> OffsetMeta | None:
+        """The committed offset of ``group`` in stream ``sid``, or None."""
+
+    def put_offset(self, o: OffsetMeta) -> None: ...
+
+    def drop_offset(self, group: str, sid: int) -> None: ...
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -296,6 +304,30 @@ def replace_replica(tx: MetaTxn, sid: int, idx: int, old_node_id: int,
     new = replace(cur, replicas=sorted_replicas(reps))
     tx.put_range(new)
     return new
+
+
+# ---------------------------------------------------------------------------- committed offsets
+MAX_OFFSET_METADATA: Final = 4096
+"""UTF-8 bytes of a commit's metadata string."""
+
+
+def commit_offset(tx: MetaTxn, o: OffsetMeta, now_ms: int) -> OffsetMeta:
+    """Store a committed offset of a live stream; ``offset`` -1 forgets it (also for a stream
+    deleted since). Offsets only need to be >= 0: the group may commit ahead of the PM's soft
+    view of the stream's end, and a reset may move them back."""
+    validate_group_name(o.group)
+    if len(o.metadata.encode()) > MAX_OFFSET_METADATA:
+        raise LimitExceededError(f"commit metadata over {MAX_OFFSET_METADATA} bytes")
+    if o.offset == -1:
+        if tx.offset(o.group, o.stream_id) is not None:
+            tx.drop_offset(o.group, o.stream_id)
+        return replace(o, commit_ms=now_ms)
+    if o.offset < 0:
+        raise InvalidRequestError(f"bad committed offset {o.offset}: offsets are >= 0")
+    live_stream(tx, o.stream_id)
+    out = replace(o, commit_ms=now_ms)
+    tx.put_offset(out)
+    return out
 
 
 # ---------------------------------------------------------------------------- soft state

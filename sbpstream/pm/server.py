@@ -30,6 +30,7 @@ from sbpstream.net.client import Authenticator, ConnectionPool
 from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.pm import metadata as md
 from sbpstream.pm.config import PmConfig
+from sbpstream.pm.groups import GroupHandlers
 from sbpstream.pm.placement import NodeState
 from sbpstream.pm.repair import Repairer
 from sbpstream.pm.service import (
@@ -259,6 +260,8 @@ class PmServer:
             Opcode.DELETE_QUOTAS: self._delete_quotas,
             Opcode.DESCRIBE_QUOTAS: self._describe_quotas,
         }
+        self.groups = GroupHandlers(self.service)  # consumer groups (pm/groups.py)
+        handlers.update(self.groups.handlers())
         gate = self.security.gate
         self.auth: PmAuth | None = None
         if gate is not None:
@@ -368,7 +371,9 @@ class PmServer:
     # ------------------------------------------------------------------ leadership (etcd)
     async def _on_elected(self, token: int) -> None:
         """Won the election: start from the warm metadata cache with fresh liveness (every
-        node gets a grace period, as after a restart)."""
+        node gets a grace period, as after a restart). Group membership restarts empty: members
+        rejoin on their next heartbeat (pm/groups.py); committed offsets are in the metadata."""
+        self.groups.coordinator.reset()
         await self.service.start()
 
     def _leader_only(self, handler: Handler) -> Handler:

@@ -36,6 +36,7 @@ from sbpstream.pm.metadata import (
     NewStream,
     NodeMeta,
     NodeMetrics,
+    OffsetMeta,
     ProducerStateMeta,
     RangeMeta,
     ReplicaMeta,
@@ -55,7 +56,7 @@ log = logging.getLogger("sbpstream.pm.sqlite")
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """Bumped by every schema change; ``_MIGRATIONS[v]`` upgrades a file from version ``v``."""
 
 SQL_IN_CHUNK: Final = 500
@@ -71,6 +72,16 @@ _NAMES_TABLE: Final = """CREATE TABLE IF NOT EXISTS stream_names (
     ) WITHOUT ROWID"""
 """The name index is its own table: its primary key keeps live names unique; a deleted
 stream's row here goes while the stream row keeps its name for history."""
+
+_OFFSETS_TABLE: Final = """CREATE TABLE IF NOT EXISTS consumer_offsets (
+        group_name TEXT NOT NULL,
+        stream_id INTEGER NOT NULL,
+        committed INTEGER NOT NULL,
+        metadata TEXT NOT NULL DEFAULT '',
+        commit_ms INTEGER NOT NULL,
+        PRIMARY KEY (group_name, stream_id)
+    ) WITHOUT ROWID"""
+"""Committed offsets of consumer groups (issue 21): one row per (group, stream)."""
 
 _NAMES_BY_STREAM: Final = (
     "CREATE INDEX IF NOT EXISTS stream_names_by_stream ON stream_names (stream_id)")
@@ -126,6 +137,7 @@ _SCHEMA: Final = (
     ) WITHOUT ROWID""",
     _NAMES_TABLE,
     _NAMES_BY_STREAM,
+    _OFFSETS_TABLE,
 )
 
 _QUOTAS_TABLE: Final = (
@@ -153,6 +165,7 @@ _AUTH_TABLE: Final = """CREATE TABLE IF NOT EXISTS auth_records (
 _MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
     1: ("ALTER TABLE streams ADD COLUMN name TEXT NOT NULL DEFAULT ''", _NAMES_TABLE,
         _NAMES_BY_STREAM),  # named streams (issue 20): old files have none
+    2: (_OFFSETS_TABLE,),  # consumer groups' committed offsets (issue 21)
 }
 """from-version -> statements bringing the file to from-version + 1."""
 
@@ -318,6 +331,12 @@ class _SqlReader:
     def quota_keys(self) -> set[str]:
         return {str(r[0]) for r in self.c.execute("SELECT key FROM quotas")}
 
+    def offset(self, group: str, sid: int) -> OffsetMeta | None:
+        row = self.c.execute(
+            f"SELECT {_OFFSET_COLS} FROM consumer_offsets WHERE group_name = ? AND stream_id = ?",
+            (group, sid)).fetchone()
+        return None if row is None else _offset(row)
+
     def counter(self, name: str) -> int:
         row = self.c.execute("SELECT value FROM meta WHERE key = ?", (name,)).fetchone()
         if row is None:
@@ -352,8 +371,22 @@ def _metrics_json(m: NodeMetrics | None) -> str | None:
     return None if m is None else json.dumps(m.to_dict(), separators=(",", ":"))
 
 
+_OFFSET_COLS: Final = "group_name, stream_id, committed, metadata, commit_ms"
+
+
+def _offset(row: Sequence[Any]) -> OffsetMeta:
+    return OffsetMeta(str(row[0]), int(row[1]), int(row[2]), str(row[3]), int(row[4]))
+
+
 def _apply(c: sqlite3.Connection, layer: Layer, base: _SqlReader) -> None:
     """Write a staged layer: drops first, then every put as a whole row."""
+    if layer.offsets:
+        c.executemany("DELETE FROM consumer_offsets WHERE group_name = ? AND stream_id = ?",
+                      [k for k, o in layer.offsets.items() if o is None])
+        c.executemany(
+            f"INSERT OR REPLACE INTO consumer_offsets ({_OFFSET_COLS}) VALUES (?, ?, ?, ?, ?)",
+            [(o.group, o.stream_id, o.offset, o.metadata, o.commit_ms)
+             for o in layer.offsets.values() if o is not None])
     c.executemany("UPDATE meta SET value = ? WHERE key = ?",
                   [(v, name) for name, v in layer.counters.items()])
     for table in ("range_replicas", "ranges", "seal_producers"):
@@ -871,3 +904,41 @@ class SqliteMetadataStore:
             return [(str(k), str(v)) for k, v in self._c.execute(
                 "SELECT key, value FROM auth_records WHERE kind = ? ORDER BY key", (kind,))]
         return await self._run(rows)
+
+    # ------------------------------------------------------------------ committed offsets
+    async def commit_offsets(
+        self, items: Sequence[OffsetMeta], now_ms: int
+    ) -> list[OffsetMeta | SbpError]:
+        return await self._write_async(items, lambda tx, o: rules.commit_offset(tx, o, now_ms))
+
+    async def fetch_offsets(self, group: str, stream_ids: Sequence[int]) -> list[OffsetMeta]:
+        return await self._run(self._fetch_offsets, group, list(stream_ids))
+
+    def _fetch_offsets(self, group: str, stream_ids: list[int]) -> list[OffsetMeta]:
+        q = f"SELECT {_OFFSET_COLS} FROM consumer_offsets WHERE group_name = ?"
+        if not stream_ids:
+            rows = self._c.execute(q + " ORDER BY stream_id", (group,)).fetchall()
+            return [_offset(r) for r in rows]
+        out: list[OffsetMeta] = []
+        for chunk in _chunks(sorted(set(stream_ids))):
+            marks = ",".join("?" * len(chunk))
+            rows = self._c.execute(q + f" AND stream_id IN ({marks}) ORDER BY stream_id",
+                                   (group, *chunk)).fetchall()
+            out += [_offset(r) for r in rows]
+        return out
+
+    async def offset_groups(self) -> dict[str, int]:
+        return await self._run(self._offset_groups)
+
+    def _offset_groups(self) -> dict[str, int]:
+        rows = self._c.execute("SELECT group_name, COUNT(*) FROM consumer_offsets "
+                               "GROUP BY group_name ORDER BY group_name").fetchall()
+        return {str(g): int(n) for g, n in rows}
+
+    async def delete_offsets(self, group: str) -> int:
+        return await self._run(self._delete_offsets, group)
+
+    def _delete_offsets(self, group: str) -> int:
+        with self._raw_tx() as c:
+            cur = c.execute("DELETE FROM consumer_offsets WHERE group_name = ?", (group,))
+            return int(cur.rowcount)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Protocol
 
-from sbpstream.pm.metadata import NodeMeta, ProducerStateMeta, RangeMeta, StreamMeta
+from sbpstream.pm.metadata import NodeMeta, OffsetMeta, ProducerStateMeta, RangeMeta, StreamMeta
 from sbpstream.protocol.errors import MetadataError
 from sbpstream.quota.model import QuotaSpec
 
@@ -47,6 +47,8 @@ class BaseReader(Protocol):
     def stream_named(self, name: str) -> int | None:
         """The id of the live stream holding ``name``, or None."""
 
+    def offset(self, group: str, sid: int) -> OffsetMeta | None: ...
+
 
 NAME_DROPPED: Final = 0
 """A layer's value for a name it released (stream ids start at 1)."""
@@ -59,8 +61,8 @@ class Layer:
     it and an item whose rule fails is taken back with :meth:`undo` (cheaper than a layer per
     item when the items need no separate accounting, as in SQLite)."""
 
-    __slots__ = ("counters", "dropped", "journal", "names", "nodes", "producers", "quotas",
-                 "ranges", "streams")
+    __slots__ = ("counters", "dropped", "journal", "names", "nodes", "offsets", "producers",
+                 "quotas", "ranges", "streams")
 
     def __init__(self, journaled: bool = False) -> None:
         self.streams: dict[int, StreamMeta] = {}
@@ -76,6 +78,8 @@ class Layer:
         """name -> the stream id now holding it, or NAME_DROPPED when released."""
         self.quotas: dict[str, QuotaSpec | None] = {}
         """quota key -> the quota put, or None: deleted."""
+        self.offsets: dict[tuple[str, int], OffsetMeta | None] = {}
+        """(group, stream id) -> committed offset, or None when forgotten."""
         self.journal: list[tuple[dict[Any, Any], Any, object]] | None = (
             [] if journaled else None)
         """(dict, key, previous value or _MISSING) per write since the last :meth:`keep`."""
@@ -83,7 +87,8 @@ class Layer:
     @property
     def empty(self) -> bool:
         return not (self.streams or self.ranges or self.dropped or self.producers
-                    or self.nodes or self.counters or self.names or self.quotas)
+                    or self.nodes or self.counters or self.names or self.quotas
+                    or self.offsets)
 
     def all_ranges(self) -> list[RangeMeta]:
         return [r for per in self.ranges.values() for r in per.values()]
@@ -175,6 +180,8 @@ class Layer:
             self.names.update(item.names)
         if item.quotas:
             self.quotas.update(item.quotas)
+        if item.offsets:
+            self.offsets.update(item.offsets)
 
 
 class StagedTxn:
@@ -257,9 +264,22 @@ class StagedTxn:
                     keys.add(key)
         return len(keys)
 
+    def offset(self, group: str, sid: int) -> OffsetMeta | None:
+        key = (group, sid)
+        for layer in (self.top, self.below):
+            if key in layer.offsets:
+                return layer.offsets[key]
+        return self.base.offset(group, sid)
+
     # --- writes
     def put_stream(self, s: StreamMeta) -> None:
         self.top.put_stream(s)
+
+    def put_offset(self, o: OffsetMeta) -> None:
+        self.top._set(self.top.offsets, (o.group, o.stream_id), o)
+
+    def drop_offset(self, group: str, sid: int) -> None:
+        self.top._set(self.top.offsets, (group, sid), None)
 
     def put_name(self, name: str, sid: int) -> None:
         self.top._set(self.top.names, name, sid)

@@ -73,11 +73,15 @@ class ErrorCode(enum.IntEnum):
     INVALID_STREAM_CONFIG = 62
     METADATA_ERROR = 63
     FENCED_LEADER = 64
-    # --- 80-89 security (docs/security.md)
+    # --- 80-83 security (docs/security.md)
     AUTHENTICATION_REQUIRED = 80
     AUTHORIZATION_FAILED = 81
     TOKEN_EXPIRED = 82
     AUTHENTICATION_FAILED = 83
+    # --- 84-89 consumer groups (project)
+    ILLEGAL_GENERATION = 84
+    UNKNOWN_MEMBER = 85
+    GROUP_NOT_EMPTY = 86
 
 
 class ClientErrorCode(enum.IntEnum):
@@ -344,7 +348,7 @@ class FencedLeaderError(ServerFaultError, RedirectError):
     meaning = "the PM lost its leadership while writing"
 
 
-# ---- 80-89 security
+# ---- 80-83 security
 
 
 class AuthenticationRequiredError(RequestError, FatalError):
@@ -365,6 +369,25 @@ class TokenExpiredError(RequestError, RetriableError):
 class AuthenticationFailedError(RequestError, FatalError):
     code = ErrorCode.AUTHENTICATION_FAILED
     meaning = "unknown user, wrong password, or a forged token"
+
+
+# ---- 84-89 consumer groups
+
+
+class IllegalGenerationError(RequestError, FatalError):
+    code = ErrorCode.ILLEGAL_GENERATION
+    meaning = ("the member's generation is not the group's, or the stream is not assigned to it; "
+               "heartbeat for the current generation before committing again")
+
+
+class UnknownMemberError(RequestError, FatalError):
+    code = ErrorCode.UNKNOWN_MEMBER
+    meaning = "no such member in the group (it left or missed its session timeout); rejoin"
+
+
+class GroupNotEmptyError(RequestError, FatalError):
+    code = ErrorCode.GROUP_NOT_EMPTY
+    meaning = "the group has live members; stop them first"
 
 
 # ---- 90-119 client side only

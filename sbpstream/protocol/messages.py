@@ -42,17 +42,23 @@ __all__ = [
     "AppendResult", "AuthenticateRequest", "AuthenticateResponse", "BufferAckRequest",
     "BufferAckResponse", "ClientRole", "ConnectionsRequest", "ConnectionsResponse",
     "CreateStreamItem", "CreateStreamResult", "CreateStreamsRequest", "CreateStreamsResponse",
-    "DataNode", "DeleteQuotasRequest", "DeleteQuotasResponse", "DeleteStreamsRequest",
-    "DeleteStreamsResponse", "DescribeQuotasRequest", "DescribeQuotasResponse", "DescribeRangeItem",
-    "DescribeRangeResult", "DescribeRangesRequest", "DescribeRangesResponse",
-    "DescribeStreamsRequest", "DescribeStreamsResponse", "FetchItem", "FetchRequest",
-    "FetchResponse", "FetchResult", "GoAway", "GoAwayResponse", "Header", "HeartbeatRequest",
-    "HeartbeatResponse", "InfoRequest", "InfoResponse", "ListRangesRequest", "ListRangesResponse",
-    "ListRangesResult", "ManageAclsRequest", "ManageAclsResponse", "ManageUsersRequest",
-    "ManageUsersResponse", "Message", "PingRequest", "PingResponse", "ProducerState", "Quota",
-    "QuotaCounter", "QuotaCountersRequest", "QuotaCountersResponse", "QuotaResult", "Range",
-    "RangeOwner", "ReplicaNode", "ReportMetricsRequest", "ReportMetricsResponse", "SealItem",
-    "SealRangesRequest", "SealRangesResponse", "SealResult", "SetQuotasRequest",
+    "DataNode", "DeleteGroupRequest", "DeleteGroupResponse", "DeleteQuotasRequest",
+    "DeleteQuotasResponse", "DeleteStreamsRequest", "DeleteStreamsResponse",
+    "DescribeGroupsRequest", "DescribeGroupsResponse", "DescribeQuotasRequest",
+    "DescribeQuotasResponse", "DescribeRangeItem", "DescribeRangeResult", "DescribeRangesRequest",
+    "DescribeRangesResponse", "DescribeStreamsRequest", "DescribeStreamsResponse", "FetchItem",
+    "FetchRequest", "FetchResponse", "FetchResult", "GoAway", "GoAwayResponse", "GroupDescription",
+    "GroupHeartbeatRequest", "GroupHeartbeatResponse", "GroupMember", "GroupResult", "Header",
+    "HeartbeatRequest", "HeartbeatResponse", "InfoRequest", "InfoResponse", "JoinGroupRequest",
+    "JoinGroupResponse", "LeaveGroupRequest", "LeaveGroupResponse", "ListGroupsRequest",
+    "ListGroupsResponse", "ListRangesRequest", "ListRangesResponse", "ListRangesResult",
+    "ManageAclsRequest", "ManageAclsResponse", "ManageUsersRequest", "ManageUsersResponse",
+    "Message", "NameItem", "OffsetCommitItem", "OffsetCommitRequest", "OffsetCommitResponse",
+    "OffsetCommitResult", "OffsetFetchRequest", "OffsetFetchResponse", "OffsetFetchResult",
+    "PingRequest", "PingResponse", "ProducerState", "Quota", "QuotaCounter", "QuotaCountersRequest",
+    "QuotaCountersResponse", "QuotaResult", "Range", "RangeOwner", "ReplicaNode",
+    "ReportMetricsRequest", "ReportMetricsResponse", "ResetOffsetsRequest", "ResetOffsetsResponse",
+    "SealItem", "SealRangesRequest", "SealRangesResponse", "SealResult", "SetQuotasRequest",
     "SetQuotasResponse", "StatsRequest", "StatsResponse", "Status", "Stream", "StreamOwner",
     "StreamRanges", "StreamResult", "SyncRangesRequest", "SyncRangesResponse", "SyncResult",
     "SystemErrorResponse", "TrimItem", "TrimResult", "TrimStreamsRequest", "TrimStreamsResponse",
@@ -915,6 +921,201 @@ class ManageAclsRequest(Message):
 class ManageAclsResponse(Message):
     status: Status = STATUS_OK
     acls: tuple[AclEntry, ...] = ()
+
+
+# ------------------------------------------ consumer groups and committed offsets (project)
+# docs/protocol.md, "Consumer groups": offsets are durable PM metadata; membership is the PM
+# leader's memory, rebuilt by heartbeats after a failover.
+
+
+@table()
+class NameItem(Table):
+    """One string of a list (the codec has no vector of strings)."""
+
+    name: str = ""
+
+
+@request(Opcode.JOIN_GROUP)
+class JoinGroupRequest(Message):
+    """Project opcode: join ``group`` sharing the streams named by ids, names and a pattern."""
+
+    timeout_ms: int = 0
+    group: str = ""
+    member_id: str = ""  # "" = new member
+    stream_ids: tuple[int, ...] = ()
+    stream_names: tuple[NameItem, ...] = ()
+    stream_pattern: str = ""  # a name prefix ending in '*'
+    session_timeout_ms: int = 0  # 0 = the PM's default
+    client_id: str = ""
+
+
+@response(Opcode.JOIN_GROUP)
+class JoinGroupResponse(Message):
+    status: Status = STATUS_OK
+    member_id: str = ""
+    generation: int = 0
+    stream_ids: tuple[int, ...] = ()  # the subscription, resolved
+    session_timeout_ms: int = 0
+
+
+@request(Opcode.GROUP_HEARTBEAT)
+class GroupHeartbeatRequest(Message):
+    """Project opcode: stay in the group; ``owned`` = the streams still consumed."""
+
+    timeout_ms: int = 0
+    group: str = ""
+    member_id: str = ""
+    generation: int = 0
+    owned: tuple[int, ...] = ()
+
+
+@response(Opcode.GROUP_HEARTBEAT)
+class GroupHeartbeatResponse(Message):
+    status: Status = STATUS_OK
+    generation: int = 0
+    assigned: tuple[int, ...] = ()
+    pending: int = 0  # streams of the member's target still held by another member
+
+
+@request(Opcode.LEAVE_GROUP)
+class LeaveGroupRequest(Message):
+    timeout_ms: int = 0
+    group: str = ""
+    member_id: str = ""
+
+
+@response(Opcode.LEAVE_GROUP)
+class LeaveGroupResponse(Message):
+    status: Status = STATUS_OK
+
+
+@table()
+class OffsetCommitItem(Table):
+    stream_id: int = 0
+    offset: int = 0  # the next offset to read
+    metadata: str = ""
+
+
+@table()
+class OffsetCommitResult(Table):
+    stream_id: int = 0
+    status: Status = STATUS_OK
+
+
+@request(Opcode.OFFSET_COMMIT)
+class OffsetCommitRequest(Message):
+    """Project opcode: commit offsets; a member's commit is fenced by its generation."""
+
+    timeout_ms: int = 0
+    group: str = ""
+    member_id: str = ""  # "" with generation -1: from outside the group
+    generation: int = -1
+    items: tuple[OffsetCommitItem, ...] = ()
+
+
+@response(Opcode.OFFSET_COMMIT)
+class OffsetCommitResponse(Message):
+    status: Status = STATUS_OK
+    items: tuple[OffsetCommitResult, ...] = ()
+
+
+@request(Opcode.OFFSET_FETCH)
+class OffsetFetchRequest(Message):
+    """Project opcode: committed offsets of ``stream_ids`` (empty = every committed stream)."""
+
+    timeout_ms: int = 0
+    group: str = ""
+    stream_ids: tuple[int, ...] = ()
+
+
+@table()
+class OffsetFetchResult(Table):
+    stream_id: int = 0
+    offset: int = -1  # -1 = nothing committed
+    metadata: str = ""
+    commit_ms: int = 0
+    status: Status = STATUS_OK
+
+
+@response(Opcode.OFFSET_FETCH)
+class OffsetFetchResponse(Message):
+    status: Status = STATUS_OK
+    items: tuple[OffsetFetchResult, ...] = ()
+
+
+@table()
+class GroupMember(Table):
+    member_id: str = ""
+    client_id: str = ""
+    host: str = ""
+    stream_ids: tuple[int, ...] = ()  # subscribed
+    assigned: tuple[int, ...] = ()
+
+
+@table()
+class GroupDescription(Table):
+    group: str = ""
+    status: Status = STATUS_OK
+    state: str = ""  # "stable", "rebalancing" or "empty"
+    generation: int = 0
+    members: tuple[GroupMember, ...] = ()
+    committed_streams: int = 0
+
+
+@request(Opcode.DESCRIBE_GROUPS)
+class DescribeGroupsRequest(Message):
+    timeout_ms: int = 0
+    groups: tuple[NameItem, ...] = ()
+
+
+@response(Opcode.DESCRIBE_GROUPS)
+class DescribeGroupsResponse(Message):
+    status: Status = STATUS_OK
+    items: tuple[GroupDescription, ...] = ()
+
+
+@request(Opcode.LIST_GROUPS)
+class ListGroupsRequest(Message):
+    timeout_ms: int = 0
+
+
+@response(Opcode.LIST_GROUPS)
+class ListGroupsResponse(Message):
+    status: Status = STATUS_OK
+    groups: tuple[NameItem, ...] = ()
+
+
+@table()
+class GroupResult(Table):
+    group: str = ""
+    status: Status = STATUS_OK
+
+
+@request(Opcode.DELETE_GROUP)
+class DeleteGroupRequest(Message):
+    timeout_ms: int = 0
+    groups: tuple[NameItem, ...] = ()
+
+
+@response(Opcode.DELETE_GROUP)
+class DeleteGroupResponse(Message):
+    status: Status = STATUS_OK
+    items: tuple[GroupResult, ...] = ()
+
+
+@request(Opcode.RESET_OFFSETS)
+class ResetOffsetsRequest(Message):
+    """Project opcode: set committed offsets of a group without members (offset -1 forgets)."""
+
+    timeout_ms: int = 0
+    group: str = ""
+    items: tuple[OffsetCommitItem, ...] = ()
+
+
+@response(Opcode.RESET_OFFSETS)
+class ResetOffsetsResponse(Message):
+    status: Status = STATUS_OK
+    items: tuple[OffsetCommitResult, ...] = ()
 
 
 # -------------------------------------------------------------------------------------- registries

@@ -78,3 +78,16 @@ def parse_stream_ref(text: str) -> StreamRef:
         return int(text)
     validate_stream_name(text)
     return text
+
+
+MAX_GROUP_NAME: Final = 255
+"""UTF-8 bytes of a consumer group's name."""
+
+
+def validate_group_name(group: str) -> None:
+    """A consumer group's name: 1..255 printable UTF-8 bytes without '/' (it is part of an etcd
+    key); InvalidRequestError otherwise."""
+    raw = group.encode()
+    if not raw or len(raw) > MAX_GROUP_NAME or "/" in group or not group.isprintable():
+        raise InvalidRequestError(f"bad group name {group!r}: 1-{MAX_GROUP_NAME} printable "
+                                  "UTF-8 bytes without '/'")

@@ -1,4 +1,5 @@
-"""SBP opcodes: the spec's 16 plus the project's (BUFFER_ACK; INFO, STATS, CONNECTIONS, WHOAMI).
+"""SBP opcodes: the spec's 16 plus the project's (BUFFER_ACK; INFO, STATS, CONNECTIONS, WHOAMI;
+consumer groups and committed offsets).
 
 No I/O. Project opcodes are listed in docs/protocol.md.
 """
@@ -38,6 +39,16 @@ class Opcode(enum.IntEnum):
     STATS = 0x5002
     CONNECTIONS = 0x5003
     WHOAMI = 0x5004
+    # project opcodes: consumer groups and committed offsets (docs/protocol.md, "Consumer groups")
+    JOIN_GROUP = 0x1040
+    GROUP_HEARTBEAT = 0x1041
+    LEAVE_GROUP = 0x1042
+    OFFSET_COMMIT = 0x1043
+    OFFSET_FETCH = 0x1044
+    DESCRIBE_GROUPS = 0x1045
+    LIST_GROUPS = 0x1046
+    DELETE_GROUP = 0x1047
+    RESET_OFFSETS = 0x1048
 
 
 KNOWN_OPCODES: frozenset[int] = frozenset(int(o) for o in Opcode)

@@ -16,7 +16,7 @@ from typing import Final, TypedDict
 
 from sbpstream.net.client import parse_address
 from sbpstream.protocol.errors import SbpError
-from sbpstream.protocol.names import StreamRef, parse_stream_ref
+from sbpstream.protocol.names import StreamRef, parse_stream_ref, validate_group_name
 
 EARLIEST: Final = -2  # in startingOffsets JSON, as in Kafka
 LATEST: Final = -1  # in startingOffsets/endingOffsets JSON, as in Kafka
@@ -29,7 +29,7 @@ SECURITY_OPTIONS: Final = ("user", "password", "tokenFile", "tlsCa")
 """Credentials and TLS (docs/security.md): a user and password, or a token file; a CA."""
 SOURCE_OPTIONS: Final = ("pm", "streams", "streamPattern", "startingOffsets", "endingOffsets",
                          "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "timeoutMs",
-                         "fetchMaxBytes", *SECURITY_OPTIONS)
+                         "fetchMaxBytes", "commitToGroup", *SECURITY_OPTIONS)
 SINK_OPTIONS: Final = ("pm", "stream", "timeoutMs", "compression", *SECURITY_OPTIONS)
 # Spark's own options, which it hands to every data source as well
 SPARK_OPTIONS: Final = frozenset({"path", "checkpointlocation", "queryname"})
@@ -93,6 +93,9 @@ class SourceOptions:
     """Where the streams the pattern matched at the query's start begin (startingOffsets
     'earliest' or 'latest'); streams it matches later always begin at their earliest."""
     security: SecurityOptions = SecurityOptions()
+    commit_group: str | None = None
+    """``commitToGroup``: after each finished micro-batch, commit its end offsets to this
+    consumer group (for lag in ``sbpstream group describe``; the checkpoint stays the truth)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +313,21 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         pattern=pattern,
         pattern_start=pattern_start,
         security=parse_security(options),
+        commit_group=_group(options, streaming),
     )
+
+
+def _group(options: Mapping[str, str], streaming: bool) -> str | None:
+    raw = _get(options, "commitToGroup")
+    if raw is None:
+        return None
+    if not streaming:
+        raise ValueError("option 'commitToGroup' is for streaming reads (spark.readStream)")
+    try:
+        validate_group_name(raw.strip())
+    except SbpError as e:
+        raise ValueError(f"option 'commitToGroup': {e.message}") from None
+    return raw.strip()
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:

@@ -30,6 +30,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from sbpstream.protocol.errors import SbpError
 from sbpstream.protocol.names import StreamRef
 from sbpstream.spark.fetch import SpanRequest, data_loss_message, read_span
 from sbpstream.spark.meta import ClusterView
@@ -310,7 +311,21 @@ class SbpstreamStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAva
         return _read(partition, self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to do: the checkpoint is the only truth (as with Kafka)."""
+        """The checkpoint is the only truth (as with Kafka). With option ``commitToGroup`` the
+        batch's end offsets are also committed to that consumer group, so its lag shows in
+        ``sbpstream group describe`` (Spark calls this when it plans the next batch: the group
+        trails the query by one batch); a failed commit is logged, never fails the query."""
+        group = self.opts.commit_group
+        if group is None:
+            return
+        offsets: dict[int | str, int] = {
+            s: o for s, o in offsets_from_json(end, None).items() if o >= 0}
+        if not offsets:
+            return
+        try:
+            self.view.client.commit_offsets(group, offsets)
+        except SbpError as e:
+            log.warning("event=spark_group_commit_failed group=%s error=%r", group, e.message)
 
     def stop(self) -> None:
         if self._view is not None:

@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from sbpstream.pm.etcd.codec import (
     decode_leader,
     decode_node,
+    decode_offset,
     decode_producers,
     decode_quota,
     decode_range,
     decode_stream,
 )
 from sbpstream.pm.etcd.keys import Keys
-from sbpstream.pm.metadata import NodeMeta, ProducerStateMeta, RangeMeta, StreamMeta
+from sbpstream.pm.metadata import NodeMeta, OffsetMeta, ProducerStateMeta, RangeMeta, StreamMeta
 from sbpstream.pm.rules import SoftState
 from sbpstream.protocol.errors import MetadataError
 from sbpstream.quota.model import QuotaSpec
@@ -36,6 +37,8 @@ class Cache:
     by_node: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
     names: dict[str, tuple[int, int]] = field(default_factory=dict)
     """The name index: name -> (stream id, mod_revision of its key)."""
+    offsets: dict[str, dict[int, tuple[OffsetMeta, int]]] = field(default_factory=dict)
+    """Committed offsets: group -> stream id -> (offset, mod_revision of its key)."""
     schema: int | None = None
     leader: tuple[str, int] | None = None
     """(address, create_revision) of the leader key."""
@@ -51,6 +54,15 @@ class Cache:
             try:
                 self.names[name] = (int(value), mod_rev)
             except ValueError as e:
+                log.error("event=etcd_bad_value key=%r error=%r", key, e)
+            return
+        off = self.keys.offset_of(key)
+        if off is not None:
+            try:
+                o = (known if isinstance(known, OffsetMeta)
+                     else decode_offset(off[0], off[1], value))
+                self.offsets.setdefault(off[0], {})[off[1]] = (o, mod_rev)
+            except (ValueError, IndexError, TypeError) as e:
                 log.error("event=etcd_bad_value key=%r error=%r", key, e)
             return
         parsed = self.keys.parse(key)
@@ -90,6 +102,14 @@ class Cache:
         name = self.keys.name_of(key)
         if name is not None:
             self.names.pop(name, None)
+            return
+        off = self.keys.offset_of(key)
+        if off is not None:
+            per = self.offsets.get(off[0])
+            if per is not None:
+                per.pop(off[1], None)
+                if not per:
+                    del self.offsets[off[0]]
             return
         parsed = self.keys.parse(key)
         if parsed is None:
@@ -170,6 +190,10 @@ class Cache:
         got = self.quotas.get(key)
         return 0 if got is None else got[1]
 
+    def offset_rev(self, group: str, sid: int) -> int:
+        got = self.offsets.get(group, {}).get(sid)
+        return 0 if got is None else got[1]
+
     def counter_rev(self, name: str) -> int:
         got = self.counters.get(name)
         return 0 if got is None else got[1]
@@ -215,6 +239,10 @@ class CacheReader:
 
     def quota_keys(self) -> set[str]:
         return set(self.c.quotas)
+
+    def offset(self, group: str, sid: int) -> OffsetMeta | None:
+        got = self.c.offsets.get(group, {}).get(sid)
+        return None if got is None else got[0]
 
     def counter(self, name: str) -> int:
         got = self.c.counters.get(name)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from sbpstream.pm.metadata import (
     NodeMeta,
     NodeMetrics,
+    OffsetMeta,
     ProducerStateMeta,
     RangeMeta,
     ReplicaMeta,
@@ -88,6 +89,15 @@ def decode_quota(v: bytes) -> QuotaSpec:
     d = json.loads(v)
     return QuotaSpec(QuotaKind(int(d["kind"])), str(d["name"]), int(d["produce_bytes_per_s"]),
                      int(d["fetch_bytes_per_s"]), int(d["requests_per_s"]))
+
+
+def encode_offset(o: OffsetMeta) -> bytes:
+    return _dumps([o.offset, o.commit_ms, o.metadata] if o.metadata else [o.offset, o.commit_ms])
+
+
+def decode_offset(group: str, sid: int, v: bytes) -> OffsetMeta:
+    d = json.loads(v)
+    return OffsetMeta(group, sid, int(d[0]), str(d[2]) if len(d) > 2 else "", int(d[1]))
 
 
 def encode_leader(address: str) -> bytes:

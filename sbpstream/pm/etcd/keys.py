@@ -29,6 +29,7 @@ class Keys:
         self._node = p + b"/nodes/"
         self._name = p + b"/names/"
         self._quota = p + b"/quotas/"
+        self._offsets = p + b"/offsets/"
 
     def counter(self, name: str) -> bytes:
         return self._counter + name.encode()
@@ -59,6 +60,20 @@ class Keys:
     def name(self, name: str) -> bytes:
         """The name index: ``P/names/<name>`` holds the id of the live stream of that name."""
         return self._name + name.encode()
+
+    def offset(self, group: str, sid: int) -> bytes:
+        """A committed offset: ``P/offsets/<group>/<stream id>`` (group names hold no '/')."""
+        return self._offsets + group.encode() + b"/%020d" % sid
+
+    def offset_of(self, key: bytes) -> tuple[str, int] | None:
+        """(group, stream id) of a committed-offset key; None for any other key."""
+        if not key.startswith(self._offsets):
+            return None
+        group, _, sid = key[len(self._offsets):].rpartition(b"/")
+        try:
+            return group.decode(errors="replace"), int(sid)
+        except ValueError:
+            return None
 
     def name_of(self, key: bytes) -> str | None:
         """The stream name of a name-index key; None for any other key."""

@@ -53,6 +53,7 @@ from sbpstream.pm.metadata import (
     NewStream,
     NodeMeta,
     NodeMetrics,
+    OffsetMeta,
     ProducerStateMeta,
     RangeMeta,
     ReplicaMeta,
@@ -753,6 +754,30 @@ class EtcdMetadataStore:
         self, stream_id: int, range_index: int
     ) -> tuple[ProducerStateMeta, ...]:
         return CacheReader(self._cache, self._soft).producers(stream_id, range_index)
+
+    # ------------------------------------------------------------------ committed offsets
+    async def commit_offsets(
+        self, items: Sequence[OffsetMeta], now_ms: int
+    ) -> list[OffsetMeta | SbpError]:
+        if not items:
+            return []
+        return await self._write(list(items), lambda tx, o: rules.commit_offset(tx, o, now_ms))
+
+    async def fetch_offsets(self, group: str, stream_ids: Sequence[int]) -> list[OffsetMeta]:
+        per = self._cache.offsets.get(group, {})
+        ids = sorted(per) if not stream_ids else sorted(set(stream_ids) & per.keys())
+        return [per[sid][0] for sid in ids]
+
+    async def offset_groups(self) -> dict[str, int]:
+        return {g: len(per) for g, per in sorted(self._cache.offsets.items())}
+
+    async def delete_offsets(self, group: str) -> int:
+        items = [OffsetMeta(group, sid, -1) for sid in sorted(self._cache.offsets.get(group, {}))]
+        outs = await self.commit_offsets(items, 0)
+        failed = next((o for o in outs if isinstance(o, SbpError)), None)
+        if failed is not None:
+            raise failed
+        return len(items)
 
     async def replace_replica(
         self, stream_id: int, range_index: int, old_node_id: int, new_node_id: int

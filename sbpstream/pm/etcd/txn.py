@@ -8,6 +8,7 @@ from typing import Final
 from sbpstream.pm.etcd.cache import Cache
 from sbpstream.pm.etcd.codec import (
     encode_node,
+    encode_offset,
     encode_producers,
     encode_quota,
     encode_range,
@@ -76,6 +77,14 @@ class TxnOps:
                 span = (k.quota(qkey), k.quota(qkey) + b"\0")
                 ops.spans.append(span)
                 ops.nbytes += 2 * len(span[0]) + 1 + OP_OVERHEAD_BYTES
+        for (group, sid), o in layer.offsets.items():
+            key = k.offset(group, sid)
+            if o is None:
+                ops.spans.append((key, key + b"\0"))
+                ops.compares.setdefault(key, cache.offset_rev(group, sid))
+                ops.nbytes += 2 * len(key) + OP_OVERHEAD_BYTES
+            else:
+                ops._put(key, encode_offset(o), cache.offset_rev(group, sid), o)
         return ops
 
     def _put(self, key: bytes, value: bytes, cached_rev: int, decoded: object) -> None:
