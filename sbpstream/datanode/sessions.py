@@ -173,7 +173,7 @@ class FetchSessionCache:
             raise LimitExceededError(f"{len(streams)} streams in one fetch session; at most "
                                      f"{MAX_SESSION_STREAMS}")
         now = self.clock()
-        self.sweep(now, closed_too=True)
+        self.sweep(now, closed_too=len(self.sessions) >= self.max_sessions)
         if not self._make_room(len(streams), now, sessions=1):
             self.refused += 1
             return None
