@@ -226,29 +226,34 @@ class SessionMachine(RuleBasedStateMachine):
     def run(self, coro: object) -> object:
         return self.loop.run_until_complete(coro)  # type: ignore[arg-type]
 
-    @rule(k=st.integers(0, 5), at=st.integers(0, 8))
-    def add(self, k: int, at: int) -> None:
+    @rule(k=st.integers(0, 3), back=st.integers(0, 3))
+    def add(self, k: int, back: int) -> None:
         sid = self.pool[k]
         if sid not in self.positions:
-            self.positions[sid] = min(at, self.hwm(sid))
+            self.positions[sid] = max(self.hwm(sid) - back, 0)
 
-    @rule(k=st.integers(0, 5))
+    @rule(k=st.integers(0, 3))
     def forget(self, k: int) -> None:
         self.positions.pop(self.pool[k], None)
 
-    @rule(k=st.integers(0, 5), n=st.integers(1, 3))
+    @rule(k=st.integers(0, 3), n=st.integers(1, 3))
     def advance(self, k: int, n: int) -> None:
         sid = self.pool[k]
         self.run(append(self.writer, sid, n, "m"))
         self.ends[sid] = self.ends.get(sid, 0) + n
 
-    @rule(k=st.integers(0, 5), back=st.integers(0, 4))
+    @rule(i=st.integers(0, 3), n=st.integers(1, 3))
+    def advance_a_consumed_stream(self, i: int, n: int) -> None:
+        if self.positions:
+            self.advance(self.pool.index(sorted(self.positions)[i % len(self.positions)]), n)
+
+    @rule(k=st.integers(0, 3), back=st.integers(0, 4))
     def seek(self, k: int, back: int) -> None:
         sid = self.pool[k]
         if sid in self.positions:
             self.positions[sid] = max(self.hwm(sid) - back, 0)
 
-    @rule(k=st.integers(0, 5), past=st.integers(1, 2))
+    @rule(k=st.integers(0, 3), past=st.integers(1, 2))
     def seek_past_the_end(self, k: int, past: int) -> None:
         sid = self.pool[k]
         if sid in self.positions:  # answered with an error until the stream grows
@@ -294,6 +299,10 @@ class SessionMachine(RuleBasedStateMachine):
             if b:
                 self.positions[s] = full_view[s][0]
 
+    @rule()
+    def poll_again(self) -> None:
+        self.poll()
+
     def hwm(self, sid: int) -> int:
         return self.base[sid] + self.ends.get(sid, 0)
 
@@ -303,7 +312,7 @@ def test_incremental_matches_full_fetch_model(pm: LocalCluster) -> None:
     node = DataNode(node_config(pm))
     loop.run_until_complete(node.start())
     try:
-        pool = loop.run_until_complete(create_streams(pm, 6))
+        pool = loop.run_until_complete(create_streams(pm, 4))
         conn = loop.run_until_complete(Connection.open(node.address))
         writer = loop.run_until_complete(Connection.open(node.address))
 
@@ -328,7 +337,7 @@ def test_incremental_matches_full_fetch_model(pm: LocalCluster) -> None:
         Machine.__init__ = init  # type: ignore[method-assign]
         Machine.teardown = teardown  # type: ignore[method-assign]
         run_state_machine_as_test(Machine, settings=settings(
-            max_examples=30, stateful_step_count=25, deadline=None,
+            max_examples=40, stateful_step_count=30, deadline=None,
             suppress_health_check=list(HealthCheck)))
         assert node.fetch is not None and not node.fetch.sessions.sessions
         loop.run_until_complete(conn.aclose())

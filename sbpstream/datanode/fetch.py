@@ -131,20 +131,18 @@ class FetchHandler:
         session = None if is_sessionless(m) else self._session(req.conn, m)
         out = FramePacker(resp, ctx.config.fetch_frame_bytes)
         if session is None:
-            states = [_ItemState(it, it.fetch_offset, self._budget(it.batch_max_bytes))
-                      for it in m.items]
-        else:
-            out.session_id = session.session_id
-            session.busy = True
-            states = [_ItemState(c.item, c.item.fetch_offset,
-                                 self._budget(c.item.batch_max_bytes), cached=c)
-                      for c in session.streams.values()]
+            await self._serve(m, [_ItemState(it, it.fetch_offset,
+                                             self._budget(it.batch_max_bytes))
+                                  for it in m.items], out, t0)
+            return
+        out.session_id = session.session_id
+        session.busy = True
         try:
-            await self._serve(m, states, out, t0)
+            await self._serve_session(m, session, out, t0)
         finally:
-            if session is not None:
-                session.busy = False
-                session.last_used = time.monotonic()
+            session.busy = False
+            session.wake = None
+            session.last_used = time.monotonic()
 
     def _session(self, conn: ServerConnection, m: FetchRequest) -> FetchSession | None:
         """The session a FETCH uses (created, or updated by its items and ``forgotten``), or
@@ -175,6 +173,60 @@ class FetchHandler:
     async def _reap(self, conn: ServerConnection) -> None:
         await conn.closed_event.wait()
         self.sessions.close_owner(conn)
+
+    async def _serve_session(self, m: FetchRequest, session: FetchSession, out: FramePacker,
+                             t0: float) -> None:
+        """Serve a session's FETCH: read only its dirty streams (added, changed, woken by a
+        commit, or not yet read to their committed end), long-polled as any FETCH."""
+        ctx = self.ctx
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
+        min_bytes = max(m.min_bytes, 0)
+        wake = session.wake = asyncio.Event()
+        states: dict[int, _ItemState] = {}
+        streams = session.streams
+        table = ctx.table.streams
+        waited = 0.0
+        failed = 0
+        while True:
+            wake.clear()
+            todo, session.dirty = session.dirty, set()
+            again: set[int] = set()
+            for sid in todo:
+                c = streams.get(sid)
+                if c is None:
+                    continue
+                c.watch(table.get(sid))  # before reading: a commit from now on wakes us
+                st = states.get(sid)
+                if st is None:
+                    st = states[sid] = _ItemState(c.item, c.item.fetch_offset,
+                                                  self._budget(c.item.batch_max_bytes),
+                                                  cached=c)
+                if not st.done:
+                    budget = st.budget
+                    failed += await self._poll(st, out)
+                    if st.budget == budget and not st.done and c.info is not None:
+                        continue  # read to its committed end: clean until woken
+                again.add(sid)  # batches, an end or an error: read it again next time
+            woken = session.dirty  # by commits while we were reading
+            session.dirty = woken | again
+            remaining = deadline - loop.time()
+            if out.total_bytes >= min_bytes or remaining <= 0 or ctx.closing:
+                break
+            if any(sid not in states or not states[sid].done for sid in woken):
+                continue
+            await out.flush(end=False)
+            w0 = loop.time()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await wake.wait()
+            waited += loop.time() - w0
+        for st in states.values():
+            if not st.answered:
+                await self._emit(out, st, self._result(st, 0))
+        await out.flush(end=True)
+        ctx.metrics.c.fetch_failed += failed
+        ctx.metrics.fetch_latency_ms.add((time.monotonic() - t0 - waited) * 1000.0)
 
     async def _serve(self, m: FetchRequest, states: list[_ItemState], out: FramePacker,
                      t0: float) -> None:

@@ -48,13 +48,15 @@ module is pure state plus the clock it is given.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast
 
 from sbpstream.datanode.limits import MAX_FETCH_ITEMS
+from sbpstream.datanode.ranges import StreamInfo
 from sbpstream.protocol.errors import (
     FetchSessionIdNotFoundError,
     InvalidFetchSessionEpochError,
@@ -91,6 +93,30 @@ def next_epoch(epoch: int) -> int:
     return 1 if epoch >= _MAX_EPOCH else epoch + 1
 
 
+class Waker:
+    """Stands in a stream's waiter set (``StreamInfo.waiters``, where the append path calls
+    ``set()`` after a commit, a seal's commit or a delete) for as long as the stream is in a
+    session: it marks the stream to be read again and wakes the session's parked FETCH. So an
+    incremental FETCH reads only the streams that changed, not all of them (a few dozen bytes
+    each, against an ``asyncio.Event``'s few hundred)."""
+
+    __slots__ = ("session", "stream_id")
+
+    def __init__(self, session: FetchSession, stream_id: int) -> None:
+        self.session = session
+        self.stream_id = stream_id
+
+    def set(self) -> None:
+        s = self.session
+        s.dirty.add(self.stream_id)
+        if s.wake is not None:
+            s.wake.set()
+
+    def event(self) -> asyncio.Event:
+        """As the waiter sets are typed (only ``set()`` is ever called on their members)."""
+        return cast(asyncio.Event, self)
+
+
 @dataclass(slots=True)
 class SessionStream:
     """One stream of a session: what to fetch and what the consumer was last told."""
@@ -99,6 +125,21 @@ class SessionStream:
     hwm: int = _NEVER  # high watermark last reported
     range_end: int = _NEVER  # range_end_offset last reported
     code: int = _NEVER  # status code last reported
+    waker: Waker | None = None
+    info: StreamInfo | None = None  # the StreamInfo whose waiters hold ``waker``
+
+    def unwatch(self) -> None:
+        if self.info is not None and self.waker is not None:
+            self.info.waiters.discard(self.waker.event())
+        self.info = None
+
+    def watch(self, info: StreamInfo | None) -> None:
+        """Register with ``info``'s waiters (the stream's table entry may have been replaced)."""
+        if info is not self.info:
+            self.unwatch()
+            if info is not None and self.waker is not None:
+                info.waiters.add(self.waker.event())
+                self.info = info
 
     def changed(self, hwm: int, range_end: int, code: int) -> bool:
         return hwm != self.hwm or range_end != self.range_end or code != self.code
@@ -118,10 +159,39 @@ class FetchSession:
     last_used: float = 0.0
     busy: bool = False  # a FETCH of this session is being served
     created: float = field(default_factory=time.monotonic)
+    #: streams to read at the next chance: added, changed, woken by a commit, or last read
+    #: with batches or an error (a stream read to its committed end stays out until woken)
+    dirty: set[int] = field(default_factory=set)
+    wake: asyncio.Event | None = None  # the parked FETCH's event, while one is parked
+
+    def __post_init__(self) -> None:
+        for sid, st in self.streams.items():
+            st.waker = Waker(self, sid)
+        self.dirty.update(self.streams)
 
     @property
     def size(self) -> int:
         return len(self.streams)
+
+    def add(self, it: FetchItem) -> None:
+        st = self.streams.get(it.stream_id)
+        if st is None:
+            st = self.streams[it.stream_id] = SessionStream(it)
+            st.waker = Waker(self, it.stream_id)
+        else:
+            st.item = it
+        self.dirty.add(it.stream_id)
+
+    def drop(self, sid: int) -> None:
+        st = self.streams.pop(sid, None)
+        if st is not None:
+            st.unwatch()
+        self.dirty.discard(sid)
+
+    def release(self) -> None:
+        """Unregister every waker (the session is gone)."""
+        for st in self.streams.values():
+            st.unwatch()
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,13 +278,9 @@ class FetchSessionCache:
         """Apply an incremental FETCH: ``forgotten`` first, then ``items`` (add or replace)."""
         before = s.size
         for sid in forgotten:
-            s.streams.pop(sid, None)
+            s.drop(sid)
         for it in items:
-            st = s.streams.get(it.stream_id)
-            if st is None:
-                s.streams[it.stream_id] = SessionStream(it)
-            else:
-                st.item = it
+            s.add(it)
         grown = s.size - before
         if s.size > MAX_SESSION_STREAMS or (
                 grown > 0 and not self._make_room(grown, self.clock(), sessions=0, keep=s)):
@@ -230,6 +296,7 @@ class FetchSessionCache:
         if s is None:
             return False
         self.streams -= s.size
+        s.release()
         return True
 
     def close_owned(self, owner: object, session_id: int) -> bool:
@@ -319,6 +386,7 @@ __all__ = [
     "FetchSessionCache",
     "SessionStats",
     "SessionStream",
+    "Waker",
     "is_sessionless",
     "next_epoch",
 ]
