@@ -17,7 +17,7 @@ from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode.config import DataNodeConfig
 from sbpstream.datanode.node import DataNode
-from sbpstream.datanode.sessions import FetchSessionCache
+from sbpstream.datanode.sessions import FetchSessionCache, Waker
 from sbpstream.net.client import Connection
 from sbpstream.protocol.errors import (
     ErrorCode,
@@ -177,6 +177,9 @@ async def test_session_lifecycle_and_epoch_errors(pm: LocalCluster, node: DataNo
     finally:
         await conn.aclose()
     await wait_for(lambda: not sessions(node).sessions, "the session to die with its connection")
+    # no session left a waker behind in a stream's waiter set
+    assert not [w for info in node.ctx.table.streams.values() for w in info.waiters
+                if isinstance(w, Waker)]
 
 
 async def test_incremental_long_poll_wakes_on_a_commit(pm: LocalCluster,

@@ -14,9 +14,10 @@ A FETCH with ``window_bytes > 0`` is a subscription instead, served by subscribe
 until cancelled, under BUFFER_ACK flow control.
 
 A FETCH with a session (``session_id``/``session_epoch`` other than ``(0, -1)``, sessions.py)
-serves every stream of its session the same way, but answers only the streams with batches, an
-error or a state that changed since the session last reported it; every frame carries the
-session's id.
+serves its session's streams the same way, reading only those that may have changed (dirty:
+added, changed, woken by a commit, or last read with batches or an error), and answers only the
+streams with batches, an error or a state that changed since the session last reported it;
+every frame carries the session's id.
 """
 
 from __future__ import annotations
@@ -140,9 +141,18 @@ class FetchHandler:
         try:
             await self._serve_session(m, session, out, t0)
         finally:
-            session.busy = False
-            session.wake = None
-            session.last_used = time.monotonic()
+            # free before the last frame goes: the client may send its next FETCH the moment
+            # it has it, maybe before this task runs again
+            self._done_with(session)
+        await out.flush(end=True)
+
+    @staticmethod
+    def _done_with(session: FetchSession) -> None:
+        session.busy = False
+        session.wake = None
+        session.last_used = time.monotonic()
+        if session.closed:  # closed while it served (connection gone, replaced)
+            session.release()
 
     def _session(self, conn: ServerConnection, m: FetchRequest) -> FetchSession | None:
         """The session a FETCH uses (created, or updated by its items and ``forgotten``), or
@@ -176,8 +186,9 @@ class FetchHandler:
 
     async def _serve_session(self, m: FetchRequest, session: FetchSession, out: FramePacker,
                              t0: float) -> None:
-        """Serve a session's FETCH: read only its dirty streams (added, changed, woken by a
-        commit, or not yet read to their committed end), long-polled as any FETCH."""
+        """Serve a session's FETCH but its last frame: read only its dirty streams (added,
+        changed, woken by a commit, or not yet read to their committed end), long-polled as any
+        FETCH."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
@@ -196,7 +207,8 @@ class FetchHandler:
                 c = streams.get(sid)
                 if c is None:
                     continue
-                c.watch(table.get(sid))  # before reading: a commit from now on wakes us
+                if not session.closed:  # before reading: a commit from now on wakes us
+                    c.watch(table.get(sid))
                 st = states.get(sid)
                 if st is None:
                     st = states[sid] = _ItemState(c.item, c.item.fetch_offset,
@@ -224,7 +236,6 @@ class FetchHandler:
         for st in states.values():
             if not st.answered:
                 await self._emit(out, st, self._result(st, 0))
-        await out.flush(end=True)
         ctx.metrics.c.fetch_failed += failed
         ctx.metrics.fetch_latency_ms.add((time.monotonic() - t0 - waited) * 1000.0)
 

@@ -11,9 +11,11 @@ The rules, by the request's ``(session_id, session_epoch)``:
   creation, +1 after each incremental FETCH, wrapping to 1 after 2**31 - 1), else
   INVALID_FETCH_SESSION_EPOCH; an unknown id (never made, evicted, expired, closed, or made on
   another connection) is FETCH_SESSION_ID_NOT_FOUND. Its items add streams or replace their
-  offset, range and byte budget; ``forgotten`` drops streams. Then every stream of the session
-  is served, but the response lists only the streams with batches, an error, or a changed state
-  (high watermark or sealed range end differing from what this session last reported).
+  offset, range and byte budget; ``forgotten`` drops streams. Then the session's streams are
+  served, reading only the *dirty* ones (added or changed, woken by a commit through their
+  :class:`Waker`, or last read with batches or an error), and the response lists only the
+  streams with batches, an error, or a changed state (high watermark or sealed range end
+  differing from what this session last reported).
 - ``(id, -1)``: closes session ``id``, then serves the items sessionless.
 - ``(0, n)`` with ``n > 0``, or an epoch below -1: INVALID_FETCH_SESSION_EPOCH.
 
@@ -163,6 +165,7 @@ class FetchSession:
     #: with batches or an error (a stream read to its committed end stays out until woken)
     dirty: set[int] = field(default_factory=set)
     wake: asyncio.Event | None = None  # the parked FETCH's event, while one is parked
+    closed: bool = False  # out of the cache: its wakers are unregistered and stay so
 
     def __post_init__(self) -> None:
         for sid, st in self.streams.items():
@@ -190,6 +193,7 @@ class FetchSession:
 
     def release(self) -> None:
         """Unregister every waker (the session is gone)."""
+        self.closed = True
         for st in self.streams.values():
             st.unwatch()
 
