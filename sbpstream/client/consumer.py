@@ -840,6 +840,8 @@ class _Subscriber:
         except BaseException:
             feed.reset_session()
             raise
+        if feed.session_id != req.session_id or feed.epoch != req.session_epoch:
+            return  # closed or reset meanwhile (close_session): the next FETCH is full
         if req.session_epoch == 0:
             feed.session_id = session_id
             feed.epoch = 1 if session_id else 0  # 0: no room on the node, full FETCHes
