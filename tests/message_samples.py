@@ -67,6 +67,7 @@ SAMPLES: list[m.Message] = [
             m.FetchResult(42, 1, 4096, ERR, 100, 2_000, 1_500),
             m.FetchResult(43, 7, 0, ERR2, 0, 1, 2),
         ),
+        77,
     ),
     m.BufferAckRequest(1 << 33, 7, True),
     m.BufferAckResponse(ERR),

@@ -87,6 +87,11 @@ def _cases() -> dict[str, Any]:
             "DescribeRangesResponse/before-digest": m.DescribeRangesResponse(
                 4, err, (m.DescribeRangeResult(42, err, rng),)
             ),
+            # FETCH's session_id (fetch sessions): the response from before them
+            "FetchResponse/before-sessions": m.FetchResponse(
+                20, err, (m.FetchResult(42, 1, 4096, err, 100, 2_000, 1_500),
+                          m.FetchResult(43, 7, 0, ERR2, 0, 1, 2))
+            ),
         }
     )
     return cases

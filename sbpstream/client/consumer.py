@@ -5,7 +5,15 @@ the streams' current ranges; the node pushes records as they are committed, and 
 acks (BUFFER_ACK, payload bytes) as the application takes them. At a sealed range's end, on a
 node failure or a refused stream it plans that stream again (the next range, another replica);
 a node that refuses subscriptions (UNSUPPORTED_OPERATION, LIMIT_EXCEEDED) is long-polled with
-one multi-stream FETCH per round instead.
+one multi-stream FETCH per round instead. A multi-stream consumer with ``subscribe=False``
+long-polls every node that way.
+
+Those long polls run in a **fetch session** per feed (docs/protocol.md, "Fetch sessions"): the
+first FETCH is full and makes the session, each next one names only the streams whose position or
+range changed plus the ones dropped (``forgotten``), and the node answers only the streams with
+records or a changed state. A session error (FETCH_SESSION_ID_NOT_FOUND,
+INVALID_FETCH_SESSION_EPOCH) or any failed round starts a full session again from the consumer's
+own positions, so nothing is skipped or read twice.
 
 Without a subscription (``subscribe=False``, :meth:`AsyncConsumer.poll_columns`,
 :meth:`AsyncConsumer.fetch_batches`) each round is one FETCH (long-polled with ``max_wait_ms``
@@ -35,6 +43,8 @@ from sbpstream.client.types import (
 )
 from sbpstream.protocol.errors import (
     ErrorCode,
+    FetchSessionIdNotFoundError,
+    InvalidFetchSessionEpochError,
     InvalidRequestError,
     OffsetOutOfRangeError,
     OffsetTrimmedError,
@@ -381,7 +391,7 @@ class AsyncConsumer:
 
     async def _start_subscriber(self) -> _Subscriber:
         if self._sub is None:
-            sub = _Subscriber(self, self.window_bytes)
+            sub = _Subscriber(self, self.window_bytes, pull=not self.subscribe)
             for sid in self.stream_ids:
                 if sid == self.stream_id and self._position is not None:
                     sub.positions[sid] = self._position
@@ -405,7 +415,7 @@ class AsyncConsumer:
             self._position = sub.positions[self.stream_id]
 
     async def _fill(self, wait_ms: int) -> None:
-        if self.subscribe:
+        if self.subscribe or len(self.stream_ids) > 1:  # many streams: feeds (pull or push)
             await self._fill_subscribed(wait_ms)
             return
         bufs = await self._fetch(wait_ms)
@@ -599,6 +609,11 @@ class _Feed:
         self.conn: Connection | None = None
         self.request_id = -1
         self.long_poll = False
+        # its fetch session (long polls): id (0 = none), the epoch of the next FETCH (0 = a
+        # full one, making a session) and what the node's session holds per stream
+        self.session_id = 0
+        self.epoch = 0
+        self.sent: dict[int, tuple[int, int, int]] = {}  # (offset, range index, batch bytes)
         self.room = asyncio.Event()
         self.room.set()
         self._acking: asyncio.Task[None] | None = None
@@ -637,7 +652,24 @@ class _Feed:
         finally:
             self._acking = None
 
+    def reset_session(self) -> None:
+        """The next FETCH is a full one (it replaces the session, if the node still has it)."""
+        self.epoch = 0
+        self.sent = {}
+
+    async def close_session(self) -> None:
+        """Tell the node to drop the session (epoch -1); best effort (it also expires)."""
+        conn, sid = self.conn, self.session_id
+        self.session_id = 0
+        self.reset_session()
+        if conn is not None and not conn.closed and sid:
+            req = FetchRequest(session_id=sid, session_epoch=-1)
+            with contextlib.suppress(SbpError):
+                await conn.request(req.OPCODE, req.encode(), timeout_s=5.0)
+
     async def cancel(self) -> None:
+        if self.long_poll:
+            await self.close_session()
         conn, rid = self.conn, self.request_id
         if conn is not None and not conn.closed and rid >= 0 and not self.long_poll:
             with contextlib.suppress(SbpError):
@@ -651,9 +683,10 @@ class _Subscriber:
     arrive, acks sent as the application takes them, feeds re-planned on a seal, a trim, a
     node failure (another replica) or a refusal (long polls)."""
 
-    def __init__(self, consumer: AsyncConsumer, window: int) -> None:
+    def __init__(self, consumer: AsyncConsumer, window: int, *, pull: bool = False) -> None:
         self.consumer = consumer
         self.window = window
+        self.pull = pull  # long polls (in fetch sessions) at every node, no subscriptions
         self.positions: dict[int, int] = {}
         self.replica: dict[int, int] = {}
         self.feeds: set[_Feed] = set()
@@ -716,7 +749,7 @@ class _Subscriber:
                 self.waiting += later
                 for addr, ranges in groups.items():
                     feed = _Feed(self, addr, ranges)
-                    feed.long_poll = addr in self.long_poll_addrs
+                    feed.long_poll = self.pull or addr in self.long_poll_addrs
                     feed.task = asyncio.ensure_future(self._feed(feed))
                     self.feeds.add(feed)
                 waits: list[asyncio.Future[Any]] = [
@@ -772,6 +805,8 @@ class _Subscriber:
                 else:
                     await self._subscription(feed)
             self._attempts = None
+            if feed.session_id:
+                await feed.close_session()
         except SbpError as exc:
             if exc.code in SUBSCRIBE_FALLBACK_CODES and not feed.long_poll:
                 log.info("event=subscribe_refused addr=%s code=%d: long polls instead",
@@ -816,20 +851,57 @@ class _Subscriber:
         if feed.ranges:  # ended (node closing): re-plan what is left, elsewhere if need be
             raise ShuttingDownError(f"subscription at {feed.addr} ended")
 
+    def _session_request(self, feed: _Feed) -> tuple[FetchRequest, dict[int, tuple[int, int,
+                                                                                  int]]]:
+        """The next long poll of ``feed``'s session: full (epoch 0, every stream) or
+        incremental (the streams whose position, range or budget changed, and ``forgotten``);
+        with what the node's session holds once it is answered."""
+        c = self.consumer
+        items = self._items(feed)
+        state = {it.stream_id: (it.fetch_offset, it.range_index, it.batch_max_bytes)
+                 for it in items}
+        if feed.epoch == 0:
+            return FetchRequest(max_wait_ms=c.max_wait_ms, min_bytes=1, items=items,
+                                session_id=feed.session_id, session_epoch=0), state
+        sent = feed.sent
+        return FetchRequest(
+            max_wait_ms=c.max_wait_ms, min_bytes=1, session_id=feed.session_id,
+            session_epoch=feed.epoch,
+            items=tuple(it for it in items if sent.get(it.stream_id) != state[it.stream_id]),
+            forgotten=tuple(sid for sid in sent if sid not in state)), state
+
     async def _long_poll_round(self, feed: _Feed) -> None:
         assert feed.conn is not None
         c = self.consumer
         await feed.room.wait()
-        req = FetchRequest(max_wait_ms=c.max_wait_ms, min_bytes=1, items=self._items(feed))
+        req, state = self._session_request(feed)
         timeout_s = (c.max_wait_ms + c._routing.request_timeout_ms
                      + FETCH_TIMEOUT_MARGIN_MS) / 1000
-        rs = await feed.conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
-        async with rs:
-            async for frame in rs:
-                c._routing.note_throttle(feed.addr, Opcode.FETCH, frame.header)
-                resp = FetchResponse.decode(frame.header)
-                resp.status.raise_for_error()
-                await self._take_frame(feed, resp, frame.payload, count=True)
+        session_id = 0
+        try:
+            rs = await feed.conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
+            async with rs:
+                async for frame in rs:
+                    c._routing.note_throttle(feed.addr, Opcode.FETCH, frame.header)
+                    resp = FetchResponse.decode(frame.header)
+                    resp.status.raise_for_error()
+                    session_id = resp.session_id
+                    await self._take_frame(feed, resp, frame.payload, count=True)
+        except (FetchSessionIdNotFoundError, InvalidFetchSessionEpochError) as exc:
+            log.debug("event=fetch_session_reset addr=%s error=%s", feed.addr, exc)
+            feed.reset_session()  # the next round is full, from our positions
+            return
+        except BaseException:
+            feed.reset_session()
+            raise
+        if feed.session_id != req.session_id or feed.epoch != req.session_epoch:
+            return  # closed or reset meanwhile (close_session): the next FETCH is full
+        if req.session_epoch == 0:
+            feed.session_id = session_id
+            feed.epoch = 1 if session_id else 0  # 0: no room on the node, full FETCHes
+        else:
+            feed.epoch = 1 if feed.epoch >= 2**31 - 1 else feed.epoch + 1
+        feed.sent = state if feed.epoch else {}
         if feed.unacked >= self.window // 2:
             feed.room.clear()
 

@@ -12,6 +12,12 @@ stream's start, high watermark and, at the end of a sealed range, that range's e
 
 A FETCH with ``window_bytes > 0`` is a subscription instead, served by subscribe.py: it streams
 until cancelled, under BUFFER_ACK flow control.
+
+A FETCH with a session (``session_id``/``session_epoch`` other than ``(0, -1)``, sessions.py)
+serves its session's streams the same way, reading only those that may have changed (dirty:
+added, changed, woken by a commit, or last read with batches or an error), and answers only the
+streams with batches, an error or a state that changed since the session last reported it;
+every frame carries the session's id.
 """
 
 from __future__ import annotations
@@ -30,10 +36,19 @@ from sbpstream.datanode.limits import (
     MAX_FETCH_WAIT_MS,
 )
 from sbpstream.datanode.ranges import StreamInfo
+from sbpstream.datanode.sessions import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    FetchSession,
+    FetchSessionCache,
+    SessionStream,
+    is_sessionless,
+)
 from sbpstream.datanode.subscribe import Subscriptions
-from sbpstream.net.server import Request, Responder
+from sbpstream.net.server import Request, Responder, ServerConnection
 from sbpstream.protocol.errors import (
     InternalError,
+    InvalidFetchSessionEpochError,
     LimitExceededError,
     OffsetOutOfRangeError,
     OffsetTrimmedError,
@@ -55,6 +70,7 @@ class _ItemState:
     budget: int
     done: bool = False
     answered: bool = False  # at least one result (batch or status) was sent for it
+    cached: SessionStream | None = None  # its session's state (None: no session)
 
 
 class FramePacker:
@@ -71,6 +87,7 @@ class FramePacker:
         self.frames = 0
         self.stream_bytes: dict[int, int] = {}  # quotas: bytes served per stream
         self.throttle_ms = 0  # quotas: set before the END frame, carried by it
+        self.session_id = 0  # the fetch session served (in every frame's header)
 
     async def add(self, result: FetchResult, view: memoryview | None = None) -> None:
         size = 0 if view is None else len(view)
@@ -90,8 +107,8 @@ class FramePacker:
             return
         # throttle_ms: set before the END frame of a long poll, or after a subscription's round
         # went over its quota; carried once, by the next frame
-        header = FetchResponse(self.throttle_ms, status=self.status,
-                               items=tuple(self.results)).encode()
+        header = FetchResponse(self.throttle_ms, status=self.status, items=tuple(self.results),
+                               session_id=self.session_id).encode()
         self.throttle_ms = 0
         parts, self.parts, self.results, self.frame_payload = self.parts, [], [], 0
         await self.resp.send(header, parts, end=end)
@@ -103,6 +120,9 @@ class FetchHandler:
         self.ctx = ctx
         #: FETCHes with a window (subscriptions) and BUFFER_ACK (see subscribe.py)
         self.subscriptions = Subscriptions(ctx)
+        #: fetch sessions (sessions.py); a connection's die with it
+        self.sessions = FetchSessionCache(alive=_alive)
+        self._reapers: set[asyncio.Task[None]] = set()
 
     async def __call__(self, req: Request, resp: Responder) -> None:
         ctx = self.ctx
@@ -117,12 +137,123 @@ class FetchHandler:
                 f"{len(m.items)} items in one FETCH; at most {MAX_FETCH_ITEMS} are accepted")
         ctx.metrics.c.fetch_requests += 1
         ctx.metrics.c.fetch_items += len(m.items)
-        states = [_ItemState(it, it.fetch_offset, self._budget(it.batch_max_bytes))
-                  for it in m.items]
+        session = None if is_sessionless(m) else self._session(req.conn, m)
+        out = FramePacker(resp, ctx.config.fetch_frame_bytes)
+        if session is None:
+            await self._serve(m, [_ItemState(it, it.fetch_offset,
+                                             self._budget(it.batch_max_bytes))
+                                  for it in m.items], out, t0, req)
+            return
+        out.session_id = session.session_id
+        session.busy = True
+        try:
+            await self._serve_session(m, session, out, t0)
+        finally:
+            # free before the last frame goes: the client may send its next FETCH the moment
+            # it has it, maybe before this task runs again
+            self._done_with(session)
+        out.throttle_ms = self._charge(req, out)
+        await out.flush(end=True)
+
+    @staticmethod
+    def _done_with(session: FetchSession) -> None:
+        session.busy = False
+        session.wake = None
+        session.last_used = time.monotonic()
+        if session.closed:  # closed while it served (connection gone, replaced)
+            session.release()
+
+    def _session(self, conn: ServerConnection, m: FetchRequest) -> FetchSession | None:
+        """The session a FETCH uses (created, or updated by its items and ``forgotten``), or
+        None when it is served sessionless (closing a session; no room for a new one)."""
+        cache = self.sessions
+        sid, epoch = m.session_id, m.session_epoch
+        if epoch == FINAL_EPOCH:
+            cache.close_owned(conn, sid)
+            return None
+        if epoch == INITIAL_EPOCH:
+            if sid:
+                cache.close_owned(conn, sid)
+            if not conn.attributes.get("fetch_sessions"):  # drop them when it closes
+                conn.attributes["fetch_sessions"] = True
+                task = asyncio.ensure_future(self._reap(conn))
+                self._reapers.add(task)
+                task.add_done_callback(self._reapers.discard)
+            return cache.create(conn, m.items)
+        if epoch < FINAL_EPOCH or sid == 0:
+            cache.bad_epoch += 1
+            raise InvalidFetchSessionEpochError(
+                f"fetch session epoch {epoch} with session id {sid}: an incremental FETCH names "
+                "a session and an epoch > 0")
+        s = cache.get(conn, sid, epoch)
+        cache.update(s, m.items, m.forgotten)
+        return s
+
+    async def _reap(self, conn: ServerConnection) -> None:
+        await conn.closed_event.wait()
+        self.sessions.close_owner(conn)
+
+    async def _serve_session(self, m: FetchRequest, session: FetchSession, out: FramePacker,
+                             t0: float) -> None:
+        """Serve a session's FETCH but its last frame: read only its dirty streams (added,
+        changed, woken by a commit, or not yet read to their committed end), long-polled as any
+        FETCH."""
+        ctx = self.ctx
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
         min_bytes = max(m.min_bytes, 0)
-        out = FramePacker(resp, ctx.config.fetch_frame_bytes)
+        wake = session.wake = asyncio.Event()
+        states: dict[int, _ItemState] = {}
+        streams = session.streams
+        table = ctx.table.streams
+        waited = 0.0
+        failed = 0
+        while True:
+            wake.clear()
+            todo, session.dirty = session.dirty, set()
+            again: set[int] = set()
+            for sid in todo:
+                c = streams.get(sid)
+                if c is None:
+                    continue
+                if not session.closed:  # before reading: a commit from now on wakes us
+                    c.watch(table.get(sid))
+                st = states.get(sid)
+                if st is None:
+                    st = states[sid] = _ItemState(c.item, c.item.fetch_offset,
+                                                  self._budget(c.item.batch_max_bytes),
+                                                  cached=c)
+                if not st.done:
+                    budget = st.budget
+                    failed += await self._poll(st, out)
+                    if st.budget == budget and not st.done and c.info is not None:
+                        continue  # read to its committed end: clean until woken
+                again.add(sid)  # batches, an end or an error: read it again next time
+            woken = session.dirty  # by commits while we were reading
+            session.dirty = woken | again
+            remaining = deadline - loop.time()
+            if out.total_bytes >= min_bytes or remaining <= 0 or ctx.closing:
+                break
+            if any(sid not in states or not states[sid].done for sid in woken):
+                continue
+            await out.flush(end=False)
+            w0 = loop.time()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await wake.wait()
+            waited += loop.time() - w0
+        for st in states.values():
+            if not st.answered:
+                await self._emit(out, st, self._result(st, 0))
+        ctx.metrics.c.fetch_failed += failed
+        ctx.metrics.fetch_latency_ms.add((time.monotonic() - t0 - waited) * 1000.0)
+
+    async def _serve(self, m: FetchRequest, states: list[_ItemState], out: FramePacker,
+                     t0: float, req: Request) -> None:
+        ctx = self.ctx
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
+        min_bytes = max(m.min_bytes, 0)
         wake = asyncio.Event()
         registered: list[StreamInfo] = []
         waited = 0.0
@@ -152,7 +283,7 @@ class FetchHandler:
                 waited += loop.time() - w0
             for st in states:
                 if not st.answered:
-                    await out.add(self._result(st, 0))
+                    await self._emit(out, st, self._result(st, 0))
             out.throttle_ms = self._charge(req, out)
             await out.flush(end=True)
         finally:
@@ -181,6 +312,20 @@ class FetchHandler:
             start_offset=start, high_watermark=self.ctx.table.high_watermark(sid),
             range_end_offset=range_end)
 
+    @staticmethod
+    async def _emit(out: FramePacker, st: _ItemState, result: FetchResult,
+                    view: memoryview | None = None) -> None:
+        """Send one result; in a session, a result without batches or error is sent only when
+        it changes what the session last reported for its stream."""
+        c = st.cached
+        if c is not None:
+            code = result.status.code
+            if (view is None and code == 0
+                    and not c.changed(result.high_watermark, result.range_end_offset, code)):
+                return
+            c.reported(result.high_watermark, result.range_end_offset, code)
+        await out.add(result, view)
+
     async def _poll(self, st: _ItemState, out: FramePacker) -> int:
         """Read what is committed for one item into ``out``; returns 1 when the item failed."""
         ctx = self.ctx
@@ -202,14 +347,15 @@ class FetchHandler:
                     sc.bytes_fetched += res.byte_count
                 for i, view in enumerate(res.batches):
                     last = i == len(res.batches) - 1
-                    await out.add(self._result(st, len(view), start=res.start_offset,
-                                               range_end=range_end if last else -1), view)
+                    await self._emit(out, st, self._result(
+                        st, len(view), start=res.start_offset,
+                        range_end=range_end if last else -1), view)
                 st.offset = res.next_offset
                 st.budget -= res.byte_count
                 if res.range_end:
                     if not res.batches:
-                        await out.add(self._result(st, 0, start=res.start_offset,
-                                                   range_end=range_end))
+                        await self._emit(out, st, self._result(
+                            st, 0, start=res.start_offset, range_end=range_end))
                     st.done = True
                     return 0
                 if not res.batches:
@@ -222,9 +368,13 @@ class FetchHandler:
         except SbpError as exc:
             start = ctx.stream_start(it.stream_id) if isinstance(
                 exc, OffsetTrimmedError | OffsetOutOfRangeError) else -1
-            await out.add(self._result(st, 0, status=Status.of(exc), start=start))
+            await self._emit(out, st, self._result(st, 0, status=Status.of(exc), start=start))
         except Exception as exc:  # one item's failure never fails the request
-            await out.add(self._result(st, 0, status=Status.of(
+            await self._emit(out, st, self._result(st, 0, status=Status.of(
                 InternalError(f"{type(exc).__name__}: {exc}"))))
         st.done = True
         return 1
+
+
+def _alive(owner: object) -> bool:
+    return not getattr(owner, "closed", False)

@@ -67,6 +67,8 @@ class ErrorCode(enum.IntEnum):
     RANGE_ALREADY_EXISTS = 42
     PRODUCER_FENCED = 43
     OFFSET_TRIMMED = 44
+    FETCH_SESSION_ID_NOT_FOUND = 45
+    INVALID_FETCH_SESSION_EPOCH = 46
     # --- 60-89 placement manager
     NOT_ENOUGH_DATA_NODES = 60
     DATA_NODE_NOT_FOUND = 61
@@ -318,6 +320,16 @@ class ProducerFencedError(RequestError, FatalError):
 class OffsetTrimmedError(RequestError, FatalError):
     code = ErrorCode.OFFSET_TRIMMED
     meaning = "the records at that offset were trimmed away"
+
+
+class FetchSessionIdNotFoundError(RequestError, RetriableError):
+    code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    meaning = "no fetch session of that id on this node: start a full session again"
+
+
+class InvalidFetchSessionEpochError(RequestError, RetriableError):
+    code = ErrorCode.INVALID_FETCH_SESSION_EPOCH
+    meaning = "the fetch session's epoch is not the one expected: start a full session again"
 
 
 # ---- 60-89 placement manager

@@ -385,9 +385,9 @@ class FetchRequest(Message):
     max_wait_ms: int = 0
     min_bytes: int = 0
     items: tuple[FetchItem, ...] = ()  # the spec's fetch_requests
-    session_id: int = 0  # project (fetch sessions, later): 0 = no session
-    session_epoch: int = -1  # project (fetch sessions, later)
-    forgotten: tuple[int, ...] = ()  # project (fetch sessions, later): stream ids to drop
+    session_id: int = 0  # project (fetch sessions): 0 = none, else the session
+    session_epoch: int = -1  # project: -1 = no session / close it, 0 = full, N = the next
+    forgotten: tuple[int, ...] = ()  # project (fetch sessions): stream ids to drop
     window_bytes: int = 0  # project (flow control, later): 0 = no window
 
 
@@ -409,6 +409,7 @@ class FetchResponse(Message):
     throttle_time_ms: int = 0
     status: Status = STATUS_OK
     items: tuple[FetchResult, ...] = ()  # the spec's fetch_responses
+    session_id: int = 0  # project (fetch sessions): the session served; 0 = none
 
     def chunks(
         self, payload: bytes | bytearray | memoryview

@@ -1423,11 +1423,19 @@ class FetchResponse(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         return o == 0
 
-def FetchResponseStart(builder): builder.StartObject(3)
+    # FetchResponse
+    def SessionId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def FetchResponseStart(builder): builder.StartObject(4)
 def FetchResponseAddThrottleTimeMs(builder, throttleTimeMs): builder.PrependInt32Slot(0, throttleTimeMs, 0)
 def FetchResponseAddStatus(builder, status): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(status), 0)
 def FetchResponseAddFetchResponses(builder, fetchResponses): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(fetchResponses), 0)
 def FetchResponseStartFetchResponsesVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def FetchResponseAddSessionId(builder, sessionId): builder.PrependInt32Slot(3, sessionId, 0)
 def FetchResponseEnd(builder): return builder.EndObject()
 
 
