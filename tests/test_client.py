@@ -514,3 +514,39 @@ async def test_a_broken_flow_fails_the_streams_records_instead_of_hanging() -> N
         with pytest.raises(SbpError, match="RECOVERY_DONE"):
             await fut2
         await p.close()
+
+
+async def test_first_batch_to_a_range_goes_alone() -> None:
+    """Until a range acknowledged a batch of this producer it holds no state of it, and would
+    accept a later batch while an earlier one failed (a gap no resend fills: OUT_OF_ORDER_SEQUENCE
+    forever). So one batch goes first; the rest are pipelined once it is acknowledged. No
+    cluster: the range is given and the sends are recorded, not made."""
+    from sbpstream.protocol import messages as msg
+
+    async with AsyncClient("127.0.0.1:1") as c:
+        primary = msg.ReplicaNode(msg.DataNode(1, "127.0.0.1:1"), True)
+        rng = msg.Range(7, 0, 0, 0, -1, (primary,))
+        c.routing.writable = lambda sid: rng  # type: ignore[method-assign]
+        sent: list[Any] = []
+
+        async def record(addr: str, entries: list[Any]) -> None:
+            sent.extend(entries)
+
+        p = c.producer(linger_ms=60_000, batch_max_bytes=2048, max_in_flight_per_stream=4)
+        p._send_group = record  # type: ignore[method-assign]
+        for i in range(8):
+            await p.send(7, b"%04d" % i + b"x" * 1000)  # a batch each
+        p._flushing = True
+        p._dispatch()
+        await asyncio.sleep(0)
+        st = p._streams[7]
+        assert len(sent) == 1 and len(st.in_flight) == 1  # the first batch, alone
+        first = st.in_flight[0]
+        p._acked(st, first, 0)
+        p._dispatch()
+        await asyncio.sleep(0)
+        assert len(st.in_flight) == 4 and len(sent) == 5  # now pipelined up to the limit
+        p._flushing = False
+        for b in list(st.in_flight):  # let close() finish without a cluster
+            p._fail_batch(st, b, SbpError("test over"))
+        await p.close()

@@ -231,6 +231,9 @@ class _Stream:
     in_flight: deque[_Batch] = field(default_factory=deque)
     flow: FlowMachine = field(default_factory=FlowMachine)  # only SENDING dispatches
     acked_next: int = -1  # offset after this producer's last acknowledged batch of the stream
+    # the range whose primary holds this producer's state (a batch of ours was acknowledged
+    # there); until then one batch at a time goes to a range (see _dispatch)
+    primed_range: int = -1
 
 
 class AsyncProducer:
@@ -616,7 +619,14 @@ class AsyncProducer:
             last = st.in_flight[-1].rng if st.in_flight else None
             if last is not None and last.range_index != rng.range_index:
                 continue  # a new range: let the old one's batches settle first
-            while st.ready and len(st.in_flight) < self._max_in_flight_per_stream:
+            # A range that holds no state of this producer yet accepts a first batch with any
+            # sequence, so a later batch sent alongside could land while the first one failed
+            # (retriable) and leave a gap no resend can fill (OUT_OF_ORDER_SEQUENCE forever).
+            # So the first batch to a range goes alone; once acknowledged, the node checks
+            # every later sequence and up to max_in_flight_per_stream may be in flight.
+            limit = (self._max_in_flight_per_stream if st.primed_range == rng.range_index
+                     else 1)
+            while st.ready and len(st.in_flight) < limit:
                 batch = st.ready.popleft()
                 batch.rng, batch.error = rng, None
                 st.in_flight.append(batch)
@@ -747,6 +757,8 @@ class AsyncProducer:
         with contextlib.suppress(ValueError):
             st.in_flight.remove(batch)
         st.acked_next = max(st.acked_next, base_offset + batch.record_count)
+        if batch.rng is not None:
+            st.primed_range = max(st.primed_range, batch.rng.range_index)
         self._done(batch)
         self._maybe_recover(st)
 
