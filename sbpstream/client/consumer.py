@@ -37,6 +37,7 @@ from sbpstream.protocol.errors import (
     ShuttingDownError,
 )
 from sbpstream.protocol.messages import (
+    MAX_ITEMS_PER_REQUEST,
     BufferAckRequest,
     BufferAckResponse,
     FetchItem,
@@ -274,6 +275,22 @@ class AsyncConsumer:
             await self._stop_subscriber()
             raise err
 
+    async def _resolve_starts(self, sids: Sequence[int]) -> list[int]:
+        """Every stream's start position, in a few PM round trips (not one per stream): one
+        DESCRIBE_STREAMS and one coalesced LIST_RANGES for "earliest", concurrent lookups
+        (coalesced likewise) for "latest"."""
+        if not sids:
+            return []
+        if self._start == "earliest" and len(sids) > 1:
+            streams = [st for i in range(0, len(sids), MAX_ITEMS_PER_REQUEST)
+                       for st in await self._client.describe_streams(
+                           sids[i:i + MAX_ITEMS_PER_REQUEST])]
+            ranges = await asyncio.gather(
+                *(self._routing.ranges(sid, refresh=True) for sid in sids))
+            return [max(st.start_offset, rs[0].start_offset if rs else 0)
+                    for st, rs in zip(streams, ranges, strict=True)]
+        return list(await asyncio.gather(*(self._resolve_start(sid) for sid in sids)))
+
     async def _resolve_start(self, sid: int) -> int:
         if self._start == "earliest":
             return await self._client.start_offset(sid)
@@ -342,11 +359,11 @@ class AsyncConsumer:
     async def _start_subscriber(self) -> _Subscriber:
         if self._sub is None:
             sub = _Subscriber(self, self.window_bytes)
+            known = {self.stream_id: self._position} if self._position is not None else {}
+            todo = [sid for sid in self.stream_ids if sid not in known]
+            starts = dict(zip(todo, await self._resolve_starts(todo), strict=True))
             for sid in self.stream_ids:
-                if sid == self.stream_id and self._position is not None:
-                    sub.positions[sid] = self._position
-                else:
-                    sub.positions[sid] = await self._resolve_start(sid)
+                sub.positions[sid] = known[sid] if sid in known else starts[sid]
             self._position = sub.positions[self.stream_id]
             self._sub = sub
             sub.start()
