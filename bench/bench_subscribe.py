@@ -2,15 +2,18 @@
 
 - **catch-up**: produce ``--records`` records of each size (100 B, 1 KiB) spread over 1 and
   1,000 streams, then read them all back with ``AsyncClient.consumer(streams, "earliest")``
-  (subscriptions, the default) and, for comparison, the same with ``subscribe=False`` (long
-  polls; one stream only: the long-poll consumer reads one stream). MB/s of record values.
+  (subscriptions, the default; the clock runs from creating the consumer, so resolving the
+  streams' starts counts). MB/s of record values, against Redis XRANGE in the same run (the
+  peer as bench/peers.py runs it: pipelined XADD, XRANGE pages pipelined across keys, redis-py
+  with hiredis), ``--runs`` times alternating which goes first; the ratio is taken per run and
+  its median reported with min..max.
 - **latency**: a producer and a consumer in **separate processes**; the producer sends
   ``--rate`` records/s of 100 B (linger 0, each carrying its send time), the consumer subscribes
   and records receive time minus send time (CLOCK_MONOTONIC is system-wide on Linux). The data
   nodes run with ``--fsync`` (default ``always``: acknowledged = fsynced, and records are
-  delivered only once committed). p50/p99/p99.9 over ``--latency-seconds``.
+  delivered only once committed). p50/p99/p99.9 over ``--latency-seconds``, ``--runs`` times.
 
-    .venv/bin/python -m bench.bench_subscribe [--records 100000] [--rate 2000]
+    .venv/bin/python -m bench.bench_subscribe [--records 100000] [--rate 2000] [--runs 3]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import struct
 import subprocess
@@ -26,12 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import percentile
+from bench.common import median_spread, percentile
+from bench.peers import AppendSpec, RedisSystem, payload_of
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 
 STAMP = struct.Struct(">q")
 READY_TIMEOUT_S = 30.0
+REDIS_TIME_CAP_S = 120.0
 
 
 async def _produce(pm: str, ids: list[int], records: int, size: int) -> None:
@@ -117,13 +123,67 @@ def latency(pm: str, rate: int, seconds: float, size: int) -> dict[str, float]:
             "mean_ms": statistics.fmean(lat)}
 
 
+def redis_catch_up(redis: RedisSystem, size: int, nstreams: int, records: int) -> dict[str, float]:
+    """Redis at its best (pipelined XADD, XRANGE pages pipelined across keys, hiredis)."""
+    spec = AppendSpec(size, nstreams, records, REDIS_TIME_CAP_S)
+    _, handle = asyncio.run(redis.append(spec, payload_of(size)))
+    tp = asyncio.run(redis.catch_up(handle, spec))
+    asyncio.run(redis.drop(handle))
+    return {"size": size, "streams": nstreams, "records": tp.records, "seconds": tp.seconds,
+            "mb_per_s": tp.mb_s, "records_per_s": tp.records_s}
+
+
+def compare(pm: str, redis: RedisSystem | None, sizes: list[int], counts: list[int],
+            records: int, runs: int) -> list[dict[str, object]]:
+    """Catch-up MB/s of the subscribing consumer and of Redis XRANGE, ``runs`` times each in
+    the same run (alternating), with the ratio taken per run and its median reported."""
+    rows: list[dict[str, object]] = []
+    for size in sizes:
+        for n in counts:
+            sbp: list[float] = []
+            red: list[float] = []
+            ratios: list[float] = []
+            for run in range(runs):
+                order = ("sbp", "redis") if run % 2 == 0 else ("redis", "sbp")
+                got: dict[str, float] = {}
+                for who in order:
+                    if who == "sbp":
+                        got[who] = asyncio.run(catch_up(pm, size, n, records, True))["mb_per_s"]
+                    elif redis is not None:
+                        got[who] = redis_catch_up(redis, size, n, records)["mb_per_s"]
+                sbp.append(got["sbp"])
+                if "redis" in got:
+                    red.append(got["redis"])
+                    ratios.append(got["sbp"] / got["redis"])
+            row: dict[str, object] = {"size": size, "streams": n, "records": records,
+                                      "sbp_mb_per_s": sbp, "redis_mb_per_s": red,
+                                      "ratio": ratios}
+            rows.append(row)
+            line = (f"catch-up size={size:5d} streams={n:5d}  sbpstream "
+                    f"{_spread(sbp, '.2f')} MB/s")
+            if ratios:
+                line += (f"  Redis XRANGE {_spread(red, '.2f')} MB/s  "
+                         f"ratio {_spread(ratios, '.2f')}x")
+            print(line, flush=True)
+    return rows
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    m, lo, hi = median_spread(values)
+    return f"{m:{fmt}} [{lo:{fmt}}..{hi:{fmt}}]"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--sizes", default="100,1024")
     ap.add_argument("--streams", default="1,1000")
+    ap.add_argument("--runs", type=int, default=3, help="runs per figure (medians, ratios per run)")
+    ap.add_argument("--no-redis", action="store_true", help="skip the Redis XRANGE comparison")
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--latency-seconds", type=float, default=10.0)
+    ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--skip-catch-up", action="store_true")
     ap.add_argument("--fsync", default="always")
     ap.add_argument("--datanodes", type=int, default=1)
     ap.add_argument("--role", choices=("consumer", "producer"))
@@ -138,30 +198,29 @@ def main() -> int:
     if a.role == "producer":
         asyncio.run(_producer_role(a.pm, a.stream, a.rate, a.count, a.size))
         return 0
-    results: dict[str, object] = {"catch_up": [], "latency": None}
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    results: dict[str, object] = {"catch_up": [], "latency": []}
     with tempfile.TemporaryDirectory() as d, \
-            LocalCluster(Path(d), datanodes=a.datanodes, fsync=a.fsync) as cl:
-        rows: list[dict[str, float]] = []
-        for size in (int(x) for x in a.sizes.split(",")):
-            for n in (int(x) for x in a.streams.split(",")):
-                r = asyncio.run(catch_up(cl.pm_address, size, n, a.records, True))
-                r["subscribe"] = 1
-                rows.append(r)
-                print(f"catch-up subscribe  size={size:5d} streams={n:5d} "
-                      f"{r['mb_per_s']:8.2f} MB/s {r['records_per_s']:10.0f} rec/s", flush=True)
-                if n == 1:
-                    r = asyncio.run(catch_up(cl.pm_address, size, n, a.records, False))
-                    r["subscribe"] = 0
-                    rows.append(r)
-                    print(f"catch-up long-poll  size={size:5d} streams={n:5d} "
-                          f"{r['mb_per_s']:8.2f} MB/s {r['records_per_s']:10.0f} rec/s",
-                          flush=True)
-        results["catch_up"] = rows
-        lat = latency(cl.pm_address, a.rate, a.latency_seconds, 100)
-        results["latency"] = lat
-        print(f"latency {a.rate} rec/s separate processes fsync={a.fsync}: "
-              f"p50 {lat['p50_ms']:.2f} ms  p99 {lat['p99_ms']:.2f} ms  "
-              f"p99.9 {lat['p99_9_ms']:.2f} ms  ({lat['records']:.0f} records)", flush=True)
+            LocalCluster(Path(d) / "sbp", datanodes=a.datanodes, fsync=a.fsync) as cl:
+        redis: RedisSystem | None = None
+        if not a.no_redis and not a.skip_catch_up:
+            redis = RedisSystem(Path(d) / "redis")
+            redis.start()
+        try:
+            if not a.skip_catch_up:
+                results["catch_up"] = compare(
+                    cl.pm_address, redis, [int(x) for x in a.sizes.split(",")],
+                    [int(x) for x in a.streams.split(",")], a.records, a.runs)
+        finally:
+            if redis is not None:
+                redis.stop()
+        if not a.skip_latency:
+            lats = [latency(cl.pm_address, a.rate, a.latency_seconds, 100) for _ in range(a.runs)]
+            results["latency"] = lats
+            for key in ("p50_ms", "p99_ms", "p99_9_ms"):
+                print(f"latency {a.rate} rec/s separate processes fsync={a.fsync} {key[:-3]}: "
+                      f"{_spread([x[key] for x in lats], '.2f')} ms", flush=True)
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     print(json.dumps(results))
     return 0
 

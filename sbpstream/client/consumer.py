@@ -63,6 +63,10 @@ SUBSCRIBE_FALLBACK_CODES: frozenset[int] = frozenset(
     {ErrorCode.UNSUPPORTED_OPERATION, ErrorCode.LIMIT_EXCEEDED})
 """A node answering a subscribing FETCH with these is served by long polls instead."""
 
+ACK_DELAY_S = 0.005
+"""Longest an idle consumer holds back acks of less than a quarter of its window (see
+:meth:`_Feed.idle`): delays only a batch larger than three quarters of the window."""
+
 SEALED_RETRY_S = 0.05
 """Wait before looking again for the range after a sealed one (the PM creates it shortly)."""
 
@@ -328,7 +332,7 @@ class AsyncConsumer:
             if sub is not None:
                 sub.call(feed.taken, nbytes)
         if not self._buffer and sub is not None:
-            sub.call(sub.flush_acks)  # about to wait: every feed may need its window back
+            sub.call(sub.idle)  # about to wait: every feed may need its window back
         return rec
 
     def _push_batch(self, sid: int, buf: memoryview, feed: _Feed) -> None:
@@ -567,6 +571,7 @@ class _Feed:
         self.room = asyncio.Event()
         self.room.set()
         self._acking: asyncio.Task[None] | None = None
+        self._ack_timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
 
     def taken(self, nbytes: int) -> None:
@@ -578,10 +583,27 @@ class _Feed:
             if self.unacked < self.owner.window // 2:
                 self.room.set()
             return
-        if self.to_ack >= self.owner.window // 2 or not self.owner.consumer.buffered:
+        if self.to_ack >= self.owner.window // 2:
             self.flush_acks()
+        elif not self.owner.consumer.buffered:
+            self.idle()
+
+    def idle(self) -> None:
+        """The application took everything buffered: what it took goes back to the node at
+        once when a quarter of the window or more is unacknowledged (the node may be waiting
+        for room), else within ACK_DELAY_S (one BUFFER_ACK per delay, not one per record: at
+        a few thousand records a second acks would otherwise double the messages)."""
+        if self.to_ack <= 0:
+            return
+        if self.unacked >= self.owner.window // 4:
+            self.flush_acks()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self.flush_acks)
 
     def flush_acks(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
         if self.to_ack > 0 and self._acking is None and self.conn is not None:
             self._acking = asyncio.ensure_future(self._send_acks())
 
@@ -603,6 +625,9 @@ class _Feed:
             self._acking = None
 
     async def cancel(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
         conn, rid = self.conn, self.request_id
         if conn is not None and not conn.closed and rid >= 0 and not self.long_poll:
             with contextlib.suppress(SbpError):
@@ -648,9 +673,9 @@ class _Subscriber:
         elif not self.loop.is_closed():
             self.loop.call_soon_threadsafe(fn, *args)
 
-    def flush_acks(self) -> None:
+    def idle(self) -> None:
         for f in self.feeds:
-            f.flush_acks()
+            f.idle()
 
     async def stop(self) -> None:
         task, self._task = self._task, None

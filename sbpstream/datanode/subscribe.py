@@ -18,8 +18,10 @@ same way. Every BUFFER_ACK is answered with a BufferAckResponse: OK, or why it w
 ack changes nothing.
 
 A subscription ends with an END frame when the client cancels (BUFFER_ACK with ``cancel``), when
-every stream has ended, or when the node shuts down (top-level status SHUTTING_DOWN); it ends
-without one when the connection closes. A stream ends on its own, its last FetchResult saying
+every stream has ended, when the client stops sending on the connection (GOAWAY or a half-close:
+no ack or cancel can come any more, and the connection's drain waits for its requests), or when
+the node shuts down (top-level status SHUTTING_DOWN); it ends without one when the connection
+closes. A stream ends on its own, its last FetchResult saying
 why: ``range_end_offset >= 0`` when its sealed range was read to the end and the next range is
 not held here (continue at that offset, at the replicas the PM lists for the next range), or an
 error status (STREAM_DELETED, OFFSET_TRIMMED with ``start_offset``, RANGE_NOT_FOUND, ...).
@@ -211,6 +213,7 @@ class Subscriptions:
         self.ctx.metrics.c.fetch_requests += 1
         self.ctx.metrics.c.fetch_items += len(m.items)
         registered: list[StreamInfo] = []
+        req.conn.drain_events.add(sub.wake)
         try:
             status = await self._run(sub, out, registered)
             for st in sub.items:
@@ -219,6 +222,7 @@ class Subscriptions:
             out.status = status
             await out.flush(end=True)
         finally:
+            req.conn.drain_events.discard(sub.wake)
             for s in registered:
                 s.waiters.discard(sub.wake)
             self.count -= 1
@@ -247,10 +251,10 @@ class Subscriptions:
                 if not st.done and s is not None and sub.wake not in s.waiters:
                     s.waiters.add(sub.wake)
                     registered.append(s)
-            if sub.cancelled:
-                return Status()
             if ctx.closing:
                 return Status.of(ShuttingDownError("the data node is shutting down"))
+            if sub.cancelled or sub.conn.draining or sub.conn.input_ended:
+                return Status()  # cancelled, or the peer sends nothing more (no ack, no cancel)
             progressed = True
             while progressed and sub.free > 0:
                 progressed = False

@@ -176,6 +176,9 @@ class ServerConnection(FrameProtocol):
         self.input_ended = False  # the peer half-closed: answer what it sent, then close
         self._drain_timer: asyncio.TimerHandle | None = None
         self.attributes: dict[str, object] = {}  # per-connection state for handlers (e.g. role)
+        # set when draining starts (GOAWAY either way, half-close): requests that would otherwise
+        # run until the peer cancels them (subscriptions) end then, so the drain can finish
+        self.drain_events: set[asyncio.Event] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -404,6 +407,8 @@ class ServerConnection(FrameProtocol):
             self.close()
 
     def _arm_drain_timer(self) -> None:
+        for ev in self.drain_events:
+            ev.set()
         if self._drain_timer is None and not self.closed:
             loop = asyncio.get_running_loop()
             self._drain_timer = loop.call_later(self.server.drain_timeout_s, self._drain_expired)
