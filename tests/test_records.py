@@ -387,6 +387,14 @@ def test_iter_all_records_bytes_matches_views() -> None:
     assert got == views
     assert [g[0] for g in got] == list(range(11, 17))
     assert all(isinstance(g[3], bytes) for g in got)
+    # the consumer's bulk form: the same records led by the stream id, in the given tuple type
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import stream_records
+
+    for start in (0, 10, 11, 13, 14, 16, 17, 99):
+        mine = stream_records(buf, 7, ConsumedRecord, start_offset=start)
+        assert all(type(r) is ConsumedRecord and r.stream_id == 7 for r in mine)
+        assert [tuple(r)[1:] for r in mine] == list(iter_all_records_bytes(buf, start_offset=start))
 
 
 @settings(max_examples=150, deadline=None)

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sbpstream.client.retry import REFRESH_CODES, Attempts
 from sbpstream.client.routing import replica_addresses
@@ -45,7 +45,7 @@ from sbpstream.protocol.messages import (
     FetchResponse,
 )
 from sbpstream.protocol.opcodes import Opcode
-from sbpstream.records import Columns, decode_columns, iter_all_records_bytes
+from sbpstream.records import Columns, decode_columns, stream_records
 
 if TYPE_CHECKING:
     from sbpstream.client.aclient import AsyncClient
@@ -342,18 +342,18 @@ class AsyncConsumer:
         positions = self._sub.positions
         pos = positions[sid]
         end = self.end
-        out = self._buffer
-        n0 = len(out)
-        for off, ts, key, value, hdrs in iter_all_records_bytes(buf, start_offset=pos):
-            if end is not None and off >= end:
-                pos = end
-                break
-            out.append(ConsumedRecord(sid, off, ts, key, value, hdrs))
-            pos = off + 1
+        recs = cast(list[ConsumedRecord],
+                    stream_records(buf, sid, ConsumedRecord, start_offset=pos))
+        if end is not None and recs and recs[-1].offset >= end:
+            recs = [r for r in recs if r.offset < end]
+            pos = end
+        elif recs:
+            pos = recs[-1].offset + 1
+        self._buffer.extend(recs)
         positions[sid] = pos
         if sid == self.stream_id:
             self._position = pos
-        added = len(out) - n0
+        added = len(recs)
         if added:
             self._pushed += added
             self._marks.append((self._pushed, feed, len(buf)))
@@ -392,14 +392,15 @@ class AsyncConsumer:
         bufs = await self._fetch(wait_ms)
         pos = self._position_or(0)  # _fetch may have moved it (auto_reset)
         sid, end = self.stream_id, self.end
-        out = self._buffer
         for buf in bufs:
             # one bytes copy per batch; keys, values and headers are bytes slices of it
-            for off, ts, key, value, hdrs in iter_all_records_bytes(buf, start_offset=pos):
-                if end is not None and off >= end:
-                    break
-                out.append(ConsumedRecord(sid, off, ts, key, value, hdrs))
-                pos = off + 1
+            recs = cast(list[ConsumedRecord],
+                        stream_records(buf, sid, ConsumedRecord, start_offset=pos))
+            if end is not None and recs and recs[-1].offset >= end:
+                recs = [r for r in recs if r.offset < end]
+            if recs:
+                self._buffer.extend(recs)
+                pos = recs[-1].offset + 1
         self._position = pos
 
     async def _fetch(self, wait_ms: int) -> list[memoryview]:

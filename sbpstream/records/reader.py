@@ -143,6 +143,29 @@ def iter_all_records_bytes(
                 yield record
 
 
+def stream_records(
+    buf: Buffer, stream_id: int, cls: type[tuple[Any, ...]], *, start_offset: int = 0
+) -> list[tuple[Any, ...]]:
+    """Every record of a FETCH buffer at or after ``start_offset``, as ``cls((stream_id, offset,
+    timestamp_ms, key, value, headers))`` with ``bytes`` fields: the consumer's bulk path (one
+    tuple per record, built by the decode loop itself; a batch that starts before the position
+    is sliced, its offsets being consecutive)."""
+    out: list[tuple[Any, ...]] = []
+    for batch in iter_batches(buf):
+        h = read_header(batch)
+        base = h.base_offset
+        if base + h.record_count <= start_offset:
+            continue
+        h, section = open_batch(batch)
+        recs = _decode_section(section.tobytes(), h.record_count, base, h.first_timestamp, cls,
+                               stream_id)
+        if base >= start_offset:
+            out.extend(recs)
+        else:
+            out.extend(list(recs)[start_offset - base :])
+    return out
+
+
 def decode_columns(buf: Buffer, *, start_offset: int = 0) -> Columns:
     """Decode a buffer of batches into columns, skipping offsets before ``start_offset``."""
     cols = Columns()
@@ -165,8 +188,10 @@ def _decode_section(
     base_offset: int,
     first_ts: int,
     cls: type[tuple[Any, ...]] = DecodedRecord,
+    stream_id: int | None = None,
 ) -> Iterator[tuple[Any, ...]]:
-    """The hot loop, yielding ``cls`` tuples whose slices have the type of ``mv``.
+    """The hot loop, yielding ``cls`` tuples whose slices have the type of ``mv``, led by
+    ``stream_id`` when it is given.
 
     One- and two-byte varints (lengths below 8 KiB: the usual case) are decoded inline.
     """
@@ -241,7 +266,11 @@ def _decode_section(
                 headers, pos = _decode_headers(mv, pos - 1, rec_end)
             if pos != rec_end:
                 raise BatchError(f"record {index}: {rec_end - pos} bytes unaccounted for")
-            yield new(cls, (base_offset + index, first_ts + delta, key, value, headers))
+            if stream_id is None:
+                yield new(cls, (base_offset + index, first_ts + delta, key, value, headers))
+            else:
+                yield new(cls, (stream_id, base_offset + index, first_ts + delta, key, value,
+                                headers))
     except IndexError:
         raise BatchError(f"record runs past the end of the records section ({end} bytes)") from None
     if pos != end:
