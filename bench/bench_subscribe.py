@@ -7,6 +7,8 @@
   peer as bench/peers.py runs it: pipelined XADD, XRANGE pages pipelined across keys, redis-py
   with hiredis), ``--runs`` times alternating which goes first; the ratio is taken per run and
   its median reported with min..max.
+- **idle memory**: ``--idle-subscriptions`` (1,000) idle subscriptions on one data node: its
+  RSS before and after (/proc) and its own estimate (``subscription_state_bytes`` on /metrics).
 - **latency**: a producer and a consumer in **separate processes**; the producer sends
   ``--rate`` records/s of 100 B (linger 0, each carrying its send time), the consumer subscribes
   and records receive time minus send time (CLOCK_MONOTONIC is system-wide on Linux). The data
@@ -28,12 +30,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from bench.common import median_spread, percentile
 from bench.peers import AppendSpec, RedisSystem, payload_of
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
+from sbpstream.datanode.subscribe import MAX_SUBSCRIPTIONS_PER_CONNECTION
+from sbpstream.net.client import Connection, ResponseStream
+from sbpstream.net.ports import free_port
+from sbpstream.protocol.messages import FetchItem, FetchRequest
 
 STAMP = struct.Struct(">q")
 READY_TIMEOUT_S = 30.0
@@ -123,6 +130,79 @@ def latency(pm: str, rate: int, seconds: float, size: int) -> dict[str, float]:
             "mean_ms": statistics.fmean(lat)}
 
 
+# ------------------------------------------------------------------------------ idle memory
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise RuntimeError(f"metric {name} not served")
+
+
+async def _idle_subscriptions(cl: LocalCluster, count: int) -> dict[str, float]:
+    """Open ``count`` idle subscriptions (one empty stream each, raw FETCHes with a 1 MiB
+    window, MAX_SUBSCRIPTIONS_PER_CONNECTION per connection) on the one data node; return its
+    RSS and its own accounting before and after."""
+    node = cl.datanodes[0]
+    assert node.proc is not None and node.metrics_port is not None
+    pid, port = node.proc.pid, node.metrics_port
+    async with AsyncClient(cl.pm_address) as c:
+        ids: list[int] = []
+        while len(ids) < count:
+            ids += await c.create_streams(min(1000, count - len(ids)))
+        ranges = await asyncio.gather(*(c.routing.ranges(sid) for sid in ids))
+        conns: list[Connection] = []
+        streams: list[ResponseStream] = []
+        await asyncio.sleep(1.0)  # settle (the node's first range bookkeeping, heartbeats)
+        before = _rss_bytes(pid)
+        try:
+            for i, (sid, rs) in enumerate(zip(ids, ranges, strict=True)):
+                if i % MAX_SUBSCRIPTIONS_PER_CONNECTION == 0:
+                    conns.append(await Connection.open(node.address))
+                req = FetchRequest(window_bytes=1 << 20, items=(FetchItem(
+                    stream_id=sid, fetch_offset=0, range_index=rs[-1].range_index),))
+                streams.append(await conns[-1].stream(req.OPCODE, req.encode(), timeout_s=None))
+            for st in streams:  # every subscription answered its first frame: it is open
+                await st.__anext__()
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while _metric(port, "sbpstream_datanode_subscriptions") < count:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the subscriptions did not all open")
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)
+            after = _rss_bytes(pid)
+            state = _metric(port, "sbpstream_datanode_subscription_state_bytes")
+            subs = _metric(port, "sbpstream_datanode_subscriptions")
+        finally:
+            for conn in conns:
+                await conn.aclose()
+        await c.delete_streams(ids)
+    return {"subscriptions": subs, "rss_before": before, "rss_after": after,
+            "rss_delta_per_subscription": (after - before) / count,
+            "node_state_bytes": state, "node_state_per_subscription": state / count}
+
+
+def idle_memory(count: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as d, \
+            LocalCluster(Path(d), datanodes=1, fsync="none", metrics_port=free_port()) as cl:
+        r = asyncio.run(_idle_subscriptions(cl, count))
+    mib = (r["rss_after"] - r["rss_before"]) / 2**20
+    print(f"{count} idle subscriptions: node RSS +{mib:.2f}"
+          f" MiB ({r['rss_delta_per_subscription']:.0f} B each); the node's own estimate "
+          f"{r['node_state_bytes'] / 2**20:.2f} MiB "
+          f"({r['node_state_per_subscription']:.0f} B each)",
+          flush=True)
+    return r
+
+
 def redis_catch_up(redis: RedisSystem, size: int, nstreams: int, records: int) -> dict[str, float]:
     """Redis at its best (pipelined XADD, XRANGE pages pipelined across keys, hiredis)."""
     spec = AppendSpec(size, nstreams, records, REDIS_TIME_CAP_S)
@@ -184,6 +264,8 @@ def main() -> int:
     ap.add_argument("--latency-seconds", type=float, default=10.0)
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-catch-up", action="store_true")
+    ap.add_argument("--idle-subscriptions", type=int, default=1000,
+                    help="idle subscriptions whose node memory is measured (0: skip)")
     ap.add_argument("--fsync", default="always")
     ap.add_argument("--datanodes", type=int, default=1)
     ap.add_argument("--role", choices=("consumer", "producer"))
@@ -199,7 +281,9 @@ def main() -> int:
         asyncio.run(_producer_role(a.pm, a.stream, a.rate, a.count, a.size))
         return 0
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    results: dict[str, object] = {"catch_up": [], "latency": []}
+    results: dict[str, object] = {"catch_up": [], "latency": [], "idle_memory": None}
+    if a.idle_subscriptions > 0:
+        results["idle_memory"] = idle_memory(a.idle_subscriptions)
     with tempfile.TemporaryDirectory() as d, \
             LocalCluster(Path(d) / "sbp", datanodes=a.datanodes, fsync=a.fsync) as cl:
         redis: RedisSystem | None = None
