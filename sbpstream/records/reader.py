@@ -11,7 +11,8 @@ own exception; decompression is bounded by MAX_DECOMPRESSED_BYTES.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, cast
 
@@ -31,6 +32,20 @@ MIN_RECORD_BYTES: Final = 5
 MIN_RECORD_BODY_BYTES: Final = MIN_RECORD_BYTES - 1
 
 Buffer = bytes | bytearray | memoryview
+
+_Accelerated = Callable[..., "list[tuple[Any, ...]] | None"]
+_compiled: _Accelerated | None
+try:  # the compiled decode loop (_speedups.pyx), when it was built
+    from sbpstream.records import _speedups
+
+    _compiled = _speedups.decode_section
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _compiled = None
+_accelerated: _Accelerated | None = (
+    None if os.environ.get("SBPSTREAM_PURE_PYTHON") else _compiled)
+"""The compiled ``bytes`` decode loop used by ``iter_all_records_bytes``, ``stream_records`` and
+``decode_columns``, or None: the pure-Python loop (no C compiler at install time, or
+``SBPSTREAM_PURE_PYTHON=1``). Both give the same records and the same errors."""
 Headers = tuple[tuple[str, memoryview], ...]
 
 
@@ -125,9 +140,8 @@ def _byte_sections(buf: Buffer, start_offset: int) -> Iterator[Iterator[tuple[An
         if h.base_offset + h.record_count <= start_offset:
             continue
         h, section = open_batch(batch)
-        yield _decode_section(
-            section.tobytes(), h.record_count, h.base_offset, h.first_timestamp, tuple
-        )
+        yield iter(_decode_bytes(section.tobytes(), h.record_count, h.base_offset,
+                                 h.first_timestamp, tuple, None))
 
 
 def iter_all_records_bytes(
@@ -157,13 +171,25 @@ def stream_records(
         if base + h.record_count <= start_offset:
             continue
         h, section = open_batch(batch)
-        recs = _decode_section(section.tobytes(), h.record_count, base, h.first_timestamp, cls,
-                               stream_id)
+        recs = _decode_bytes(section.tobytes(), h.record_count, base, h.first_timestamp, cls,
+                             stream_id)
         if base >= start_offset:
             out.extend(recs)
         else:
             out.extend(list(recs)[start_offset - base :])
     return out
+
+
+def _decode_bytes(data: bytes, count: int, base_offset: int, first_ts: int,
+                  cls: type[tuple[Any, ...]], stream_id: int | None,
+                  ) -> Sequence[tuple[Any, ...]] | Iterator[tuple[Any, ...]]:
+    """A ``bytes`` records section's records: compiled when built (a list), else, or when the
+    compiled loop finds the section malformed, the Python loop (which raises the BatchError)."""
+    if _accelerated is not None:
+        recs = _accelerated(data, count, base_offset, first_ts, cls, stream_id, _decode_headers)
+        if recs is not None:
+            return recs
+    return _decode_section(data, count, base_offset, first_ts, cls, stream_id)
 
 
 def decode_columns(buf: Buffer, *, start_offset: int = 0) -> Columns:
