@@ -286,11 +286,18 @@ class AsyncConsumer:
         if not sids:
             return []
         if self._start == "earliest" and len(sids) > 1:
-            streams = [st for i in range(0, len(sids), MAX_ITEMS_PER_REQUEST)
-                       for st in await self._client.describe_streams(
-                           sids[i:i + MAX_ITEMS_PER_REQUEST])]
-            ranges = await asyncio.gather(
-                *(self._routing.ranges(sid, refresh=True) for sid in sids))
+            described = asyncio.gather(
+                *(self._client.describe_streams(sids[i:i + MAX_ITEMS_PER_REQUEST])
+                  for i in range(0, len(sids), MAX_ITEMS_PER_REQUEST)))
+            try:
+                ranges = await asyncio.gather(  # while the streams are being described
+                    *(self._routing.ranges(sid, refresh=True) for sid in sids))
+            except BaseException:
+                described.cancel()
+                with contextlib.suppress(BaseException):
+                    await described
+                raise
+            streams = [st for chunk in await described for st in chunk]
             return [max(st.start_offset, rs[0].start_offset if rs else 0)
                     for st, rs in zip(streams, ranges, strict=True)]
         return list(await asyncio.gather(*(self._resolve_start(sid) for sid in sids)))
