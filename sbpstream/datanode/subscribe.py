@@ -90,12 +90,36 @@ ROUND_BYTES_PER_STREAM: Final = 256 * 1024
 backlog cannot starve the others of a shared window."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Item:
     item: FetchItem
     offset: int
     done: bool = False
     answered: bool = False
+    dirty: bool = True  # may have something to send: polled on the next pass
+    info: StreamInfo | None = None  # the stream's entry its waker is registered with
+    waker: _Waker | None = None
+
+
+class _Waker(asyncio.Event):
+    """Stands in a stream's waiters for one subscribed stream: a commit (a seal, a delete, the
+    node closing) marks that stream for the next pass and wakes the subscription, so a pass
+    polls the streams that may have something new, not all of them (a 1,000-stream catch-up
+    would otherwise read every caught-up stream again at every BUFFER_ACK).
+
+    Only ``set`` is ever called on a stream's waiters (RangeTable); the Event state is not
+    built (a deque per subscribed stream), ``is_set`` is always False."""
+
+    __slots__ = ("_st", "_sub")
+    _value = False
+
+    def __init__(self, sub: Subscription, st: _Item) -> None:  # no Event state: see above
+        self._sub = sub
+        self._st = st
+
+    def set(self) -> None:
+        self._st.dirty = True
+        self._sub.wake.set()
 
 
 @dataclass(slots=True, eq=False)
@@ -137,6 +161,9 @@ class SubscriptionStats:
 _TASK_BYTES: Final = 4800
 
 
+_WAKER_BYTES: Final = 72  # a _Waker (slots; sys.getsizeof on 3.11)
+
+
 def _state_bytes(sub: Subscription) -> int:
     """The node's estimate of what one open subscription holds in memory: its own objects
     (sys.getsizeof: the subscription, its event, item list and per-stream entries with their
@@ -145,7 +172,8 @@ def _state_bytes(sub: Subscription) -> int:
     n = sys.getsizeof(sub) + sys.getsizeof(sub.wake) + sys.getsizeof(sub.items) + _TASK_BYTES
     if sub.items:
         st = sub.items[0]
-        n += len(sub.items) * (sys.getsizeof(st) + sys.getsizeof(st.item) + 2 * 8)
+        n += len(sub.items) * (sys.getsizeof(st) + sys.getsizeof(st.item) + 2 * 8
+                               + _WAKER_BYTES)
     return n
 
 
@@ -235,10 +263,9 @@ class Subscriptions:
         self.streams += len(sub.items)
         self.ctx.metrics.c.fetch_requests += 1
         self.ctx.metrics.c.fetch_items += len(m.items)
-        registered: list[StreamInfo] = []
         req.conn.drain_events.add(sub.wake)
         try:
-            status = await self._run(sub, out, registered)
+            status = await self._run(sub, out)
             for st in sub.items:
                 if not st.answered:
                     await out.add(self._result(st, 0))
@@ -246,8 +273,9 @@ class Subscriptions:
             await out.flush(end=True)
         finally:
             req.conn.drain_events.discard(sub.wake)
-            for s in registered:
-                s.waiters.discard(sub.wake)
+            for st in sub.items:
+                if st.info is not None and st.waker is not None:
+                    st.info.waiters.discard(st.waker)
             self.count -= 1
             self.streams -= len(sub.items)
             d = self.by_conn.get(req.conn)
@@ -256,8 +284,7 @@ class Subscriptions:
                 if not d:
                     del self.by_conn[req.conn]
 
-    async def _run(self, sub: Subscription, out: FramePacker,
-                   registered: list[StreamInfo]) -> Status:
+    async def _run(self, sub: Subscription, out: FramePacker) -> Status:
         ctx = self.ctx
         for st in sub.items:
             it = st.item
@@ -267,13 +294,23 @@ class Subscriptions:
         first = True
         while True:
             # Register before reading, so a commit landing between the read and the wait still
-            # wakes us. A stream's StreamInfo may be replaced (deleted, re-adopted): re-check.
+            # wakes us. A stream's StreamInfo may be replaced (deleted, re-adopted): re-check,
+            # and poll a stream whose entry changed (its wakes went to the old one).
             sub.wake.clear()
+            streams = ctx.table.streams
             for st in sub.items:
-                s = ctx.table.streams.get(st.item.stream_id)
-                if not st.done and s is not None and sub.wake not in s.waiters:
-                    s.waiters.add(sub.wake)
-                    registered.append(s)
+                if st.done:
+                    continue
+                s = streams.get(st.item.stream_id)
+                if s is not st.info:
+                    if st.info is not None and st.waker is not None:
+                        st.info.waiters.discard(st.waker)
+                    st.info = s
+                    st.dirty = True
+                    if s is not None:
+                        if st.waker is None:
+                            st.waker = _Waker(sub, st)
+                        s.waiters.add(st.waker)
             if ctx.closing:
                 return Status.of(ShuttingDownError("the data node is shutting down"))
             if sub.cancelled or sub.conn.draining or sub.conn.input_ended:
@@ -282,7 +319,7 @@ class Subscriptions:
             while progressed and sub.free > 0:
                 progressed = False
                 for st in sub.items:
-                    if not st.done and await self._poll(sub, st, out):
+                    if st.dirty and not st.done and await self._poll(sub, st, out):
                         progressed = True
             if first:  # every stream reports its state once, even with nothing to read yet
                 first = False
@@ -335,7 +372,8 @@ class Subscriptions:
         sid = st.item.stream_id
         free = sub.free
         if free <= 0:
-            return False
+            return False  # still dirty: polled once acks make room
+        st.dirty = False  # until a wake, or this poll finds more than it may send
         try:
             if st.offset < 0:
                 raise OffsetOutOfRangeError(f"fetch offset {st.offset} is negative")
@@ -352,6 +390,7 @@ class Subscriptions:
                                  max_offset=limit)
             views = res.batches
             if views and len(views[0]) > free and sub.unacked > 0:
+                st.dirty = True
                 return False  # a batch larger than what is free: wait for acks
             ended = (res.range_end or (0 <= end <= res.next_offset)
                      or (not views and self._gap_after_sealed(sid, st.offset)))
@@ -370,6 +409,8 @@ class Subscriptions:
                                                range_end=range_end))
                 st.done = True
                 return True
+            if views:
+                st.dirty = True  # there may be more (the window, ROUND_BYTES_PER_STREAM)
             return bool(views)
         except SbpError as exc:
             await self._fail(st, out, exc)
