@@ -45,14 +45,19 @@ from sbpstream.protocol.messages import FetchItem, FetchRequest
 STAMP = struct.Struct(">q")
 READY_TIMEOUT_S = 30.0
 REDIS_TIME_CAP_S = 120.0
+CATCH_UP_TIMEOUT_S = 300.0
 
 
 async def _produce(pm: str, ids: list[int], records: int, size: int) -> None:
+    """Append ``records`` records round-robin; raises if any failed (the catch-up would wait
+    for them for ever)."""
     value = b"x" * size
     async with AsyncClient(pm) as c, c.producer(linger_ms=5) as p:
-        for i in range(records):
-            await p.send(ids[i % len(ids)], value)
+        futures = [await p.send(ids[i % len(ids)], value) for i in range(records)]
         await p.flush()
+    failed = [f.exception() for f in futures if not f.done() or f.exception() is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {records} appends failed: {failed[0]!r}")
 
 
 async def catch_up(pm: str, size: int, nstreams: int, records: int,
@@ -64,11 +69,12 @@ async def catch_up(pm: str, size: int, nstreams: int, records: int,
         n = 0
         nbytes = 0
         cons = c.consumer(ids if nstreams > 1 else ids[0], "earliest", subscribe=subscribe)
-        async for rec in cons:
-            n += 1
-            nbytes += len(rec.value or b"")
-            if n >= records:
-                break
+        async with asyncio.timeout(CATCH_UP_TIMEOUT_S):  # a stall fails the run, never hangs it
+            async for rec in cons:
+                n += 1
+                nbytes += len(rec.value or b"")
+                if n >= records:
+                    break
         dt = time.perf_counter() - t0
         await cons.close()
     return {"size": size, "streams": nstreams, "records": n, "seconds": dt,
