@@ -2,15 +2,20 @@
 
 - **catch-up**: produce ``--records`` records of each size (100 B, 1 KiB) spread over 1 and
   1,000 streams, then read them all back with ``AsyncClient.consumer(streams, "earliest")``
-  (subscriptions, the default) and, for comparison, the same with ``subscribe=False`` (long
-  polls; one stream only: the long-poll consumer reads one stream). MB/s of record values.
+  (subscriptions, the default; the clock runs from creating the consumer, so resolving the
+  streams' starts counts). MB/s of record values, against Redis XRANGE in the same run (the
+  peer as bench/peers.py runs it: pipelined XADD, XRANGE pages pipelined across keys, redis-py
+  with hiredis), ``--runs`` times alternating which goes first; the ratio is taken per run and
+  its median reported with min..max.
+- **idle memory**: ``--idle-subscriptions`` (1,000) idle subscriptions on one data node: its
+  RSS before and after (/proc) and its own estimate (``subscription_state_bytes`` on /metrics).
 - **latency**: a producer and a consumer in **separate processes**; the producer sends
   ``--rate`` records/s of 100 B (linger 0, each carrying its send time), the consumer subscribes
   and records receive time minus send time (CLOCK_MONOTONIC is system-wide on Linux). The data
   nodes run with ``--fsync`` (default ``always``: acknowledged = fsynced, and records are
-  delivered only once committed). p50/p99/p99.9 over ``--latency-seconds``.
+  delivered only once committed). p50/p99/p99.9 over ``--latency-seconds``, ``--runs`` times.
 
-    .venv/bin/python -m bench.bench_subscribe [--records 100000] [--rate 2000]
+    .venv/bin/python -m bench.bench_subscribe [--records 100000] [--rate 2000] [--runs 3]
 """
 
 from __future__ import annotations
@@ -18,28 +23,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
-from bench.common import percentile
+from bench.common import median_spread, percentile
+from bench.peers import AppendSpec, RedisSystem, payload_of
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
+from sbpstream.datanode.subscribe import MAX_SUBSCRIPTIONS_PER_CONNECTION
+from sbpstream.net.client import Connection, ResponseStream
+from sbpstream.net.ports import free_port
+from sbpstream.protocol.messages import FetchItem, FetchRequest
 
 STAMP = struct.Struct(">q")
 READY_TIMEOUT_S = 30.0
+REDIS_TIME_CAP_S = 120.0
+CATCH_UP_TIMEOUT_S = 300.0
 
 
 async def _produce(pm: str, ids: list[int], records: int, size: int) -> None:
+    """Append ``records`` records round-robin; raises if any failed (the catch-up would wait
+    for them for ever)."""
     value = b"x" * size
     async with AsyncClient(pm) as c, c.producer(linger_ms=5) as p:
-        for i in range(records):
-            await p.send(ids[i % len(ids)], value)
+        futures = [await p.send(ids[i % len(ids)], value) for i in range(records)]
         await p.flush()
+    failed = [f.exception() for f in futures if not f.done() or f.exception() is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {records} appends failed: {failed[0]!r}")
 
 
 async def catch_up(pm: str, size: int, nstreams: int, records: int,
@@ -51,11 +69,12 @@ async def catch_up(pm: str, size: int, nstreams: int, records: int,
         n = 0
         nbytes = 0
         cons = c.consumer(ids if nstreams > 1 else ids[0], "earliest", subscribe=subscribe)
-        async for rec in cons:
-            n += 1
-            nbytes += len(rec.value or b"")
-            if n >= records:
-                break
+        async with asyncio.timeout(CATCH_UP_TIMEOUT_S):  # a stall fails the run, never hangs it
+            async for rec in cons:
+                n += 1
+                nbytes += len(rec.value or b"")
+                if n >= records:
+                    break
         dt = time.perf_counter() - t0
         await cons.close()
     return {"size": size, "streams": nstreams, "records": n, "seconds": dt,
@@ -117,13 +136,163 @@ def latency(pm: str, rate: int, seconds: float, size: int) -> dict[str, float]:
             "mean_ms": statistics.fmean(lat)}
 
 
+# ------------------------------------------------------------------------------ idle memory
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise RuntimeError(f"metric {name} not served")
+
+
+async def _idle_subscriptions(cl: LocalCluster, count: int) -> dict[str, float]:
+    """Open ``count`` idle subscriptions (one empty stream each, raw FETCHes with a 1 MiB
+    window, MAX_SUBSCRIPTIONS_PER_CONNECTION per connection) on the one data node; return its
+    RSS and its own accounting before and after."""
+    node = cl.datanodes[0]
+    assert node.proc is not None and node.metrics_port is not None
+    pid, port = node.proc.pid, node.metrics_port
+    async with AsyncClient(cl.pm_address) as c:
+        ids: list[int] = []
+        while len(ids) < count:
+            ids += await c.create_streams(min(1000, count - len(ids)))
+        ranges = await asyncio.gather(*(c.routing.ranges(sid) for sid in ids))
+        conns: list[Connection] = []
+        streams: list[ResponseStream] = []
+        await asyncio.sleep(1.0)  # settle (the node's first range bookkeeping, heartbeats)
+        before = _rss_bytes(pid)
+        try:
+            for i, (sid, rs) in enumerate(zip(ids, ranges, strict=True)):
+                if i % MAX_SUBSCRIPTIONS_PER_CONNECTION == 0:
+                    conns.append(await Connection.open(node.address))
+                req = FetchRequest(window_bytes=1 << 20, items=(FetchItem(
+                    stream_id=sid, fetch_offset=0, range_index=rs[-1].range_index),))
+                streams.append(await conns[-1].stream(req.OPCODE, req.encode(), timeout_s=None))
+            for st in streams:  # every subscription answered its first frame: it is open
+                await st.__anext__()
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while _metric(port, "sbpstream_datanode_subscriptions") < count:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the subscriptions did not all open")
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)
+            after = _rss_bytes(pid)
+            state = _metric(port, "sbpstream_datanode_subscription_state_bytes")
+            subs = _metric(port, "sbpstream_datanode_subscriptions")
+        finally:
+            for conn in conns:
+                await conn.aclose()
+        await c.delete_streams(ids)
+    return {"subscriptions": subs, "rss_before": before, "rss_after": after,
+            "rss_delta_per_subscription": (after - before) / count,
+            "node_state_bytes": state, "node_state_per_subscription": state / count}
+
+
+def idle_memory(count: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as d, \
+            LocalCluster(Path(d), datanodes=1, fsync="none", metrics_port=free_port()) as cl:
+        r = asyncio.run(_idle_subscriptions(cl, count))
+    mib = (r["rss_after"] - r["rss_before"]) / 2**20
+    print(f"{count} idle subscriptions: node RSS +{mib:.2f}"
+          f" MiB ({r['rss_delta_per_subscription']:.0f} B each); the node's own estimate "
+          f"{r['node_state_bytes'] / 2**20:.2f} MiB "
+          f"({r['node_state_per_subscription']:.0f} B each)",
+          flush=True)
+    return r
+
+
+def redis_catch_up(redis: RedisSystem, size: int, nstreams: int, records: int) -> dict[str, float]:
+    """Redis at its best (pipelined XADD, XRANGE pages pipelined across keys, hiredis)."""
+    spec = AppendSpec(size, nstreams, records, REDIS_TIME_CAP_S)
+    _, handle = asyncio.run(redis.append(spec, payload_of(size)))
+    tp = asyncio.run(redis.catch_up(handle, spec))
+    asyncio.run(redis.drop(handle))
+    return {"size": size, "streams": nstreams, "records": tp.records, "seconds": tp.seconds,
+            "mb_per_s": tp.mb_s, "records_per_s": tp.records_s}
+
+
+def compare(pm: str, redis: RedisSystem | None, sizes: list[int], counts: list[int],
+            records: int, runs: int) -> list[dict[str, object]]:
+    """Catch-up MB/s of the subscribing consumer and of Redis XRANGE, ``runs`` times each in
+    the same run (alternating), with the ratio taken per run and its median reported."""
+    rows: list[dict[str, object]] = []
+    for size in sizes:
+        for n in counts:
+            sbp: list[float] = []
+            red: list[float] = []
+            ratios: list[float] = []
+            for run in range(runs):
+                order = ("sbp", "redis") if run % 2 == 0 else ("redis", "sbp")
+                got: dict[str, float] = {}
+                for who in order:
+                    if who == "sbp":
+                        got[who] = asyncio.run(catch_up(pm, size, n, records, True))["mb_per_s"]
+                    elif redis is not None:
+                        got[who] = redis_catch_up(redis, size, n, records)["mb_per_s"]
+                sbp.append(got["sbp"])
+                if "redis" in got:
+                    red.append(got["redis"])
+                    ratios.append(got["sbp"] / got["redis"])
+            row: dict[str, object] = {"size": size, "streams": n, "records": records,
+                                      "sbp_mb_per_s": sbp, "redis_mb_per_s": red,
+                                      "ratio": ratios}
+            rows.append(row)
+            line = (f"catch-up size={size:5d} streams={n:5d}  sbpstream "
+                    f"{_spread(sbp, '.2f')} MB/s")
+            if ratios:
+                line += (f"  Redis XRANGE {_spread(red, '.2f')} MB/s  "
+                         f"ratio {_spread(ratios, '.2f')}x")
+            print(line, flush=True)
+    return rows
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    m, lo, hi = median_spread(values)
+    return f"{m:{fmt}} [{lo:{fmt}}..{hi:{fmt}}]"
+
+
+def fsync_floor(directory: Path, samples: int = 300) -> dict[str, float]:
+    """fdatasync latency of a 100-byte append on the disk the data nodes use: the floor of an
+    fsync-acknowledged record's latency (a group commit may wait out one fsync in progress, then
+    run its own)."""
+    path = directory / "fsync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    took: list[float] = []
+    try:
+        for _ in range(samples):
+            os.write(fd, b"x" * 100)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            took.append((time.perf_counter() - t0) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    took.sort()
+    return {"p50_ms": percentile(took, 50), "p99_ms": percentile(took, 99),
+            "p99_9_ms": percentile(took, 99.9)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--sizes", default="100,1024")
     ap.add_argument("--streams", default="1,1000")
+    ap.add_argument("--runs", type=int, default=3, help="runs per figure (medians, ratios per run)")
+    ap.add_argument("--no-redis", action="store_true", help="skip the Redis XRANGE comparison")
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--latency-seconds", type=float, default=10.0)
+    ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--skip-catch-up", action="store_true")
+    ap.add_argument("--idle-subscriptions", type=int, default=1000,
+                    help="idle subscriptions whose node memory is measured (0: skip)")
     ap.add_argument("--fsync", default="always")
     ap.add_argument("--datanodes", type=int, default=1)
     ap.add_argument("--role", choices=("consumer", "producer"))
@@ -138,30 +307,35 @@ def main() -> int:
     if a.role == "producer":
         asyncio.run(_producer_role(a.pm, a.stream, a.rate, a.count, a.size))
         return 0
-    results: dict[str, object] = {"catch_up": [], "latency": None}
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    results: dict[str, object] = {"catch_up": [], "latency": [], "idle_memory": None}
+    if a.idle_subscriptions > 0:
+        results["idle_memory"] = idle_memory(a.idle_subscriptions)
     with tempfile.TemporaryDirectory() as d, \
-            LocalCluster(Path(d), datanodes=a.datanodes, fsync=a.fsync) as cl:
-        rows: list[dict[str, float]] = []
-        for size in (int(x) for x in a.sizes.split(",")):
-            for n in (int(x) for x in a.streams.split(",")):
-                r = asyncio.run(catch_up(cl.pm_address, size, n, a.records, True))
-                r["subscribe"] = 1
-                rows.append(r)
-                print(f"catch-up subscribe  size={size:5d} streams={n:5d} "
-                      f"{r['mb_per_s']:8.2f} MB/s {r['records_per_s']:10.0f} rec/s", flush=True)
-                if n == 1:
-                    r = asyncio.run(catch_up(cl.pm_address, size, n, a.records, False))
-                    r["subscribe"] = 0
-                    rows.append(r)
-                    print(f"catch-up long-poll  size={size:5d} streams={n:5d} "
-                          f"{r['mb_per_s']:8.2f} MB/s {r['records_per_s']:10.0f} rec/s",
-                          flush=True)
-        results["catch_up"] = rows
-        lat = latency(cl.pm_address, a.rate, a.latency_seconds, 100)
-        results["latency"] = lat
-        print(f"latency {a.rate} rec/s separate processes fsync={a.fsync}: "
-              f"p50 {lat['p50_ms']:.2f} ms  p99 {lat['p99_ms']:.2f} ms  "
-              f"p99.9 {lat['p99_9_ms']:.2f} ms  ({lat['records']:.0f} records)", flush=True)
+            LocalCluster(Path(d) / "sbp", datanodes=a.datanodes, fsync=a.fsync) as cl:
+        redis: RedisSystem | None = None
+        if not a.no_redis and not a.skip_catch_up:
+            redis = RedisSystem(Path(d) / "redis")
+            redis.start()
+        try:
+            if not a.skip_catch_up:
+                results["catch_up"] = compare(
+                    cl.pm_address, redis, [int(x) for x in a.sizes.split(",")],
+                    [int(x) for x in a.streams.split(",")], a.records, a.runs)
+        finally:
+            if redis is not None:
+                redis.stop()
+        if not a.skip_latency:
+            floor = fsync_floor(Path(d))
+            results["fsync_floor"] = floor
+            print(f"fdatasync of 100 B on this disk: p50 {floor['p50_ms']:.2f} ms  p99 "
+                  f"{floor['p99_ms']:.2f} ms  p99.9 {floor['p99_9_ms']:.2f} ms", flush=True)
+            lats = [latency(cl.pm_address, a.rate, a.latency_seconds, 100) for _ in range(a.runs)]
+            results["latency"] = lats
+            for key in ("p50_ms", "p99_ms", "p99_9_ms"):
+                print(f"latency {a.rate} rec/s separate processes fsync={a.fsync} {key[:-3]}: "
+                      f"{_spread([x[key] for x in lats], '.2f')} ms", flush=True)
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     print(json.dumps(results))
     return 0
 

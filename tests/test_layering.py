@@ -32,10 +32,12 @@ import check cannot (the interpreter loads ``os`` and ``io`` at start-up)."""
 
 SOURCE_ONLY = frozenset({"os"})
 
-ALLOWED_USES = {"threading": frozenset({"local"})}
+ALLOWED_USES = {"threading": frozenset({"local"}), "os": frozenset({"environ"})}
 """Uses of a refused module that do no I/O: records.compression keeps one zstd context per
 thread (``threading.local``), since the contexts are not thread-safe. Nothing else of
-``threading`` may be used (no thread is started, no lock taken)."""
+``threading`` may be used (no thread is started, no lock taken). records.reader reads one
+environment variable at import (``SBPSTREAM_PURE_PYTHON``: use the pure-Python decode loop even
+where the compiled one was built); nothing else of ``os``."""
 
 PACKAGE_ROOT = Path(sbpstream.__file__).resolve().parent
 

@@ -56,7 +56,8 @@ def _own_package_module(path: Path, node: ast.ImportFrom, name: str) -> bool:
     if not path.is_relative_to(ROOT):
         return False
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    return node.module == package and (path.parent / f"{name}.py").exists()
+    return node.module == package and any(
+        (path.parent / f"{name}{ext}").exists() for ext in (".py", ".pyx"))
 
 
 def violations(path: Path) -> list[str]:

@@ -387,6 +387,14 @@ def test_iter_all_records_bytes_matches_views() -> None:
     assert got == views
     assert [g[0] for g in got] == list(range(11, 17))
     assert all(isinstance(g[3], bytes) for g in got)
+    # the consumer's bulk form: the same records led by the stream id, in the given tuple type
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import stream_records
+
+    for start in (0, 10, 11, 13, 14, 16, 17, 99):
+        mine = stream_records(buf, 7, ConsumedRecord, start_offset=start)
+        assert all(type(r) is ConsumedRecord and r.stream_id == 7 for r in mine)
+        assert [tuple(r)[1:] for r in mine] == list(iter_all_records_bytes(buf, start_offset=start))
 
 
 @settings(max_examples=150, deadline=None)
@@ -422,3 +430,114 @@ def test_add_values_is_add_per_value(values: list[bytes | None], key: bytes | No
         assert [r.key for r in recs[before:]] == [key] * k
         assert {r.timestamp_ms for r in recs[before:]} <= {ts}
         assert {r.timestamp_ms for r in recs[:before]} <= {max(0, ts - 5)}
+
+
+# ------------------------------------------------------------- compiled and pure-Python decode
+
+def _python_decode(data: bytes, count: int, base: int, ts: int,
+                   sid: int | None) -> tuple[str, object]:
+    from sbpstream.records.reader import _decode_section
+
+    try:
+        return "ok", list(_decode_section(data, count, base, ts, tuple, sid))
+    except BatchError as e:
+        return "error", str(e)
+
+
+def _compiled_decode(data: bytes, count: int, base: int, ts: int,
+                     sid: int | None) -> tuple[str, object]:
+    from sbpstream.records import reader
+
+    assert reader._compiled is not None
+    try:
+        got = reader._compiled(data, count, base, ts, tuple, sid, reader._decode_headers)
+    except BatchError as e:  # only from the Python header decoder it calls
+        return "error", str(e)
+    return ("malformed", None) if got is None else ("ok", got)
+
+
+def _needs_compiled() -> None:
+    from sbpstream.records import reader
+
+    if reader._compiled is None:
+        pytest.skip("the compiled decoder is not built here (no C compiler at install)")
+
+
+@pytest.fixture(params=["compiled", "python"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with the compiled decode loop and again with the pure-Python one."""
+    from sbpstream.records import reader
+
+    if request.param == "compiled":
+        _needs_compiled()
+        monkeypatch.setattr(reader, "_accelerated", reader._compiled)
+    else:
+        monkeypatch.setattr(reader, "_accelerated", None)
+    return str(request.param)
+
+
+def test_both_decoders_give_the_same_records(decoder: str) -> None:
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import iter_all_records_bytes, stream_records
+    from sbpstream.records.header import patch_base_offset
+
+    recs = [Record(value=None if n == 7 else b"v" * n, key=None if n % 2 else b"k%d" % n,
+                   headers=(("h", b"x" * n), ("\u00e9", b"")) if n % 3 == 0 else (),
+                   timestamp_ms=1000 + n * 977)
+            for n in (0, 1, 7, 63, 64, 200, 5000, 9000, 70000)]
+    b1 = bytearray(build_batch(recs[:4]))
+    b2 = bytearray(build_batch(recs[4:]))
+    patch_base_offset(b1, 10)
+    patch_base_offset(b2, 14)
+    buf = bytes(b1 + b2)
+    want = [(10 + i, r.timestamp_ms, r.key, r.value, tuple(r.headers))
+            for i, r in enumerate(recs)]
+    assert list(iter_all_records_bytes(buf)) == want
+    assert [tuple(r)[1:] for r in stream_records(buf, 3, ConsumedRecord, start_offset=12)] == \
+        want[2:]
+    cols = decode_columns(buf, start_offset=11)
+    assert cols.offsets == list(range(11, 19)) and cols.values == [r[3] for r in want[1:]]
+
+
+def test_a_malformed_section_raises_the_same_error(decoder: str) -> None:
+    from sbpstream.records import iter_all_records_bytes
+
+    good = bytearray(build_batch([Record(value=b"abc"), Record(value=b"defg")]))
+    good[-3] ^= 0x40  # inside the last record's value: the CRC catches it
+    with pytest.raises(BatchError, match="CRC"):
+        list(iter_all_records_bytes(bytes(good)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(st.one_of(st.none(), st.binary(max_size=200)), min_size=1, max_size=8),
+    headers=st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=20)), max_size=2),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+    cut=st.integers(0, 3),
+    count_delta=st.integers(-1, 1),
+    sid=st.one_of(st.none(), st.integers(0, 2**62)),
+)
+def test_compiled_decode_matches_python_on_any_bytes(
+        values: list[bytes | None], headers: list[tuple[str, bytes]],
+        flips: list[tuple[int, int]], cut: int, count_delta: int, sid: int | None) -> None:
+    """On valid and corrupted records sections alike, the compiled loop returns what the Python
+    loop returns, or None (malformed) exactly where the Python loop raises BatchError."""
+    _needs_compiled()
+    from sbpstream.records import open_batch
+
+    batch = build_batch([Record(value=v, key=b"k", headers=tuple(headers),
+                                timestamp_ms=5_000 + i) for i, v in enumerate(values)])
+    h, section = open_batch(batch)
+    data = bytearray(section.tobytes())
+    for at, byte in flips:
+        data[at % len(data)] = byte
+    data = data[: len(data) - cut]
+    count = max(0, h.record_count + count_delta)
+    py = _python_decode(bytes(data), count, 100, h.first_timestamp, sid)
+    c = _compiled_decode(bytes(data), count, 100, h.first_timestamp, sid)
+    if py[0] == "ok":
+        assert c == py
+    else:
+        assert c[0] in ("malformed", "error"), (py, c)
+        if c[0] == "error":
+            assert c == py

@@ -30,7 +30,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sbpstream.client.retry import REFRESH_CODES, Attempts
 from sbpstream.client.routing import replica_addresses
@@ -53,6 +53,7 @@ from sbpstream.protocol.errors import (
     ShuttingDownError,
 )
 from sbpstream.protocol.messages import (
+    MAX_ITEMS_PER_REQUEST,
     BufferAckRequest,
     BufferAckResponse,
     FetchItem,
@@ -60,7 +61,7 @@ from sbpstream.protocol.messages import (
     FetchResponse,
 )
 from sbpstream.protocol.opcodes import Opcode
-from sbpstream.records import Columns, decode_columns, iter_all_records_bytes
+from sbpstream.records import Columns, decode_columns, stream_records
 
 if TYPE_CHECKING:
     from sbpstream.client.aclient import AsyncClient
@@ -77,6 +78,10 @@ one feed leaves in the consumer's buffer (acks follow the application taking rec
 SUBSCRIBE_FALLBACK_CODES: frozenset[int] = frozenset(
     {ErrorCode.UNSUPPORTED_OPERATION, ErrorCode.LIMIT_EXCEEDED})
 """A node answering a subscribing FETCH with these is served by long polls instead."""
+
+ACK_DELAY_S = 0.005
+"""Longest an idle consumer holds back acks of less than a quarter of its window (see
+:meth:`_Feed.idle`): delays only a batch larger than three quarters of the window."""
 
 SEALED_RETRY_S = 0.05
 """Wait before looking again for the range after a sealed one (the PM creates it shortly)."""
@@ -324,6 +329,29 @@ class AsyncConsumer:
             await self._stop_subscriber()
             raise err
 
+    async def _resolve_starts(self, sids: Sequence[int]) -> list[int]:
+        """Every stream's start position, in a few PM round trips (not one per stream): one
+        DESCRIBE_STREAMS and one coalesced LIST_RANGES for "earliest", concurrent lookups
+        (coalesced likewise) for "latest"."""
+        if not sids:
+            return []
+        if self._start == "earliest" and len(sids) > 1:
+            described = asyncio.gather(
+                *(self._client.describe_streams(sids[i:i + MAX_ITEMS_PER_REQUEST])
+                  for i in range(0, len(sids), MAX_ITEMS_PER_REQUEST)))
+            try:
+                ranges = await asyncio.gather(  # while the streams are being described
+                    *(self._routing.ranges(sid, refresh=True) for sid in sids))
+            except BaseException:
+                described.cancel()
+                with contextlib.suppress(BaseException):
+                    await described
+                raise
+            streams = [st for chunk in await described for st in chunk]
+            return [max(st.start_offset, rs[0].start_offset if rs else 0)
+                    for st, rs in zip(streams, ranges, strict=True)]
+        return list(await asyncio.gather(*(self._resolve_start(sid) for sid in sids)))
+
     async def _resolve_start(self, sid: int) -> int:
         if self._start == "earliest":
             return await self._client.start_offset(sid)
@@ -361,7 +389,7 @@ class AsyncConsumer:
             if sub is not None:
                 sub.call(feed.taken, nbytes)
         if not self._buffer and sub is not None:
-            sub.call(sub.flush_acks)  # about to wait: every feed may need its window back
+            sub.call(sub.idle)  # about to wait: every feed may need its window back
         return rec
 
     def _push_batch(self, sid: int, buf: memoryview, feed: _Feed) -> None:
@@ -371,18 +399,18 @@ class AsyncConsumer:
         positions = self._sub.positions
         pos = positions[sid]
         end = self.end
-        out = self._buffer
-        n0 = len(out)
-        for off, ts, key, value, hdrs in iter_all_records_bytes(buf, start_offset=pos):
-            if end is not None and off >= end:
-                pos = end
-                break
-            out.append(ConsumedRecord(sid, off, ts, key, value, hdrs))
-            pos = off + 1
+        recs = cast(list[ConsumedRecord],
+                    stream_records(buf, sid, ConsumedRecord, start_offset=pos))
+        if end is not None and recs and recs[-1].offset >= end:
+            recs = [r for r in recs if r.offset < end]
+            pos = end
+        elif recs:
+            pos = recs[-1].offset + 1
+        self._buffer.extend(recs)
         positions[sid] = pos
         if sid == self.stream_id:
             self._position = pos
-        added = len(out) - n0
+        added = len(recs)
         if added:
             self._pushed += added
             self._marks.append((self._pushed, feed, len(buf)))
@@ -392,11 +420,11 @@ class AsyncConsumer:
     async def _start_subscriber(self) -> _Subscriber:
         if self._sub is None:
             sub = _Subscriber(self, self.window_bytes, pull=not self.subscribe)
+            known = {self.stream_id: self._position} if self._position is not None else {}
+            todo = [sid for sid in self.stream_ids if sid not in known]
+            starts = dict(zip(todo, await self._resolve_starts(todo), strict=True))
             for sid in self.stream_ids:
-                if sid == self.stream_id and self._position is not None:
-                    sub.positions[sid] = self._position
-                else:
-                    sub.positions[sid] = await self._resolve_start(sid)
+                sub.positions[sid] = known[sid] if sid in known else starts[sid]
             self._position = sub.positions[self.stream_id]
             self._sub = sub
             sub.start()
@@ -421,14 +449,15 @@ class AsyncConsumer:
         bufs = await self._fetch(wait_ms)
         pos = self._position_or(0)  # _fetch may have moved it (auto_reset)
         sid, end = self.stream_id, self.end
-        out = self._buffer
         for buf in bufs:
             # one bytes copy per batch; keys, values and headers are bytes slices of it
-            for off, ts, key, value, hdrs in iter_all_records_bytes(buf, start_offset=pos):
-                if end is not None and off >= end:
-                    break
-                out.append(ConsumedRecord(sid, off, ts, key, value, hdrs))
-                pos = off + 1
+            recs = cast(list[ConsumedRecord],
+                        stream_records(buf, sid, ConsumedRecord, start_offset=pos))
+            if end is not None and recs and recs[-1].offset >= end:
+                recs = [r for r in recs if r.offset < end]
+            if recs:
+                self._buffer.extend(recs)
+                pos = recs[-1].offset + 1
         self._position = pos
 
     async def _fetch(self, wait_ms: int) -> list[memoryview]:
@@ -617,6 +646,7 @@ class _Feed:
         self.room = asyncio.Event()
         self.room.set()
         self._acking: asyncio.Task[None] | None = None
+        self._ack_timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
 
     def taken(self, nbytes: int) -> None:
@@ -628,10 +658,27 @@ class _Feed:
             if self.unacked < self.owner.window // 2:
                 self.room.set()
             return
-        if self.to_ack >= self.owner.window // 2 or not self.owner.consumer.buffered:
+        if self.to_ack >= self.owner.window // 2:
             self.flush_acks()
+        elif not self.owner.consumer.buffered:
+            self.idle()
+
+    def idle(self) -> None:
+        """The application took everything buffered: what it took goes back to the node at
+        once when a quarter of the window or more is unacknowledged (the node may be waiting
+        for room), else within ACK_DELAY_S (one BUFFER_ACK per delay, not one per record: at
+        a few thousand records a second acks would otherwise double the messages)."""
+        if self.to_ack <= 0:
+            return
+        if self.unacked >= self.owner.window // 4:
+            self.flush_acks()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self.flush_acks)
 
     def flush_acks(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
         if self.to_ack > 0 and self._acking is None and self.conn is not None:
             self._acking = asyncio.ensure_future(self._send_acks())
 
@@ -670,6 +717,9 @@ class _Feed:
     async def cancel(self) -> None:
         if self.long_poll:
             await self.close_session()
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
         conn, rid = self.conn, self.request_id
         if conn is not None and not conn.closed and rid >= 0 and not self.long_poll:
             with contextlib.suppress(SbpError):
@@ -716,9 +766,9 @@ class _Subscriber:
         elif not self.loop.is_closed():
             self.loop.call_soon_threadsafe(fn, *args)
 
-    def flush_acks(self) -> None:
+    def idle(self) -> None:
         for f in self.feeds:
-            f.flush_acks()
+            f.idle()
 
     async def stop(self) -> None:
         task, self._task = self._task, None

@@ -246,6 +246,8 @@ class DataNode:
                        sub.subscriptions),
                 Sample(f"{p}_subscription_unacked_bytes", "gauge",
                        "payload sent to subscribers and not yet acknowledged", sub.unacked_bytes),
+                Sample(f"{p}_subscription_state_bytes", "gauge",
+                       "estimated memory of the open subscriptions' state", sub.state_bytes),
             ]
         return out
 

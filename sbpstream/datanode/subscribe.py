@@ -18,8 +18,10 @@ same way. Every BUFFER_ACK is answered with a BufferAckResponse: OK, or why it w
 ack changes nothing.
 
 A subscription ends with an END frame when the client cancels (BUFFER_ACK with ``cancel``), when
-every stream has ended, or when the node shuts down (top-level status SHUTTING_DOWN); it ends
-without one when the connection closes. A stream ends on its own, its last FetchResult saying
+every stream has ended, when the client stops sending on the connection (GOAWAY or a half-close:
+no ack or cancel can come any more, and the connection's drain waits for its requests), or when
+the node shuts down (top-level status SHUTTING_DOWN); it ends without one when the connection
+closes. A stream ends on its own, its last FetchResult saying
 why: ``range_end_offset >= 0`` when its sealed range was read to the end and the next range is
 not held here (continue at that offset, at the replicas the PM lists for the next range), or an
 error status (STREAM_DELETED, OFFSET_TRIMMED with ``start_offset``, RANGE_NOT_FOUND, ...).
@@ -28,6 +30,7 @@ error status (STREAM_DELETED, OFFSET_TRIMMED with ``start_offset``, RANGE_NOT_FO
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -76,8 +79,8 @@ MAX_SUBSCRIPTIONS_PER_CONNECTION: Final = 256
 the same connection always find one (a subscription whose acks cannot get in would stall)."""
 
 MAX_SUBSCRIPTIONS_PER_NODE: Final = 4096
-"""Subscriptions open on one node: a task, an event and a per-stream state each (a few KiB
-idle), so 4,096 idle subscriptions cost tens of MiB at most."""
+"""Subscriptions open on one node: a task, an event and a per-stream state each (~5.2 KB idle
+with one stream, measured), so 4,096 idle subscriptions cost ~21 MiB."""
 
 MAX_SUBSCRIBED_STREAMS_PER_NODE: Final = 200_000
 """Stream entries across all subscriptions of a node: bounds waiter registrations (a commit sets
@@ -88,12 +91,36 @@ ROUND_BYTES_PER_STREAM: Final = 256 * 1024
 backlog cannot starve the others of a shared window."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Item:
     item: FetchItem
     offset: int
     done: bool = False
     answered: bool = False
+    dirty: bool = True  # may have something to send: polled on the next pass
+    info: StreamInfo | None = None  # the stream's entry its waker is registered with
+    waker: _Waker | None = None
+
+
+class _Waker(asyncio.Event):
+    """Stands in a stream's waiters for one subscribed stream: a commit (a seal, a delete, the
+    node closing) marks that stream for the next pass and wakes the subscription, so a pass
+    polls the streams that may have something new, not all of them (a 1,000-stream catch-up
+    would otherwise read every caught-up stream again at every BUFFER_ACK).
+
+    Only ``set`` is ever called on a stream's waiters (RangeTable); the Event state is not
+    built (a deque per subscribed stream), ``is_set`` is always False."""
+
+    __slots__ = ("_st", "_sub")
+    _value = False
+
+    def __init__(self, sub: Subscription, st: _Item) -> None:  # no Event state: see above
+        self._sub = sub
+        self._st = st
+
+    def set(self) -> None:
+        self._st.dirty = True
+        self._sub.wake.set()
 
 
 @dataclass(slots=True, eq=False)
@@ -126,6 +153,31 @@ class SubscriptionStats:
     max_unacked_bytes: int  # the largest single subscription's
     acks: int
     acks_refused: int
+    state_bytes: int  # estimate of the subscriptions' own state (see Subscriptions.state_bytes)
+
+
+# What a subscription's handler task costs beyond the objects _state_bytes counts: the task,
+# its coroutine frames (serve, _run, the handler wrapper), the Responder and FramePacker, the
+# request's decoded header, the connection's task-table entry. Fitted on CPython 3.11 to the RSS
+# growth of 1,000 and 3,000 idle subscriptions (~5.2 KB each, docs/benchmarks.md) less what
+# _state_bytes counts (~0.4 KB); a constant, as sys.getsizeof cannot see into frames.
+_TASK_BYTES: Final = 4800
+
+
+_WAKER_BYTES: Final = 72  # a _Waker (slots; sys.getsizeof on 3.11)
+
+
+def _state_bytes(sub: Subscription) -> int:
+    """The node's estimate of what one open subscription holds in memory: its own objects
+    (sys.getsizeof: the subscription, its event, item list and per-stream entries with their
+    FetchItem, one waiter-set slot per stream) plus _TASK_BYTES. Payload is not counted: sent
+    batches are views over the segment maps, unsent ones are not read yet."""
+    n = sys.getsizeof(sub) + sys.getsizeof(sub.wake) + sys.getsizeof(sub.items) + _TASK_BYTES
+    if sub.items:
+        st = sub.items[0]
+        n += len(sub.items) * (sys.getsizeof(st) + sys.getsizeof(st.item) + 2 * 8
+                               + _WAKER_BYTES)
+    return n
 
 
 class Subscriptions:
@@ -139,19 +191,14 @@ class Subscriptions:
         self.acks = 0
         self.acks_refused = 0
 
-    @staticmethod
-    def _end(sub: Subscription) -> None:
-        """End ``sub`` as a cancel does: its final frame (END) goes out next."""
-        sub.cancelled = True
-        sub.wake.set()
-
     def stats(self) -> SubscriptionStats:
         subs = [s for d in self.by_conn.values() for s in d.values()]
         return SubscriptionStats(
             subscriptions=len(subs), streams=self.streams,
             unacked_bytes=sum(s.unacked for s in subs),
             max_unacked_bytes=max((s.unacked for s in subs), default=0),
-            acks=self.acks, acks_refused=self.acks_refused)
+            acks=self.acks, acks_refused=self.acks_refused,
+            state_bytes=sum(_state_bytes(s) for s in subs))
 
     def find(self, conn: ServerConnection, request_id: int) -> Subscription | None:
         d = self.by_conn.get(conn)
@@ -215,22 +262,23 @@ class Subscriptions:
         sub = Subscription(req.conn, req.request_id, m.window_bytes,
                            [_Item(it, it.fetch_offset) for it in m.items])
         self.by_conn.setdefault(req.conn, {})[req.request_id] = sub
-        req.conn.on_drain.append(lambda: self._end(sub))  # a draining peer ends it (END)
         self.count += 1
         self.streams += len(sub.items)
         self.ctx.metrics.c.fetch_requests += 1
         self.ctx.metrics.c.fetch_items += len(m.items)
-        registered: list[StreamInfo] = []
+        req.conn.drain_events.add(sub.wake)
         try:
-            status = await self._run(sub, out, registered)
+            status = await self._run(sub, out)
             for st in sub.items:
                 if not st.answered:
                     await out.add(self._result(st, 0))
             out.status = status
             await out.flush(end=True)
         finally:
-            for s in registered:
-                s.waiters.discard(sub.wake)
+            req.conn.drain_events.discard(sub.wake)
+            for st in sub.items:
+                if st.info is not None and st.waker is not None:
+                    st.info.waiters.discard(st.waker)
             self.count -= 1
             self.streams -= len(sub.items)
             d = self.by_conn.get(req.conn)
@@ -239,8 +287,7 @@ class Subscriptions:
                 if not d:
                     del self.by_conn[req.conn]
 
-    async def _run(self, sub: Subscription, out: FramePacker,
-                   registered: list[StreamInfo]) -> Status:
+    async def _run(self, sub: Subscription, out: FramePacker) -> Status:
         ctx = self.ctx
         for st in sub.items:
             it = st.item
@@ -251,17 +298,27 @@ class Subscriptions:
         charged: dict[int, int] = {}  # bytes per stream already charged to the fetch quota
         while True:
             # Register before reading, so a commit landing between the read and the wait still
-            # wakes us. A stream's StreamInfo may be replaced (deleted, re-adopted): re-check.
+            # wakes us. A stream's StreamInfo may be replaced (deleted, re-adopted): re-check,
+            # and poll a stream whose entry changed (its wakes went to the old one).
             sub.wake.clear()
+            streams = ctx.table.streams
             for st in sub.items:
-                s = ctx.table.streams.get(st.item.stream_id)
-                if not st.done and s is not None and sub.wake not in s.waiters:
-                    s.waiters.add(sub.wake)
-                    registered.append(s)
-            if sub.cancelled:
-                return Status()
+                if st.done:
+                    continue
+                s = streams.get(st.item.stream_id)
+                if s is not st.info:
+                    if st.info is not None and st.waker is not None:
+                        st.info.waiters.discard(st.waker)
+                    st.info = s
+                    st.dirty = True
+                    if s is not None:
+                        if st.waker is None:
+                            st.waker = _Waker(sub, st)
+                        s.waiters.add(st.waker)
             if ctx.closing:
                 return Status.of(ShuttingDownError("the data node is shutting down"))
+            if sub.cancelled or sub.conn.draining or sub.conn.input_ended:
+                return Status()  # cancelled, or the peer sends nothing more (no ack, no cancel)
             # a client with a fetch quota gets at most one quota window's bytes per round, then
             # the round is charged and the pushes wait out the throttle (as a long poll's next
             # request would): a push source cannot outrun the quota
@@ -271,7 +328,7 @@ class Subscriptions:
             while progressed and sub.free > 0:
                 progressed = False
                 for st in sub.items:
-                    if not st.done and await self._poll(sub, st, out):
+                    if st.dirty and not st.done and await self._poll(sub, st, out):
                         progressed = True
             cut = sub.round_left is not None and sub.round_left <= 0
             sub.round_left = None
@@ -343,7 +400,8 @@ class Subscriptions:
         sid = st.item.stream_id
         free = sub.free
         if free <= 0:
-            return False
+            return False  # still dirty: polled once acks make room
+        st.dirty = False  # until a wake, or this poll finds more than it may send
         try:
             if st.offset < 0:
                 raise OffsetOutOfRangeError(f"fetch offset {st.offset} is negative")
@@ -360,6 +418,7 @@ class Subscriptions:
                                  max_offset=limit)
             views = res.batches
             if views and len(views[0]) > free and sub.unacked > 0:
+                st.dirty = True
                 return False  # a batch larger than what is free: wait for acks
             ended = (res.range_end or (0 <= end <= res.next_offset)
                      or (not views and self._gap_after_sealed(sid, st.offset)))
@@ -380,6 +439,8 @@ class Subscriptions:
                                                range_end=range_end))
                 st.done = True
                 return True
+            if views:
+                st.dirty = True  # there may be more (the window, ROUND_BYTES_PER_STREAM)
             return bool(views)
         except SbpError as exc:
             await self._fail(st, out, exc)

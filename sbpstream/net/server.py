@@ -208,16 +208,15 @@ class ServerConnection(FrameProtocol):
         self.last_activity = time.monotonic()
         self.highest_request_id = 0  # highest request id dispatched: GOAWAY's last_stream_id
         self.input_ended = False  # the peer half-closed: answer what it sent, then close
-        #: Called once when the connection starts draining (GOAWAY either way, or the peer's
-        #: half-close): handlers of unbounded answers (subscriptions) end them there, since a
-        #: drain waits only for answers that finish.
-        self.on_drain: list[Callable[[], None]] = []
         self._drain_timer: asyncio.TimerHandle | None = None
         self.attributes: dict[str, object] = {}  # per-connection state for handlers (e.g. role)
         # Quotas (issue 22): the client id the peer declared (HEARTBEAT), and the KIP-219 mute.
         self.client_id = ""
         self._mute_timer: asyncio.TimerHandle | None = None
         self._muted_until = 0.0
+        # set when draining starts (GOAWAY either way, half-close): requests that would otherwise
+        # run until the peer cancels them (subscriptions) end then, so the drain can finish
+        self.drain_events: set[asyncio.Event] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -492,9 +491,8 @@ class ServerConnection(FrameProtocol):
             self.close()
 
     def _arm_drain_timer(self) -> None:
-        hooks, self.on_drain = self.on_drain, []
-        for hook in hooks:  # every drain path arms the timer: end unbounded answers now
-            hook()
+        for ev in self.drain_events:
+            ev.set()
         if self._drain_timer is None and not self.closed:
             loop = asyncio.get_running_loop()
             self._drain_timer = loop.call_later(self.server.drain_timeout_s, self._drain_expired)

@@ -35,6 +35,7 @@ from sbpstream.records.reader import (
     iter_batches,
     iter_records,
     open_batch,
+    stream_records,
 )
 
 __all__ = [
@@ -67,5 +68,6 @@ __all__ = [
     "patch_base_offset",
     "read_header",
     "split_batches",
+    "stream_records",
     "validate_batch",
 ]

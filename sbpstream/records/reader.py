@@ -11,7 +11,8 @@ own exception; decompression is bounded by MAX_DECOMPRESSED_BYTES.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, cast
 
@@ -31,6 +32,20 @@ MIN_RECORD_BYTES: Final = 5
 MIN_RECORD_BODY_BYTES: Final = MIN_RECORD_BYTES - 1
 
 Buffer = bytes | bytearray | memoryview
+
+_Accelerated = Callable[..., "list[tuple[Any, ...]] | None"]
+_compiled: _Accelerated | None
+try:  # the compiled decode loop (_speedups.pyx), when it was built
+    from sbpstream.records import _speedups
+
+    _compiled = _speedups.decode_section
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _compiled = None
+_accelerated: _Accelerated | None = (
+    None if os.environ.get("SBPSTREAM_PURE_PYTHON") else _compiled)
+"""The compiled ``bytes`` decode loop used by ``iter_all_records_bytes``, ``stream_records`` and
+``decode_columns``, or None: the pure-Python loop (no C compiler at install time, or
+``SBPSTREAM_PURE_PYTHON=1``). Both give the same records and the same errors."""
 Headers = tuple[tuple[str, memoryview], ...]
 
 
@@ -125,9 +140,8 @@ def _byte_sections(buf: Buffer, start_offset: int) -> Iterator[Iterator[tuple[An
         if h.base_offset + h.record_count <= start_offset:
             continue
         h, section = open_batch(batch)
-        yield _decode_section(
-            section.tobytes(), h.record_count, h.base_offset, h.first_timestamp, tuple
-        )
+        yield iter(_decode_bytes(section.tobytes(), h.record_count, h.base_offset,
+                                 h.first_timestamp, tuple, None))
 
 
 def iter_all_records_bytes(
@@ -141,6 +155,41 @@ def iter_all_records_bytes(
         for record in records:
             if record[0] >= start_offset:
                 yield record
+
+
+def stream_records(
+    buf: Buffer, stream_id: int, cls: type[tuple[Any, ...]], *, start_offset: int = 0
+) -> list[tuple[Any, ...]]:
+    """Every record of a FETCH buffer at or after ``start_offset``, as ``cls((stream_id, offset,
+    timestamp_ms, key, value, headers))`` with ``bytes`` fields: the consumer's bulk path (one
+    tuple per record, built by the decode loop itself; a batch that starts before the position
+    is sliced, its offsets being consecutive)."""
+    out: list[tuple[Any, ...]] = []
+    for batch in iter_batches(buf):
+        h = read_header(batch)
+        base = h.base_offset
+        if base + h.record_count <= start_offset:
+            continue
+        h, section = open_batch(batch)
+        recs = _decode_bytes(section.tobytes(), h.record_count, base, h.first_timestamp, cls,
+                             stream_id)
+        if base >= start_offset:
+            out.extend(recs)
+        else:
+            out.extend(list(recs)[start_offset - base :])
+    return out
+
+
+def _decode_bytes(data: bytes, count: int, base_offset: int, first_ts: int,
+                  cls: type[tuple[Any, ...]], stream_id: int | None,
+                  ) -> Sequence[tuple[Any, ...]] | Iterator[tuple[Any, ...]]:
+    """A ``bytes`` records section's records: compiled when built (a list), else, or when the
+    compiled loop finds the section malformed, the Python loop (which raises the BatchError)."""
+    if _accelerated is not None:
+        recs = _accelerated(data, count, base_offset, first_ts, cls, stream_id, _decode_headers)
+        if recs is not None:
+            return recs
+    return _decode_section(data, count, base_offset, first_ts, cls, stream_id)
 
 
 def decode_columns(buf: Buffer, *, start_offset: int = 0) -> Columns:
@@ -165,8 +214,10 @@ def _decode_section(
     base_offset: int,
     first_ts: int,
     cls: type[tuple[Any, ...]] = DecodedRecord,
+    stream_id: int | None = None,
 ) -> Iterator[tuple[Any, ...]]:
-    """The hot loop, yielding ``cls`` tuples whose slices have the type of ``mv``.
+    """The hot loop, yielding ``cls`` tuples whose slices have the type of ``mv``, led by
+    ``stream_id`` when it is given.
 
     One- and two-byte varints (lengths below 8 KiB: the usual case) are decoded inline.
     """
@@ -241,7 +292,11 @@ def _decode_section(
                 headers, pos = _decode_headers(mv, pos - 1, rec_end)
             if pos != rec_end:
                 raise BatchError(f"record {index}: {rec_end - pos} bytes unaccounted for")
-            yield new(cls, (base_offset + index, first_ts + delta, key, value, headers))
+            if stream_id is None:
+                yield new(cls, (base_offset + index, first_ts + delta, key, value, headers))
+            else:
+                yield new(cls, (stream_id, base_offset + index, first_ts + delta, key, value,
+                                headers))
     except IndexError:
         raise BatchError(f"record runs past the end of the records section ({end} bytes)") from None
     if pos != end:

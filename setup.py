@@ -1,0 +1,23 @@
+"""Build hook for the optional compiled record decoder (sbpstream/records/_speedups.pyx).
+
+Everything else is in pyproject.toml. The extension is optional: without a C compiler the build
+goes on without it and sbpstream uses its pure-Python decoder (the same results, slower).
+"""
+
+from setuptools import Extension, setup
+
+try:
+    from Cython.Build import cythonize
+except ImportError:  # no Cython in the build environment: pure Python only
+    ext_modules = []
+else:
+    ext_modules = cythonize(
+        [Extension("sbpstream.records._speedups", ["sbpstream/records/_speedups.pyx"],
+                   optional=True)],
+        compiler_directives={"language_level": "3"},
+        quiet=True,
+    )
+    for ext in ext_modules:  # cythonize rebuilds the Extension objects without the flag
+        ext.optional = True
+
+setup(ext_modules=ext_modules)
