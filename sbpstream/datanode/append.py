@@ -76,6 +76,9 @@ def split_payload(m: AppendRequest, payload: memoryview) -> list[memoryview]:
     out: list[memoryview] = []
     pos = 0
     for it in m.items:
+        if it.batch_length == 0 and m.replication:
+            out.append(payload[pos:pos])  # a commit item: no batch (see _commit_only)
+            continue
         if it.batch_length <= 0:
             raise InvalidRequestError(
                 f"item {it.request_index}: batch_length {it.batch_length} is not positive")
@@ -133,7 +136,10 @@ class AppendHandler:
         now_results: list[AppendResult] = []
         lookups: dict[int, list[tuple[AppendItem, memoryview]]] = {}
         written: list[Written] = []
-        for item, batch in zip(m.items, batches, strict=True):
+        for pos, (item, batch) in enumerate(zip(m.items, batches, strict=True)):
+            if m.replication and not batch:
+                now_results.append(self._commit_only(item, m, pos))
+                continue
             if item.stream_id in lookups:  # keep the stream's order behind its lookup
                 lookups[item.stream_id].append((item, batch))
                 continue
@@ -213,6 +219,25 @@ class AppendHandler:
         except Exception as exc:  # bad input must never take the server down
             err = InternalError(f"{type(exc).__name__}: {exc}")
             return [_error(it, err) for it in items]
+
+    def _commit_only(self, item: AppendItem, m: AppendRequest, pos: int) -> AppendResult:
+        """A replication item without a batch (an idle primary's commit round, see
+        replication.py): the range's committed offset moves, never past what is stored here."""
+        ctx = self.ctx
+        try:
+            rng = ctx.resolve_range(item.stream_id, item.range_index)
+            if rng is None:
+                raise RangeNotFoundError(
+                    f"stream {item.stream_id} range {item.range_index} is not on this node")
+            committed = (m.committed_offsets[pos] if m.committed_offsets and
+                         pos < len(m.committed_offsets) else m.committed_offset)
+            stored = ctx.store.describe_range(item.stream_id, rng.range_index).next_offset
+            top = min(committed, stored)
+            ctx.table.commit(item.stream_id, rng.range_index, top)
+        except SbpError as exc:
+            return _error(item, exc)
+        return AppendResult(stream_id=item.stream_id, request_index=item.request_index,
+                            next_offset=max(top, 0))
 
     def _write(self, item: AppendItem, batch: memoryview, m: AppendRequest, *,
                allow_lookup: bool) -> Written | AppendResult | None:

@@ -16,8 +16,12 @@ cuts it at the minimum end over the reachable replicas, so unacknowledged tails 
 acknowledged record survives). Each successful round raises the range's ``replicated_offset``
 (every secondary holds everything below it); the seal answers it as this node's end, so batches
 written here but never replicated are cut by the seal instead of leaving the secondaries short.
-A secondary learns the committed offset with the next round, or the sealed end at seal time;
-until then it does not serve the newest records.
+A secondary learns the committed offset with the next round, or the sealed end at seal time.
+When writes stop, there is no next round: a channel left idle with commits its secondaries have
+not heard of sends them a **commit round** (items with ``batch_length`` 0: no batch, only the
+range's committed offset) after COMMIT_IDLE_S, so that a reader of a secondary gets every
+acknowledged record without waiting for a write that may never come. A commit round is best
+effort: its failure breaks nothing (the next data round carries the offset again).
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ MAX_ROUND_ITEMS: Final = 1000
 ROUND_TIMEOUT_S: Final = 10.0
 # Bytes queued for replication per range before appends are refused (memory bound).
 MAX_QUEUED_BYTES: Final = 64 * 1024 * 1024
+# An idle channel tells its secondaries the commits they missed after this long without data...
+COMMIT_IDLE_S: Final = 0.01
+# ...and keeps looking for this many idle periods for a commit the writer has not made yet.
+COMMIT_IDLE_TICKS: Final = 100
 
 
 @dataclass(slots=True)
@@ -69,6 +77,8 @@ class RangeReplicator:
         self.queue: deque[_Pending] = deque()
         self.queued_bytes = 0
         self.broken: SbpError | None = None
+        # the committed offset the secondaries were last sent (-1: none yet)
+        self.sent_committed = -1
         self.channel = channel if channel is not None else _Channel(ctx, tuple(self.secondaries))
 
     @property
@@ -136,6 +146,8 @@ class _Channel:
         self.ctx = ctx
         self.targets = targets
         self._ready: dict[RangeReplicator, None] = {}  # insertion-ordered set
+        # ranges whose secondaries may not know the last commit: idle periods left to tell them
+        self._owed: dict[RangeReplicator, int] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -170,7 +182,14 @@ class _Channel:
         while True:
             if not self._ready:
                 self._wake.clear()
-                await self._wake.wait()
+                if not self._owed:
+                    await self._wake.wait()
+                    continue
+                try:
+                    async with asyncio.timeout(COMMIT_IDLE_S):
+                        await self._wake.wait()
+                except TimeoutError:
+                    await self._commit_round()
                 continue
             round_ = [(rep, taken) for rep, taken in self._take() if rep.broken is None]
             if not round_:
@@ -192,6 +211,7 @@ class _Channel:
                 # acknowledged is below it when a seal reads it (docs/operations.md)
                 rep.rng.replicated_offset = max(rep.rng.replicated_offset,
                                                 taken[-1].next_offset)
+                self._owed[rep] = COMMIT_IDLE_TICKS
                 for p in taken:
                     if not p.done.done():
                         p.done.set_result(None)
@@ -212,6 +232,7 @@ class _Channel:
                 committed.append(rng.committed_offset)
                 owners.append(rep)
                 payload.append(p.data)
+            rep.sent_committed = max(rep.sent_committed, rng.committed_offset)
         one = len(round_) == 1
         header = AppendRequest(
             timeout_ms=int(ROUND_TIMEOUT_S * 1000), items=tuple(items), replication=True,
@@ -244,6 +265,38 @@ class _Channel:
                     failed.setdefault(owners[i], ReplicaUnavailableError(
                         f"secondary {addr} did not answer item {i} of a replication round"))
         return failed
+
+    async def _commit_round(self) -> None:
+        """Idle: send the secondaries the committed offsets they have not heard of (items
+        without a batch). Best effort: a failure is left to the next data round."""
+        owed = [rep for rep in self._owed
+                if rep.broken is None and rep.rng.committed_offset > rep.sent_committed]
+        if owed:
+            items = tuple(AppendItem(stream_id=rep.rng.stream_id, request_index=i,
+                                     batch_length=0, range_index=rep.rng.range_index)
+                          for i, rep in enumerate(owed))
+            committed = [rep.rng.committed_offset for rep in owed]
+            one = len(owed) == 1
+            header = AppendRequest(
+                timeout_ms=int(ROUND_TIMEOUT_S * 1000), items=items, replication=True,
+                committed_offset=committed[0] if one else -1,
+                committed_offsets=() if one else tuple(committed),
+            ).encode()
+            results = await asyncio.gather(
+                *(self._send(addr, header, []) for addr in self.targets),
+                return_exceptions=True)
+            for addr, res in zip(self.targets, results, strict=True):
+                if isinstance(res, BaseException):
+                    log.debug("event=commit_round_failed target=%s error=%r", addr, str(res))
+            for rep, c in zip(owed, committed, strict=True):
+                rep.sent_committed = max(rep.sent_committed, c)
+        for rep in list(self._owed):
+            left = self._owed[rep] - 1
+            if (rep.broken is not None or left <= 0
+                    or rep.sent_committed >= rep.rng.replicated_offset):
+                del self._owed[rep]
+            else:
+                self._owed[rep] = left
 
     async def _send(self, addr: str, header: bytes, payload: list[bytearray]
                     ) -> list[AppendResult]:
