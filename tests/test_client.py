@@ -514,3 +514,57 @@ async def test_a_broken_flow_fails_the_streams_records_instead_of_hanging() -> N
         with pytest.raises(SbpError, match="RECOVERY_DONE"):
             await fut2
         await p.close()
+
+
+async def _delay_first_connection_lookup(c: AsyncClient, started: asyncio.Event,
+                                         delay_s: float) -> list[str]:
+    """Make the routing's first data-node connection lookup wait ``delay_s`` (as a throttle
+    wait, or a write waiting for the socket to drain, does); later ones pass at once. Returns
+    the order in which the lookups passed."""
+    routing = c.routing
+    inner = routing._node_conn
+    passed: list[str] = []
+    calls = 0
+
+    async def node_conn(addr: str) -> Any:
+        nonlocal calls
+        calls += 1
+        me = calls
+        if me == 1:
+            started.set()
+            await asyncio.sleep(delay_s)
+        conn = await inner(addr)
+        passed.append(f"request {me}")
+        return conn
+
+    routing._node_conn = node_conn  # type: ignore[method-assign]
+    return passed
+
+
+@pytest.mark.parametrize("acknowledged_first", [False, True])
+async def test_a_delayed_request_is_not_overtaken_by_a_later_batch_of_its_stream(
+        cluster: LocalCluster, acknowledged_first: bool) -> None:
+    """Regression (OUT_OF_ORDER_SEQUENCE: sequence 0 after N): a stream's batch whose request
+    waited before reaching the wire (a throttle wait, a paused socket) was overtaken by the
+    stream's next batch, sent in a later request. On a range that had no batch of the producer
+    yet, the data node took the later batch as the producer's first, refused every resend of
+    the earlier one as out of order, and the send failed at the deadline. On a range that knows
+    the producer, the data node refused the gap and the producer had to back off and resend."""
+    async with AsyncClient(cluster.pm_address, retry_deadline_ms=4_000) as c:
+        sid = await c.create_stream(replica_nums=1)
+        p = c.producer(linger_ms=0, max_in_flight_per_stream=4)
+        if acknowledged_first:  # the range knows the producer already
+            assert await (await p.send(sid, b"first")) == 0
+        started = asyncio.Event()
+        passed = await _delay_first_connection_lookup(c, started, 0.5)
+        f0 = await p.send(sid, b"r0")
+        async with asyncio.timeout(30):
+            await started.wait()  # r0's batch is dispatched and its request waits
+        f1 = await p.send(sid, b"r1")  # the next batch of the stream, in a later request
+        f2 = await p.send(sid, b"r2")
+        async with asyncio.timeout(60):
+            await p.flush()
+        base = 1 if acknowledged_first else 0
+        assert [await f0, await f1, await f2] == [base, base + 1, base + 2]
+        assert passed[0] == "request 1", passed  # nothing overtook the delayed request
+        await p.close()

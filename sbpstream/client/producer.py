@@ -4,9 +4,13 @@ Records are encoded on :meth:`AsyncProducer.send` into one open batch per stream
 task dispatches batches: per stream, up to ``max_in_flight_per_stream`` batches (default 4, at
 most 5: the data node's deduplication window) are in flight at once, so the group-commit fsync of
 one overlaps the transfer of the next; the batches of all streams whose writable range has the
-same primary travel together as the items of one APPEND frame. A connection delivers requests in
-order and the data node applies them in order, and the sequence check (OUT_OF_ORDER_SEQUENCE)
-refuses a gap, so a stream is never reordered.
+same primary travel together as the items of one APPEND frame. The APPENDs to a data node are
+written to its connection in the order they were dispatched (each waits for the one before it to
+be written, whatever either waited for first: a slot, a throttle, the connection, a paused
+socket); a connection delivers requests in order and the data node applies them in order, and the
+sequence check (OUT_OF_ORDER_SEQUENCE) refuses a gap, so a stream is never reordered. A range takes
+the first batch of a producer whatever its sequence (after a seal a range starts mid-sequence), so
+until a range has acknowledged a batch of the stream, its batches go to it one at a time.
 
 Idempotence: every batch carries ``producer_id``, ``producer_epoch`` and ``base_sequence``
 (sequences count records, per stream). A resend keeps the batch bytes, so the data node
@@ -231,6 +235,9 @@ class _Stream:
     in_flight: deque[_Batch] = field(default_factory=deque)
     flow: FlowMachine = field(default_factory=FlowMachine)  # only SENDING dispatches
     acked_next: int = -1  # offset after this producer's last acknowledged batch of the stream
+    # the newest range that acknowledged a batch of this producer on the stream: until a range
+    # has, one batch at a time goes to it (its first batch is not checked against a sequence)
+    acked_range: int = -1
 
 
 class AsyncProducer:
@@ -281,6 +288,9 @@ class AsyncProducer:
         self._flushing = 0
         self._closed = False
         self._node_slots: dict[str, asyncio.Semaphore] = {}
+        # per data node, the turn of the APPEND dispatched last: each request is written to the
+        # node's connection only after the one dispatched before it (see _send_group)
+        self._node_turns: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -616,7 +626,12 @@ class AsyncProducer:
             last = st.in_flight[-1].rng if st.in_flight else None
             if last is not None and last.range_index != rng.range_index:
                 continue  # a new range: let the old one's batches settle first
-            while st.ready and len(st.in_flight) < self._max_in_flight_per_stream:
+            # A range takes the first batch of a producer whatever its sequence (a range after a
+            # seal starts mid-sequence), so a batch overtaking that one would be taken as the
+            # producer's first and the overtaken one refused for good: one at a time until then.
+            limit = (self._max_in_flight_per_stream if st.acked_range >= rng.range_index
+                     else 1)
+            while st.ready and len(st.in_flight) < limit:
                 batch = st.ready.popleft()
                 batch.rng, batch.error = rng, None
                 st.in_flight.append(batch)
@@ -629,11 +644,11 @@ class AsyncProducer:
                     len(chunk) >= MAX_ITEMS_PER_APPEND
                     or size + len(e[1].data) > MAX_APPEND_PAYLOAD_BYTES
                 ):
-                    self._spawn(self._send_group(addr, chunk))
+                    self._spawn_send(addr, chunk)
                     chunk, size = [], 0
                 chunk.append(e)
                 size += len(e[1].data)
-            self._spawn(self._send_group(addr, chunk))
+            self._spawn_send(addr, chunk)
         if next_due is None:
             return None
         return max(0.0, next_due - now)
@@ -692,7 +707,18 @@ class AsyncProducer:
             self._flow(st, FlowEvent.LOOKUP_DONE)
             self._wake.set()
 
-    async def _send_group(self, addr: str, entries: list[tuple[_Stream, _Batch, Range]]) -> None:
+    def _spawn_send(self, addr: str, entries: list[tuple[_Stream, _Batch, Range]]) -> None:
+        """Send one APPEND; it takes its turn at the node now, in dispatch order."""
+        prev = self._node_turns.get(addr)
+        turn = self._node_turns[addr] = asyncio.get_running_loop().create_future()
+        self._spawn(self._send_group(addr, entries, prev, turn))
+
+    async def _send_group(self, addr: str, entries: list[tuple[_Stream, _Batch, Range]],
+                          prev: asyncio.Future[None] | None, turn: asyncio.Future[None]) -> None:
+        """Send one APPEND and settle its batches. It is written to the node's connection after
+        the APPEND dispatched before it (``prev`` is that one's turn; ``turn`` is this one's,
+        done once written): whatever each waits for first (a slot, the throttle, the connection,
+        a paused socket), a stream's batches reach the node in sequence order."""
         slots = self._node_slots.setdefault(addr, asyncio.Semaphore(self._max_in_flight_per_node))
         timeout_ms = self._routing.request_timeout_ms
         req = AppendRequest(
@@ -705,20 +731,32 @@ class AsyncProducer:
         )
         results: dict[int, AppendResult] = {}
         error: SbpError | None = None
-        async with slots:
+        acquired = False
+        try:
             try:
-                # the data node answers items as they complete, over one or more frames
-                frames = await self._routing.request_all(
+                if prev is not None and not prev.done():
+                    await asyncio.shield(prev)  # the APPEND dispatched before is written
+                await slots.acquire()
+                acquired = True
+                collect = await self._routing.start_all(
                     addr, req, [b.data for _, b, _ in entries],
                     timeout_ms=timeout_ms + APPEND_TIMEOUT_MARGIN_MS,
                 )
-                for frame in frames:
-                    resp = AppendResponse.decode(frame.header)
-                    if not resp.status.ok:
-                        error = resp.status.error()
-                    results.update((r.request_index, r) for r in resp.items)
-            except Exception as exc:
-                error = as_sbp_error(exc)
+            finally:  # written, or failed: the next APPEND's turn
+                turn.set_result(None)
+                if self._node_turns.get(addr) is turn:
+                    del self._node_turns[addr]
+            # the data node answers items as they complete, over one or more frames
+            for frame in await collect:
+                resp = AppendResponse.decode(frame.header)
+                if not resp.status.ok:
+                    error = resp.status.error()
+                results.update((r.request_index, r) for r in resp.items)
+        except Exception as exc:
+            error = as_sbp_error(exc)
+        finally:
+            if acquired:
+                slots.release()
         for i, (st, batch, _rng) in enumerate(entries):
             res = results.get(i)
             if error is None and res is None:
@@ -747,6 +785,8 @@ class AsyncProducer:
         with contextlib.suppress(ValueError):
             st.in_flight.remove(batch)
         st.acked_next = max(st.acked_next, base_offset + batch.record_count)
+        if batch.rng is not None and batch.rng.range_index > st.acked_range:
+            st.acked_range = batch.rng.range_index
         self._done(batch)
         self._maybe_recover(st)
 
