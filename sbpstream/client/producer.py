@@ -676,11 +676,12 @@ class AsyncProducer:
         if not st.ready and st.builder is None and not st.in_flight:
             self._active.discard(st)
 
-    def _spawn(self, coro: object) -> None:
+    def _spawn(self, coro: object) -> asyncio.Task[None]:
         assert asyncio.iscoroutine(coro)
         t: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        return t
 
     async def _resolve(self, st: _Stream) -> None:
         """Find the stream's writable range (from the PM; sealing a dead end if need be)."""
@@ -711,7 +712,9 @@ class AsyncProducer:
         """Send one APPEND; it takes its turn at the node now, in dispatch order."""
         prev = self._node_turns.get(addr)
         turn = self._node_turns[addr] = asyncio.get_running_loop().create_future()
-        self._spawn(self._send_group(addr, entries, prev, turn))
+        t = self._spawn(self._send_group(addr, entries, prev, turn))
+        # a task cancelled before it ran (close) still passes the turn on
+        t.add_done_callback(lambda _: None if turn.done() else turn.set_result(None))
 
     async def _send_group(self, addr: str, entries: list[tuple[_Stream, _Batch, Range]],
                           prev: asyncio.Future[None] | None, turn: asyncio.Future[None]) -> None:
