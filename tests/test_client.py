@@ -516,37 +516,55 @@ async def test_a_broken_flow_fails_the_streams_records_instead_of_hanging() -> N
         await p.close()
 
 
-async def test_first_batch_to_a_range_goes_alone() -> None:
-    """Until a range acknowledged a batch of this producer it holds no state of it, and would
-    accept a later batch while an earlier one failed (a gap no resend fills: OUT_OF_ORDER_SEQUENCE
-    forever). So one batch goes first; the rest are pipelined once it is acknowledged. No
-    cluster: the range is given and the sends are recorded, not made."""
-    from sbpstream.protocol import messages as msg
+async def _delay_first_connection_lookup(c: AsyncClient, started: asyncio.Event,
+                                         delay_s: float) -> list[str]:
+    """Make the routing's first data-node connection lookup wait ``delay_s`` (as a throttle
+    wait, or a write waiting for the socket to drain, does); later ones pass at once. Returns
+    the order in which the lookups passed."""
+    routing = c.routing
+    inner = routing._node_conn
+    passed: list[str] = []
+    calls = 0
 
-    async with AsyncClient("127.0.0.1:1") as c:
-        primary = msg.ReplicaNode(msg.DataNode(1, "127.0.0.1:1"), True)
-        rng = msg.Range(7, 0, 0, 0, -1, (primary,))
-        c.routing.writable = lambda sid: rng  # type: ignore[method-assign]
-        sent: list[Any] = []
+    async def node_conn(addr: str) -> Any:
+        nonlocal calls
+        calls += 1
+        me = calls
+        if me == 1:
+            started.set()
+            await asyncio.sleep(delay_s)
+        conn = await inner(addr)
+        passed.append(f"request {me}")
+        return conn
 
-        async def record(addr: str, entries: list[Any]) -> None:
-            sent.extend(entries)
+    routing._node_conn = node_conn  # type: ignore[method-assign]
+    return passed
 
-        p = c.producer(linger_ms=60_000, batch_max_bytes=2048, max_in_flight_per_stream=4)
-        p._send_group = record  # type: ignore[method-assign]
-        for i in range(8):
-            await p.send(7, b"%04d" % i + b"x" * 1000)  # a batch each
-        p._flushing = True
-        p._dispatch()
-        await asyncio.sleep(0)
-        st = p._streams[7]
-        assert len(sent) == 1 and len(st.in_flight) == 1  # the first batch, alone
-        first = st.in_flight[0]
-        p._acked(st, first, 0)
-        p._dispatch()
-        await asyncio.sleep(0)
-        assert len(st.in_flight) == 4 and len(sent) == 5  # now pipelined up to the limit
-        p._flushing = False
-        for b in list(st.in_flight):  # let close() finish without a cluster
-            p._fail_batch(st, b, SbpError("test over"))
+
+@pytest.mark.parametrize("acknowledged_first", [False, True])
+async def test_a_delayed_request_is_not_overtaken_by_a_later_batch_of_its_stream(
+        cluster: LocalCluster, acknowledged_first: bool) -> None:
+    """Regression (OUT_OF_ORDER_SEQUENCE: sequence 0 after N): a stream's batch whose request
+    waited before reaching the wire (a throttle wait, a paused socket) was overtaken by the
+    stream's next batch, sent in a later request. On a range that had no batch of the producer
+    yet, the data node took the later batch as the producer's first, refused every resend of
+    the earlier one as out of order, and the send failed at the deadline. On a range that knows
+    the producer, the data node refused the gap and the producer had to back off and resend."""
+    async with AsyncClient(cluster.pm_address, retry_deadline_ms=4_000) as c:
+        sid = await c.create_stream(replica_nums=1)
+        p = c.producer(linger_ms=0, max_in_flight_per_stream=4)
+        if acknowledged_first:  # the range knows the producer already
+            assert await (await p.send(sid, b"first")) == 0
+        started = asyncio.Event()
+        passed = await _delay_first_connection_lookup(c, started, 0.5)
+        f0 = await p.send(sid, b"r0")
+        async with asyncio.timeout(30):
+            await started.wait()  # r0's batch is dispatched and its request waits
+        f1 = await p.send(sid, b"r1")  # the next batch of the stream, in a later request
+        f2 = await p.send(sid, b"r2")
+        async with asyncio.timeout(60):
+            await p.flush()
+        base = 1 if acknowledged_first else 0
+        assert [await f0, await f1, await f2] == [base, base + 1, base + 2]
+        assert passed[0] == "request 1", passed  # nothing overtook the delayed request
         await p.close()

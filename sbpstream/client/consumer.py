@@ -538,7 +538,8 @@ class AsyncConsumer:
             self._replica = 0
         # A writable range is read from its primary unless it just failed: a secondary learns
         # the committed offset one replication round late (when writes stop, from the primary's
-        # commit round a moment later), so the primary is the fresher replica to read. Sealed ranges and retries go round the replicas.
+        # commit round a moment later), so the primary is the fresher replica to read. Sealed
+        # ranges and retries go round the replicas.
         primary_first = not rng.sealed and self._attempts is None
         addr = addrs[0] if primary_first else addrs[self._replica % len(addrs)]
         req = FetchRequest(

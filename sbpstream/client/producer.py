@@ -4,9 +4,13 @@ Records are encoded on :meth:`AsyncProducer.send` into one open batch per stream
 task dispatches batches: per stream, up to ``max_in_flight_per_stream`` batches (default 4, at
 most 5: the data node's deduplication window) are in flight at once, so the group-commit fsync of
 one overlaps the transfer of the next; the batches of all streams whose writable range has the
-same primary travel together as the items of one APPEND frame. A connection delivers requests in
-order and the data node applies them in order, and the sequence check (OUT_OF_ORDER_SEQUENCE)
-refuses a gap, so a stream is never reordered.
+same primary travel together as the items of one APPEND frame. The APPENDs to a data node are
+written to its connection in the order they were dispatched (each waits for the one before it to
+be written, whatever either waited for first: a slot, a throttle, the connection, a paused
+socket); a connection delivers requests in order and the data node applies them in order, and the
+sequence check (OUT_OF_ORDER_SEQUENCE) refuses a gap, so a stream is never reordered. A range takes
+the first batch of a producer whatever its sequence (after a seal a range starts mid-sequence), so
+until a range has acknowledged a batch of the stream, its batches go to it one at a time.
 
 Idempotence: every batch carries ``producer_id``, ``producer_epoch`` and ``base_sequence``
 (sequences count records, per stream). A resend keeps the batch bytes, so the data node
@@ -231,9 +235,9 @@ class _Stream:
     in_flight: deque[_Batch] = field(default_factory=deque)
     flow: FlowMachine = field(default_factory=FlowMachine)  # only SENDING dispatches
     acked_next: int = -1  # offset after this producer's last acknowledged batch of the stream
-    # the range whose primary holds this producer's state (a batch of ours was acknowledged
-    # there); until then one batch at a time goes to a range (see _dispatch)
-    primed_range: int = -1
+    # the newest range that acknowledged a batch of this producer on the stream: until a range
+    # has, one batch at a time goes to it (its first batch is not checked against a sequence)
+    acked_range: int = -1
 
 
 class AsyncProducer:
@@ -284,6 +288,9 @@ class AsyncProducer:
         self._flushing = 0
         self._closed = False
         self._node_slots: dict[str, asyncio.Semaphore] = {}
+        # per data node, the turn of the APPEND dispatched last: each request is written to the
+        # node's connection only after the one dispatched before it (see _send_group)
+        self._node_turns: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -619,12 +626,10 @@ class AsyncProducer:
             last = st.in_flight[-1].rng if st.in_flight else None
             if last is not None and last.range_index != rng.range_index:
                 continue  # a new range: let the old one's batches settle first
-            # A range that holds no state of this producer yet accepts a first batch with any
-            # sequence, so a later batch sent alongside could land while the first one failed
-            # (retriable) and leave a gap no resend can fill (OUT_OF_ORDER_SEQUENCE forever).
-            # So the first batch to a range goes alone; once acknowledged, the node checks
-            # every later sequence and up to max_in_flight_per_stream may be in flight.
-            limit = (self._max_in_flight_per_stream if st.primed_range == rng.range_index
+            # A range takes the first batch of a producer whatever its sequence (a range after a
+            # seal starts mid-sequence), so a batch overtaking that one would be taken as the
+            # producer's first and the overtaken one refused for good: one at a time until then.
+            limit = (self._max_in_flight_per_stream if st.acked_range >= rng.range_index
                      else 1)
             while st.ready and len(st.in_flight) < limit:
                 batch = st.ready.popleft()
@@ -639,11 +644,11 @@ class AsyncProducer:
                     len(chunk) >= MAX_ITEMS_PER_APPEND
                     or size + len(e[1].data) > MAX_APPEND_PAYLOAD_BYTES
                 ):
-                    self._spawn(self._send_group(addr, chunk))
+                    self._spawn_send(addr, chunk)
                     chunk, size = [], 0
                 chunk.append(e)
                 size += len(e[1].data)
-            self._spawn(self._send_group(addr, chunk))
+            self._spawn_send(addr, chunk)
         if next_due is None:
             return None
         return max(0.0, next_due - now)
@@ -671,11 +676,12 @@ class AsyncProducer:
         if not st.ready and st.builder is None and not st.in_flight:
             self._active.discard(st)
 
-    def _spawn(self, coro: object) -> None:
+    def _spawn(self, coro: object) -> asyncio.Task[None]:
         assert asyncio.iscoroutine(coro)
         t: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        return t
 
     async def _resolve(self, st: _Stream) -> None:
         """Find the stream's writable range (from the PM; sealing a dead end if need be)."""
@@ -702,7 +708,20 @@ class AsyncProducer:
             self._flow(st, FlowEvent.LOOKUP_DONE)
             self._wake.set()
 
-    async def _send_group(self, addr: str, entries: list[tuple[_Stream, _Batch, Range]]) -> None:
+    def _spawn_send(self, addr: str, entries: list[tuple[_Stream, _Batch, Range]]) -> None:
+        """Send one APPEND; it takes its turn at the node now, in dispatch order."""
+        prev = self._node_turns.get(addr)
+        turn = self._node_turns[addr] = asyncio.get_running_loop().create_future()
+        t = self._spawn(self._send_group(addr, entries, prev, turn))
+        # a task cancelled before it ran (close) still passes the turn on
+        t.add_done_callback(lambda _: None if turn.done() else turn.set_result(None))
+
+    async def _send_group(self, addr: str, entries: list[tuple[_Stream, _Batch, Range]],
+                          prev: asyncio.Future[None] | None, turn: asyncio.Future[None]) -> None:
+        """Send one APPEND and settle its batches. It is written to the node's connection after
+        the APPEND dispatched before it (``prev`` is that one's turn; ``turn`` is this one's,
+        done once written): whatever each waits for first (a slot, the throttle, the connection,
+        a paused socket), a stream's batches reach the node in sequence order."""
         slots = self._node_slots.setdefault(addr, asyncio.Semaphore(self._max_in_flight_per_node))
         timeout_ms = self._routing.request_timeout_ms
         req = AppendRequest(
@@ -715,20 +734,32 @@ class AsyncProducer:
         )
         results: dict[int, AppendResult] = {}
         error: SbpError | None = None
-        async with slots:
+        acquired = False
+        try:
             try:
-                # the data node answers items as they complete, over one or more frames
-                frames = await self._routing.request_all(
+                if prev is not None and not prev.done():
+                    await asyncio.shield(prev)  # the APPEND dispatched before is written
+                await slots.acquire()
+                acquired = True
+                collect = await self._routing.start_all(
                     addr, req, [b.data for _, b, _ in entries],
                     timeout_ms=timeout_ms + APPEND_TIMEOUT_MARGIN_MS,
                 )
-                for frame in frames:
-                    resp = AppendResponse.decode(frame.header)
-                    if not resp.status.ok:
-                        error = resp.status.error()
-                    results.update((r.request_index, r) for r in resp.items)
-            except Exception as exc:
-                error = as_sbp_error(exc)
+            finally:  # written, or failed: the next APPEND's turn
+                turn.set_result(None)
+                if self._node_turns.get(addr) is turn:
+                    del self._node_turns[addr]
+            # the data node answers items as they complete, over one or more frames
+            for frame in await collect:
+                resp = AppendResponse.decode(frame.header)
+                if not resp.status.ok:
+                    error = resp.status.error()
+                results.update((r.request_index, r) for r in resp.items)
+        except Exception as exc:
+            error = as_sbp_error(exc)
+        finally:
+            if acquired:
+                slots.release()
         for i, (st, batch, _rng) in enumerate(entries):
             res = results.get(i)
             if error is None and res is None:
@@ -757,8 +788,8 @@ class AsyncProducer:
         with contextlib.suppress(ValueError):
             st.in_flight.remove(batch)
         st.acked_next = max(st.acked_next, base_offset + batch.record_count)
-        if batch.rng is not None:
-            st.primed_range = max(st.primed_range, batch.rng.range_index)
+        if batch.rng is not None and batch.rng.range_index > st.acked_range:
+            st.acked_range = batch.rng.range_index
         self._done(batch)
         self._maybe_recover(st)
 

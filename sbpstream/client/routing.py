@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -266,11 +266,25 @@ class RangeRouter:
     ) -> list[Frame]:
         """Like :meth:`request` for an answer that may span several frames (APPEND answers
         items as they complete); returns every frame, the END frame last."""
+        return await (await self.start_all(addr, req, payload, timeout_ms))
+
+    async def start_all(
+        self, addr: str, req: Message, payload: Buffer | Sequence[Buffer] = b"",
+        timeout_ms: int | None = None,
+    ) -> Coroutine[None, None, list[Frame]]:
+        """The first half of :meth:`request_all`: returns once the request is written to the
+        node's connection (so requests started one after the other reach the node in that
+        order, whatever each waited for: a throttle, a connection, a paused socket); the
+        returned coroutine, which the caller must await, collects the answer's frames."""
         conn = await self._node_conn(addr)
         t = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        frames = await conn.request(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+        rs = await conn.stream(req.OPCODE, req.encode(), payload, timeout_s=t / 1000)
+        return self._collect(addr, req.OPCODE, rs)
+
+    async def _collect(self, addr: str, opcode: int, rs: ResponseStream) -> list[Frame]:
+        frames = [f async for f in rs]
         if frames:
-            self.note_throttle(addr, req.OPCODE, frames[-1].header)
+            self.note_throttle(addr, opcode, frames[-1].header)
         return frames
 
     async def connection(self, addr: str) -> Connection:
@@ -291,11 +305,14 @@ class RangeRouter:
         this client's id declared on it (one HEARTBEAT per new connection)."""
         until = self._throttled_until.get(addr)
         if until is not None:
-            delay = until - asyncio.get_running_loop().time()
+            loop = asyncio.get_running_loop()
+            delay = until - loop.time()
             if delay > 0:
                 self.throttle.waits += 1
                 await asyncio.sleep(delay)
-            self._throttled_until.pop(addr, None)
+            if self._throttled_until.get(addr, 0.0) <= loop.time():
+                # not a later throttle noted while this one slept: that one still holds
+                self._throttled_until.pop(addr, None)
         if addr not in self.addresses_used and len(self.addresses_used) < ADDRESSES_USED_MAX:
             self.addresses_used.add(addr)  # the client's heartbeats go to it too
         conn = await self._pool.get(addr)
