@@ -682,7 +682,10 @@ def _streams_table(streams: list[tuple[Stream, int | None]],
                    stored: dict[int, int] | None = None) -> Table:
     """One row per stream; ``stored`` (stream id -> bytes, from STATS) adds a bytes column."""
     cols = ["stream", "replicas", "retention_ms", "start_offset", "end_offset", "records"]
-    t = Table(*cols, *(["bytes"] if stored is not None else []), "name")
+    t = Table(*cols, *(["bytes"] if stored is not None else []))
+    # names are never cut (a narrow terminal or a pipe: rich squeezes the number columns)
+    t.add_column("name", no_wrap=True,
+                 min_width=max((len(s.name) for s, _ in streams), default=4))
     for s, end in streams:
         row = [str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
                str(s.start_offset), "-" if end is None else str(end),

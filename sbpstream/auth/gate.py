@@ -49,10 +49,11 @@ PM_NODE_ONLY: Final = frozenset({Opcode.ALLOCATE_ID, Opcode.REPORT_METRICS})
 """On the PM: what only data nodes send (a DATA_NODE heartbeat is checked by its role)."""
 DATANODE_NODE_ONLY: Final = frozenset({
     Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.TRIM_STREAMS, Opcode.DELETE_STREAMS,
-    Opcode.HEARTBEAT, Opcode.LIST_RANGES,
+    Opcode.LIST_RANGES,
 })
 """On a data node: what only the PM and other data nodes send (replication APPEND is checked
-by its flag)."""
+by its flag; HEARTBEAT, which SDK clients send to declare their client id, by its role like on
+the PM: a DATA_NODE heartbeat needs a node token)."""
 
 
 def now_ms() -> int:

@@ -276,7 +276,9 @@ class PmServer:
         self.introspector = Introspector(self.server, "pm", streams=self.cluster,
                                          extra_info=self.cluster.overview)
         intro = self.introspector.handlers()
-        self.server.handlers.update(gate.wrap(intro) if gate is not None else intro)
+        if gate is not None:  # behind the gate too; the PM's own AUTHENTICATE (SCRAM) stays
+            intro = {op: h for op, h in gate.wrap(intro).items() if op in intro}
+        self.server.handlers.update(intro)
         self._sweeper: asyncio.Task[None] | None = None
         self.repairer = Repairer(self.service)
         self._started = False
