@@ -250,6 +250,13 @@ async def test_acls_allow_and_deny_per_stream_and_prefix(cluster: LocalCluster, 
         with pytest.raises(SbpError) as e:
             await alice.add_user("mallory", "pw")
         assert e.value.code == ErrorCode.AUTHORIZATION_FAILED
+        from sbpstream.quota.model import QuotaKind, QuotaSpec
+        with pytest.raises(SbpError) as e:  # quotas and groups' offsets are admin's too
+            await alice.set_quota(QuotaSpec(QuotaKind.CLIENT, "alice", 1 << 30))
+        assert e.value.code == ErrorCode.AUTHORIZATION_FAILED
+        with pytest.raises(SbpError) as e:
+            await alice.reset_offsets("g", "earliest")
+        assert e.value.code == ErrorCode.AUTHORIZATION_FAILED
         listed = {s.stream_id for s in await alice.list_streams()}
         assert a in listed and b in listed  # only what alice may describe is listed
         assert all(s == a or str(s).startswith(str(b)) for s in listed), listed

@@ -84,6 +84,12 @@ def require_admin(conn: ServerConnection) -> tokens.Claims:
     return claims
 
 
+ADMIN_OPCODES: Final = frozenset({
+    Opcode.SET_QUOTAS, Opcode.DELETE_QUOTAS, Opcode.DELETE_GROUP, Opcode.RESET_OFFSETS,
+})
+"""What changes other principals' limits or a group's committed offsets: the admin operation."""
+
+
 # --------------------------------------------------------------------------- per-item rules
 
 
@@ -219,6 +225,12 @@ class ServerAuth:
         rule = self.item_rules.get(op)
         if op == Opcode.HEARTBEAT:
             return self._heartbeat_gate(handler)
+        if op in ADMIN_OPCODES:
+            async def admin_only(req: Request, resp: Responder) -> None:
+                require_admin(req.conn)
+                await handler(req, resp)
+
+            return admin_only
         if rule is None:
             return handler
 
