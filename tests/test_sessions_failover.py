@@ -12,12 +12,12 @@ moved to a secondary by an error learns the last commit from the idle primary's 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cluster_helpers import node_at
+from waiting import eventually_async
 
 from sbpstream.client import AsyncClient
 from sbpstream.client.types import ConsumedRecord
@@ -34,10 +34,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 async def wait_until(cond: Callable[[], bool], what: Callable[[], str]) -> None:
-    deadline = time.monotonic() + PROGRESS_TIMEOUT_S
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what()}"
-        await asyncio.sleep(0.05)
+    await eventually_async(cond, timeout=PROGRESS_TIMEOUT_S, what=what)
 
 
 async def primary(client: AsyncClient, sid: int) -> str:

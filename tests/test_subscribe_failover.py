@@ -7,12 +7,12 @@ record exactly once, in order, and follow the stream to the ranges created after
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cluster_helpers import node_at
+from waiting import eventually_async
 
 from sbpstream.client import AsyncClient
 from sbpstream.client.types import ConsumedRecord
@@ -29,10 +29,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 async def wait_until(cond: Callable[[], bool], what: Callable[[], str]) -> None:
-    deadline = time.monotonic() + PROGRESS_TIMEOUT_S
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what()}"
-        await asyncio.sleep(0.05)
+    await eventually_async(cond, timeout=PROGRESS_TIMEOUT_S, what=what)
 
 
 @pytest.mark.xfail(strict=False, reason=(

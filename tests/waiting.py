@@ -25,11 +25,17 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_INTERVAL_S = 0.05
 
 
+Describe = str | Callable[[], str]
+"""What is awaited: a text, or a callable giving it at the failure (the state then, e.g.
+"acked 3500, received 3400")."""
+
+
 def _failure(
-    what: str, timeout: float, last: object, error: BaseException | None
+    what: Describe, timeout: float, last: object, error: BaseException | None
 ) -> AssertionError:
     detail = f"; last error: {error!r}" if error is not None else f"; last value: {last!r}"
-    return AssertionError(f"{what} not true within {timeout}s{detail}")
+    text = what if isinstance(what, str) else what()
+    return AssertionError(f"{text} not true within {timeout}s{detail}")
 
 
 def eventually(
@@ -37,7 +43,7 @@ def eventually(
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = DEFAULT_INTERVAL_S,
-    what: str = "condition",
+    what: Describe = "condition",
     retry_on: tuple[type[BaseException], ...] = (),
 ) -> T:
     """Call ``condition`` until it returns a truthy value (returned) or ``timeout`` passes."""
@@ -63,7 +69,7 @@ async def eventually_async(
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = DEFAULT_INTERVAL_S,
-    what: str = "condition",
+    what: Describe = "condition",
     retry_on: tuple[type[BaseException], ...] = (),
 ) -> T:
     """The asyncio twin of :func:`eventually`: ``condition`` may be sync or a coroutine
