@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -10,12 +13,14 @@ from scramp import ScramClient
 from sbpstream.auth import scram, tokens
 from sbpstream.auth.acl import AclRule, Op, Permissions, check_resource, parse_ops
 from sbpstream.auth.gate import (
-    DATANODE_NODE_ONLY,
+    DATANODE_PM_ONLY,
     DATANODE_RULES,
     PM_NODE_ONLY,
     ServerAuth,
+    check_data_node,
     set_claims,
 )
+from sbpstream.auth.names import StreamNames
 from sbpstream.protocol.errors import (
     AuthenticationFailedError,
     AuthenticationRequiredError,
@@ -59,19 +64,60 @@ def test_token_round_trip_and_refusals() -> None:
 def test_acl_matching_by_stream_prefix_and_star() -> None:
     p = Permissions([
         AclRule("a", frozenset({Op.APPEND, Op.FETCH}), "stream:42"),
-        AclRule("a", frozenset({Op.DESCRIBE}), "prefix:1"),
+        AclRule("a", frozenset({Op.DESCRIBE}), "prefix:orders."),
     ])
     assert p.allows(Op.APPEND, 42) and p.allows(Op.FETCH, 42)
     assert not p.allows(Op.APPEND, 43) and not p.allows(Op.DELETE, 42)
-    # prefix rules match stream names; until streams have names, the name is the decimal id
-    assert p.allows(Op.DESCRIBE, 1) and p.allows(Op.DESCRIBE, 17) and p.allows(Op.DESCRIBE, 123)
-    assert not p.allows(Op.DESCRIBE, 42) and not p.allows(Op.DESCRIBE, 21)
+    # prefix rules match stream names, never the decimal id; unnamed streams only by id or *
+    assert p.allows(Op.DESCRIBE, 7, "orders.eu") and p.allows(Op.DESCRIBE, None, "orders.x")
+    assert not p.allows(Op.DESCRIBE, 7, "payments") and not p.allows(Op.DESCRIBE, 7, "")
+    assert not p.allows(Op.DESCRIBE, 7) and not p.allows(Op.DESCRIBE, 7, "orders")
+    assert p.needs_name(Op.DESCRIBE, 7) and not p.needs_name(Op.APPEND, 7)
     assert not p.allows(Op.CREATE) and not p.allows(Op.ADMIN)
+    assert p.allows_pattern(Op.DESCRIBE, "orders.eu-") and not p.allows_pattern(Op.DESCRIBE, "o")
+    digits = Permissions([AclRule("d", frozenset({Op.FETCH}), "prefix:1")])
+    assert not digits.allows(Op.FETCH, 12) and not digits.allows(Op.FETCH, 12, "")
     star = Permissions([AclRule("b", frozenset({Op.CREATE, Op.ADMIN}), "*")])
     assert star.allows(Op.CREATE) and star.allows(Op.ADMIN) and not star.allows(Op.FETCH, 1)
+    assert star.allows(Op.CREATE, None, "anything") and not star.needs_name(Op.CREATE, 3)
     prefix_admin = Permissions([AclRule("c", frozenset({Op.ADMIN}), "prefix:")])
     assert not prefix_admin.allows(Op.ADMIN)  # admin counts on * only
     assert Permissions([]).allows(Op.DESCRIBE, 1) is False  # default deny
+
+
+def test_acl_groups() -> None:
+    p = Permissions([
+        AclRule("a", frozenset({Op.FETCH}), "group:etl"),
+        AclRule("a", frozenset({Op.DESCRIBE}), "group-prefix:team-"),
+    ])
+    assert p.allows_group(Op.FETCH, "etl") and not p.allows_group(Op.FETCH, "etl2")
+    assert p.allows_group(Op.DESCRIBE, "team-a") and not p.allows_group(Op.FETCH, "team-a")
+    assert not p.allows(Op.FETCH, 1, "etl")  # group rules say nothing about streams
+    assert Permissions([AclRule("s", frozenset({Op.FETCH}), "*")]).allows_group(Op.FETCH, "x")
+    assert not Permissions([AclRule("s", frozenset({Op.FETCH}), "prefix:x")]).allows_group(
+        Op.FETCH, "x")
+    assert check_resource("group:a*b") == "group:a*b"
+
+
+def test_stream_names_cache_is_bounded_and_looks_up_once() -> None:
+    asked: list[list[int]] = []
+
+    async def lookup(ids: Sequence[int]) -> Mapping[int, str]:
+        asked.append(list(ids))
+        await asyncio.sleep(0)
+        return {i: ("" if i == 3 else f"s{i}") for i in ids if i != 9}
+
+    async def run() -> None:
+        names = StreamNames(lookup, max_names=3)
+        a, b = await asyncio.gather(names.resolve([1, 2, 3, 9]), names.resolve([2, 3]))
+        assert a == {1: "s1", 2: "s2", 3: ""} and b == {2: "s2", 3: ""}
+        assert asked == [[1, 2, 3, 9]]  # the second waited for the first's lookup
+        assert await names.resolve([1, 9]) == {1: "s1"}
+        assert asked[-1] == [9]  # unknown ids are not remembered
+        await names.resolve([4])
+        assert len(names) == 3  # least recently used dropped
+
+    asyncio.run(run())
 
 
 def test_acl_parsing() -> None:
@@ -113,7 +159,8 @@ class _Conn:
 
 def test_gate_refuses_before_any_handler() -> None:
     now = [NOW]
-    gate = ServerAuth(SECRET, DATANODE_NODE_ONLY, DATANODE_RULES, clock_ms=lambda: now[0])
+    gate = ServerAuth(SECRET, frozenset(), DATANODE_RULES, clock_ms=lambda: now[0],
+                      cluster_only=DATANODE_PM_ONLY)
     conn: Any = _Conn()
     for op in (Opcode.PING, Opcode.GOAWAY, Opcode.AUTHENTICATE):
         assert gate.refuse(conn, op) is None
@@ -122,10 +169,14 @@ def test_gate_refuses_before_any_handler() -> None:
             assert isinstance(gate.refuse(conn, op), AuthenticationRequiredError), op
     set_claims(conn, _claims())
     assert gate.refuse(conn, Opcode.APPEND) is None
-    for op in DATANODE_NODE_ONLY:
+    for op in DATANODE_PM_ONLY:
         assert isinstance(gate.refuse(conn, op), AuthorizationFailedError), op
-    set_claims(conn, _claims(kind=tokens.KIND_NODE))
-    assert all(gate.refuse(conn, op) is None for op in DATANODE_NODE_ONLY)
+    node = dataclasses.replace(_claims(kind=tokens.KIND_NODE), node_id=2)
+    set_claims(conn, node)  # another data node may not seal, sync, trim or delete here
+    for op in DATANODE_PM_ONLY:
+        assert isinstance(gate.refuse(conn, op), AuthorizationFailedError), op
+    set_claims(conn, _claims(kind=tokens.KIND_NODE))  # the PM's token
+    assert all(gate.refuse(conn, op) is None for op in DATANODE_PM_ONLY)
     now[0] = NOW + 60_000
     assert isinstance(gate.refuse(conn, Opcode.APPEND), TokenExpiredError)
     pm_gate = ServerAuth(SECRET, PM_NODE_ONLY, {}, clock_ms=lambda: NOW)
@@ -133,6 +184,20 @@ def test_gate_refuses_before_any_handler() -> None:
     set_claims(user, _claims())
     assert isinstance(pm_gate.refuse(user, Opcode.ALLOCATE_ID), AuthorizationFailedError)
     assert pm_gate.refuse(user, Opcode.CREATE_STREAMS) is None  # then checked per item
+
+
+def test_node_tokens_name_their_node() -> None:
+    tok = tokens.node_token(KEY, "datanode-4", NOW, 60_000, node_id=4)
+    c = tokens.verify(tok, KEY, NOW)
+    assert c.node_id == 4 and c.is_data_node and not c.is_cluster
+    pm = tokens.verify(tokens.node_token(KEY, "pm", NOW, 60_000), KEY, NOW)
+    assert pm.node_id is None and pm.is_cluster and not pm.is_data_node
+    check_data_node(c, 4, "a heartbeat")
+    for bad_claims, nid in ((c, 5), (pm, 4), (_claims(), 4)):
+        with pytest.raises(AuthorizationFailedError):
+            check_data_node(bad_claims, nid, "a heartbeat")
+    with pytest.raises(AuthenticationFailedError):  # a user token naming a node is malformed
+        tokens.verify(tokens.sign(dataclasses.replace(_claims(), node_id=4), KEY), KEY, NOW)
 
 
 def test_accept_token_sets_the_principal() -> None:

@@ -1,13 +1,15 @@
 """ACL rules and the permission check. No I/O.
 
 A rule grants a principal some operations on a resource: a stream id (``stream:42``), a
-stream-name prefix (``prefix:orders-``) or every stream (``*``). With auth on, what no rule grants
-is denied. ``admin`` (users, ACLs, quotas) is granted on ``*`` only.
+stream-name prefix (``prefix:orders-``), a consumer group (``group:NAME``), a group-name prefix
+(``group-prefix:etl-``) or everything (``*``). With auth on, what no rule grants is denied.
+``admin`` (users, ACLs, quotas) is granted on ``*`` only.
 
-Stream names: streams on main have no name yet, so a stream's name is its decimal id for now
-(``prefix:12`` matches streams 12, 120, 1234, ...); when named streams land, :func:`stream_name`
-is the one place to change. CREATE is checked against the name of the stream to be created; an
-unnamed stream has none yet, so creating needs ``create`` on ``*``.
+``prefix:`` rules match stream **names**, never ids: an unnamed stream (name ``""``) is matched
+only by ``stream:ID`` and ``*``. A stream's name is fixed at CREATE and never changes (deleting
+releases it; ids are never reused), so the servers may remember id to name for good
+(:mod:`sbpstream.auth.names`). CREATE is checked against the name of the stream to be created;
+an unnamed stream has none, so creating one needs ``create`` on ``*``.
 """
 
 from __future__ import annotations
@@ -58,8 +60,13 @@ def format_ops(ops: Iterable[Op]) -> str:
     return ",".join(o.value for o in Op if o in set(ops))
 
 
+STREAM_KINDS: Final = ("stream", "prefix")
+GROUP_KINDS: Final = ("group", "group-prefix")
+
+
 def check_resource(resource: str) -> str:
-    """The resource, validated: ``*``, ``stream:ID`` or ``prefix:TEXT``."""
+    """The resource, validated: ``*``, ``stream:ID``, ``prefix:TEXT``, ``group:NAME`` or
+    ``group-prefix:TEXT``."""
     if len(resource) > MAX_RESOURCE_CHARS:
         raise InvalidRequestError(f"ACL resource longer than {MAX_RESOURCE_CHARS} characters")
     if resource == ANY:
@@ -67,9 +74,10 @@ def check_resource(resource: str) -> str:
     kind, sep, rest = resource.partition(":")
     if sep and kind == "stream" and rest.isdigit():
         return f"stream:{int(rest)}"
-    if sep and kind == "prefix" and rest:
+    if sep and kind in ("prefix", "group", "group-prefix") and rest:
         return resource
-    raise InvalidRequestError(f"ACL resource {resource!r}: expected *, stream:ID or prefix:TEXT")
+    raise InvalidRequestError(f"ACL resource {resource!r}: expected *, stream:ID, prefix:TEXT, "
+                              "group:NAME or group-prefix:TEXT")
 
 
 def check_principal(name: str) -> str:
@@ -79,11 +87,6 @@ def check_principal(name: str) -> str:
             f"principal {name!r}: 1-{MAX_PRINCIPAL_CHARS} printable characters, no ',' or '=', "
             "no surrounding spaces")
     return name
-
-
-def stream_name(stream_id: int) -> str:
-    """What ``prefix:`` rules match: the decimal id until streams have names."""
-    return str(stream_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,38 +105,78 @@ class AclRule:
         return cls(v[0], parse_ops(v[1]), check_resource(v[2]))
 
     def matches(self, stream_id: int | None, name: str | None) -> bool:
+        """Does this rule's resource cover the stream (``stream_id`` None: a stream to be created;
+        ``name`` None or "": unnamed, or the name is not known)?"""
         if self.resource == ANY:
             return True
         kind, _, rest = self.resource.partition(":")
         if kind == "stream":
             return stream_id is not None and int(rest) == stream_id
-        return name is not None and name.startswith(rest)
+        if kind == "prefix":
+            return bool(name) and name is not None and name.startswith(rest)
+        return False
+
+    def covers_pattern(self, name_prefix: str) -> bool:
+        """Does this rule cover every stream whose name starts with ``name_prefix``?"""
+        if self.resource == ANY:
+            return True
+        kind, _, rest = self.resource.partition(":")
+        return kind == "prefix" and name_prefix.startswith(rest)
+
+    def matches_group(self, group: str) -> bool:
+        if self.resource == ANY:
+            return True
+        kind, _, rest = self.resource.partition(":")
+        return (kind == "group" and group == rest) or (
+            kind == "group-prefix" and group.startswith(rest))
+
+    @property
+    def by_name(self) -> bool:
+        return self.resource.startswith("prefix:")
 
 
 class Permissions:
     """One principal's rules, with the answers per (operation, stream) remembered: a connection
-    asks the same question for every APPEND of a stream."""
+    asks the same question for every APPEND of a stream (a stream's name never changes, so the
+    answer for an id does not either)."""
 
-    __slots__ = ("_cache", "rules")
+    __slots__ = ("_cache", "_named_ops", "rules")
 
     def __init__(self, rules: Iterable[AclRule]) -> None:
         self.rules = tuple(rules)
-        self._cache: dict[tuple[Op, int | None], bool] = {}
+        self._cache: dict[tuple[Op, int | None, str | None], bool] = {}
+        self._named_ops = frozenset(o for r in self.rules if r.by_name for o in r.ops)
 
-    def allows(self, op: Op, stream_id: int | None = None) -> bool:
-        """``stream_id`` None asks about every stream (CREATE of an unnamed stream, ADMIN)."""
-        key = (op, stream_id)
+    def needs_name(self, op: Op, stream_id: int) -> bool:
+        """True when only a ``prefix:`` rule could grant ``op`` on the stream: the caller looks
+        its name up and asks :meth:`allows` with it. False: :meth:`allows` answers without."""
+        return op in self._named_ops and op is not Op.ADMIN and not self.allows(op, stream_id)
+
+    def allows(self, op: Op, stream_id: int | None = None, name: str | None = None) -> bool:
+        """``stream_id`` None: a stream still to be created (named ``name``, or unnamed), or a
+        question about every stream (ADMIN). ``name`` "" or None: matched by id and ``*`` only."""
+        key = (op, stream_id, name)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        name = None if stream_id is None else stream_name(stream_id)
-        ok = any(op in r.ops and (r.resource == ANY if stream_id is None
-                                  else r.matches(stream_id, name)) for r in self.rules)
         if op is Op.ADMIN:
             ok = any(Op.ADMIN in r.ops and r.resource == ANY for r in self.rules)
+        else:
+            ok = any(op in r.ops and r.matches(stream_id, name) for r in self.rules)
         if len(self._cache) < 65_536:
             self._cache[key] = ok
         return ok
+
+    def allows_pattern(self, op: Op, name_prefix: str) -> bool:
+        """May ``op`` be done on every stream named ``name_prefix...`` (a group's pattern)?"""
+        return any(op in r.ops and r.covers_pattern(name_prefix) for r in self.rules)
+
+    def allows_group(self, op: Op, group: str) -> bool:
+        return any(op in r.ops and r.matches_group(group) for r in self.rules)
+
+    def allows_any(self, ops: Iterable[Op], stream_id: int | None = None,
+                   name: str | None = None) -> bool:
+        return any(self.allows(o, stream_id, name) for o in ops)
 
 
 def rules_by_principal(rules: Iterable[AclRule]) -> Mapping[str, list[AclRule]]:

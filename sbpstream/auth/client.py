@@ -96,7 +96,8 @@ class Credentials:
 
     def __init__(self, *, user: str = "", password: str = "", token_file: str = "",
                  token: str = "", node_secret: bytes = b"", node_principal: str = "node",
-                 pm: Sequence[str] = (), tls: TlsConfig | None = None) -> None:
+                 node_id: int | None = None, pm: Sequence[str] = (),
+                 tls: TlsConfig | None = None) -> None:
         given = [bool(user), bool(token_file), bool(token), bool(node_secret)]
         if sum(given) != 1:
             raise ValueError("credentials: give one of user (+password), token_file, token, "
@@ -108,6 +109,8 @@ class Credentials:
         self.token_file = token_file
         self._node_key = tokens.derive_key(node_secret) if node_secret else b""
         self.node_principal = node_principal
+        self.node_id = node_id
+        self._floor_ms = 0  # connections authenticated with a token renewed before: due now
         self.pm = tuple(pm)
         self.ssl_context: ssl.SSLContext | None = client_context(tls) if tls else None
         self._token: _Token | None = None if not token else self._parse(token)
@@ -122,9 +125,20 @@ class Credentials:
         issued, expires = tokens.peek(text)
         return _Token(text, issued, expires)
 
+    def set_node_id(self, node_id: int) -> None:
+        """A data node learned its id: its token names it from now on, and every connection
+        authenticated with the old token presents the new one before its next request."""
+        if node_id == self.node_id:
+            return
+        self.node_id = node_id
+        self.node_principal = f"datanode-{node_id}"
+        self._token = None
+        self._floor_ms = 1 << 62  # everything authenticated so far is due ...
+
     # ---- Authenticator
     def due(self, conn: Connection) -> bool:
-        return conn.auth_renew_at_ms != 0 and _now_ms() >= conn.auth_renew_at_ms
+        at = conn.auth_renew_at_ms
+        return at != 0 and (_now_ms() >= at or at < self._floor_ms)
 
     async def authenticate(self, conn: Connection) -> None:
         async with self._lock:
@@ -153,8 +167,11 @@ class Credentials:
     async def _fresh_token(self) -> _Token:
         if self._node_key:
             now = _now_ms()
-            return self._parse(tokens.node_token(self._node_key, self.node_principal, now,
-                                                 NODE_TOKEN_TTL_MS))
+            tok = self._parse(tokens.node_token(self._node_key, self.node_principal, now,
+                                                NODE_TOKEN_TTL_MS, self.node_id))
+            if self._floor_ms > tok.renew_at_ms:  # ... until the first token naming the id
+                self._floor_ms = tok.renew_at_ms
+            return tok
         if self.token_file:
             return self._parse(Path(self.token_file).read_text().strip())
         if self.user:

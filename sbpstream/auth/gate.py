@@ -9,20 +9,24 @@ runs, nothing changes.
 
 Handlers of stream operations are wrapped (:meth:`ServerAuth.wrap`) so that each item of a
 batch is checked against the principal's ACL rules (carried in its token): items the rules deny
-are answered AUTHORIZATION_FAILED in their place, the others run as if sent alone. Node tokens
-pass every check.
+are answered AUTHORIZATION_FAILED in their place, the others run as if sent alone. ``prefix:``
+rules match stream names, looked up by id where the server holds only ids
+(:mod:`sbpstream.auth.names`). Consumer-group opcodes are checked on the group (``group:``
+rules) and, where they name streams, per stream. Node tokens pass the ACL checks; a data node's
+token is checked against the node id it names wherever a request speaks for a node.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from sbpstream.auth import tokens
 from sbpstream.auth.acl import Op, Permissions
+from sbpstream.auth.names import StreamNames
 from sbpstream.net.server import Handler, Request, Responder, ServerConnection
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
@@ -47,13 +51,13 @@ OPEN_OPCODES: Final = frozenset({Opcode.PING, Opcode.GOAWAY, Opcode.AUTHENTICATE
 
 PM_NODE_ONLY: Final = frozenset({Opcode.ALLOCATE_ID, Opcode.REPORT_METRICS})
 """On the PM: what only data nodes send (a DATA_NODE heartbeat is checked by its role)."""
-DATANODE_NODE_ONLY: Final = frozenset({
+DATANODE_PM_ONLY: Final = frozenset({
     Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.TRIM_STREAMS, Opcode.DELETE_STREAMS,
     Opcode.LIST_RANGES,
 })
-"""On a data node: what only the PM and other data nodes send (replication APPEND is checked
-by its flag; HEARTBEAT, which SDK clients send to declare their client id, by its role like on
-the PM: a DATA_NODE heartbeat needs a node token)."""
+"""On a data node: what only the PM sends (the cluster's token; not another data node's, not a
+user's). Replication APPEND is checked by its flag (a data node's token); HEARTBEAT, which SDK
+clients send to declare their client id, by its role like on the PM."""
 
 
 def now_ms() -> int:
@@ -89,6 +93,24 @@ ADMIN_OPCODES: Final = frozenset({
 })
 """What changes other principals' limits or a group's committed offsets: the admin operation."""
 
+GROUP_READ: Final = (Op.FETCH,)
+"""A group's members (join, heartbeat, leave, commit): ``fetch`` on the group, like Kafka's READ."""
+GROUP_LOOK: Final = (Op.FETCH, Op.DESCRIBE)
+"""Reading a group's committed offsets: ``fetch`` or ``describe`` on the group and the streams."""
+
+
+def check_data_node(claims: tokens.Claims, node_id: int, what: str) -> None:
+    """A request speaking for data node ``node_id`` must come with that node's token."""
+    if not claims.is_data_node:
+        raise AuthorizationFailedError(f"{what} needs a data node's token")
+    if claims.node_id != node_id:
+        raise AuthorizationFailedError(
+            f"{what} for node {node_id} with the token of node {claims.node_id}")
+
+
+def denied_status(claims: tokens.Claims, what: str) -> m.Status:
+    return m.Status(int(ErrorCode.AUTHORIZATION_FAILED), f"{claims.principal} may not {what}")
+
 
 # --------------------------------------------------------------------------- per-item rules
 
@@ -99,11 +121,19 @@ class ItemRule:
 
     op: Op
     field: str  # the request's vector of items
-    stream_id: Callable[[Any], int | None]  # None: the check is on "every stream" (CREATE)
+    stream_id: Callable[[Any], int | None]  # None: a stream to be created (CREATE)
     denied: Callable[[Any, m.Status], Any]  # the result answering a denied item
     payload_bytes: Callable[[Any], int] | None = None  # APPEND: each item's share of the payload
     streaming: bool = False  # several response frames: denied results go out in a frame first
     response_field: str = "items"
+    name: Callable[[Any], str] | None = None  # CREATE: the name of the stream to be created
+    also: tuple[Op, ...] = ()  # other operations that grant the item as well
+    group_ops: tuple[Op, ...] = ()  # the request's ``group`` needs one of these first
+    by_name: str = ""  # a request field naming one more stream, answered after the items
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return (self.op, *self.also)
 
 
 def _sid(attr: str = "stream_id") -> Callable[[Any], int | None]:
@@ -113,13 +143,15 @@ def _sid(attr: str = "stream_id") -> Callable[[Any], int | None]:
 PM_RULES: Final[Mapping[int, ItemRule]] = {
     Opcode.CREATE_STREAMS: ItemRule(
         Op.CREATE, "items", lambda it: None,
-        lambda it, st: m.CreateStreamResult(None, it.replica_nums, it.retention_period_ms, st)),
+        lambda it, st: m.CreateStreamResult(None, it.replica_nums, it.retention_period_ms, st),
+        name=lambda it: str(it.name)),
     Opcode.DELETE_STREAMS: ItemRule(
         Op.DELETE, "items", _sid(), lambda it, st: m.StreamResult(m.Stream(it.stream_id), st)),
     Opcode.UPDATE_STREAMS: ItemRule(
         Op.UPDATE, "items", _sid(), lambda it, st: m.StreamResult(m.Stream(it.stream_id), st)),
     Opcode.DESCRIBE_STREAMS: ItemRule(
-        Op.DESCRIBE, "stream_ids", int, lambda sid, st: m.StreamResult(m.Stream(sid), st)),
+        Op.DESCRIBE, "stream_ids", int, lambda sid, st: m.StreamResult(m.Stream(sid), st),
+        by_name="name"),
     Opcode.TRIM_STREAMS: ItemRule(
         Op.TRIM, "items", _sid(), lambda it, st: m.TrimResult(m.Stream(it.stream_id), st)),
     Opcode.SEAL_RANGES: ItemRule(  # a producer seals a full range: part of appending
@@ -129,6 +161,12 @@ PM_RULES: Final[Mapping[int, ItemRule]] = {
     Opcode.LIST_RANGES: ItemRule(
         Op.DESCRIBE, "items", _sid(), lambda it, st: m.ListRangesResult(it.stream_id, st),
         streaming=True),
+    Opcode.OFFSET_COMMIT: ItemRule(
+        Op.FETCH, "items", _sid(), lambda it, st: m.OffsetCommitResult(it.stream_id, st),
+        group_ops=GROUP_READ),
+    Opcode.OFFSET_FETCH: ItemRule(
+        Op.FETCH, "stream_ids", int, lambda sid, st: m.OffsetFetchResult(sid, status=st),
+        also=(Op.DESCRIBE,), group_ops=GROUP_LOOK),
 }
 
 DATANODE_RULES: Final[Mapping[int, ItemRule]] = {
@@ -180,11 +218,17 @@ class ServerAuth:
 
     def __init__(self, secret: bytes, node_only: frozenset[int],
                  item_rules: Mapping[int, ItemRule],
-                 clock_ms: Callable[[], int] = now_ms) -> None:
+                 clock_ms: Callable[[], int] = now_ms, *,
+                 cluster_only: frozenset[int] = frozenset()) -> None:
         self.key = tokens.derive_key(secret)
         self.node_only = node_only
+        self.cluster_only = cluster_only
         self.item_rules = item_rules
         self.clock_ms = clock_ms
+        self.names: StreamNames | None = None
+        """Stream names by id for ``prefix:`` rules; None: every stream reads as unnamed."""
+        self.ids: Callable[[Sequence[str]], Awaitable[Mapping[str, int]]] | None = None
+        """Stream ids by name (the PM): a stream a group names is checked by id too."""
 
     # ---- ConnectionGate
     def refuse(self, conn: ServerConnection, opcode: int) -> SbpError | None:
@@ -200,6 +244,8 @@ class ServerAuth:
                                      "authenticate again")
         if opcode in self.node_only and not claims.is_node:
             return AuthorizationFailedError(f"{name} is for PMs and data nodes only")
+        if opcode in self.cluster_only and not claims.is_cluster:
+            return AuthorizationFailedError(f"{name} is for the PM only")
         return None
 
     # ---- AUTHENTICATE with a token (every server); the PM adds SCRAM (pmauth)
@@ -214,6 +260,40 @@ class ServerAuth:
         if a.mechanism != MECH_TOKEN:
             raise InvalidRequestError(f"mechanism {a.mechanism!r}: this server takes TOKEN")
         await resp.send(self.accept_token(req.conn, a.data).encode())
+
+    # ---- the checks of one item, names looked up where only a prefix: rule could grant
+    async def allowed(self, perms: Permissions, ops: tuple[Op, ...],
+                      keys: Sequence[tuple[int | None, str | None]],
+                      claims: tokens.Claims, what: str) -> list[m.Status | None]:
+        """Per (stream id, name) key: None when one of ``ops`` is granted, else the status to
+        answer the item with (AUTHORIZATION_FAILED, or the name lookup's error)."""
+        no = denied_status(claims, f"{what} this stream")
+        out: list[m.Status | None] = []
+        need: list[int] = []
+        for sid, name in keys:
+            if any(perms.allows(o, sid, name) for o in ops):
+                out.append(None)
+            elif sid is not None and name is None and any(perms.needs_name(o, sid) for o in ops):
+                out.append(None)
+                need.append(sid)
+            else:
+                out.append(no)
+        if not need:
+            return out
+        try:
+            names = {} if self.names is None else await self.names.resolve(need)
+        except SbpError as e:
+            failed: m.Status | None = m.Status.of(e)
+            names = {}
+        else:
+            failed = None
+        wanted = set(need)
+        for i, (sid, name) in enumerate(keys):
+            if sid in wanted and name is None and out[i] is None:
+                ok = failed is None and any(perms.allows(o, sid, names.get(sid, ""))
+                                            for o in ops)
+                out[i] = None if ok else (failed or no)
+        return out
 
     # ---- per-item authorization
     def wrap(self, handlers: Mapping[int, Handler]) -> dict[int, Handler]:
@@ -231,24 +311,49 @@ class ServerAuth:
                 await handler(req, resp)
 
             return admin_only
+        special = _SPECIAL.get(op)
+        if special is not None:
+            async def checked(req: Request, resp: Responder) -> None:
+                claims = claims_of(req.conn)
+                if claims is None:
+                    return await handler(req, resp)
+                await special(self, claims, handler, req, resp)
+
+            return checked
         if rule is None:
             return handler
 
         async def gated(req: Request, resp: Responder) -> None:
             claims = claims_of(req.conn)
-            if claims is None or claims.is_node:
-                return await handler(req, resp)  # no auth on this connection's path, or a node
+            if claims is None:
+                return await handler(req, resp)  # no auth on this connection's path
+            if claims.is_node:
+                return await self._node_items(claims, handler, req, resp)
             await self._authorize_items(rule, handler, req, resp, claims)
 
         return gated
 
+    @staticmethod
+    async def _node_items(claims: tokens.Claims, handler: Handler, req: Request,
+                          resp: Responder) -> None:
+        """A node passes the ACLs; what it says about a node must be about itself."""
+        if req.opcode == Opcode.APPEND and claims.is_cluster and \
+                m.AppendRequest.decode(req.header).replication:
+            raise AuthorizationFailedError("replication APPEND comes from data nodes")
+        if req.opcode == Opcode.LIST_RANGES and claims.is_data_node:
+            for it in m.ListRangesRequest.decode(req.header).items:
+                if isinstance(it, m.DataNode):
+                    check_data_node(claims, it.node_id, "LIST_RANGES by data node")
+        await handler(req, resp)
+
     def _heartbeat_gate(self, handler: Handler) -> Handler:
         async def gated(req: Request, resp: Responder) -> None:
             claims = claims_of(req.conn)
-            if claims is not None and not claims.is_node:
+            if claims is not None:
                 hb = m.HeartbeatRequest.decode(req.header)
                 if hb.client_role == m.ClientRole.DATA_NODE:
-                    raise AuthorizationFailedError("a DATA_NODE heartbeat needs a node token")
+                    check_data_node(claims, -1 if hb.data_node is None else
+                                    hb.data_node.node_id, "a DATA_NODE heartbeat")
             await handler(req, resp)
 
         return gated
@@ -256,23 +361,33 @@ class ServerAuth:
     async def _authorize_items(self, rule: ItemRule, handler: Handler, req: Request,
                                resp: Responder, claims: tokens.Claims) -> None:
         msg = m.decode_request(req.opcode, req.header)
+        resp_cls = m.RESPONSES[Opcode(req.opcode)]
         if getattr(msg, "replication", False):
             raise AuthorizationFailedError("replication APPEND is for data nodes only")
+        perms = perms_of(req.conn)
+        if rule.group_ops:
+            group = str(msg.group)  # type: ignore[attr-defined]  # the rule says it has one
+            if not any(perms.allows_group(o, group) for o in rule.group_ops):
+                what = "/".join(o.value for o in rule.group_ops)
+                whole: Any = resp_cls
+                await resp.send(whole(status=denied_status(
+                    claims, f"{what} group {group!r}")).encode())
+                return None
         items: tuple[Any, ...] = getattr(msg, rule.field)
         if rule.field == "items" and any(isinstance(it, m.DataNode) for it in items):
             raise AuthorizationFailedError("LIST_RANGES by data node is for PMs and nodes only")
-        perms = perms_of(req.conn)
-        if not items:  # a listing (DESCRIBE_STREAMS pages): answered, then filtered
-            return await self._filtered_listing(rule, handler, req, resp, perms)
-        allowed = [perms.allows(rule.op, rule.stream_id(it)) for it in items]
-        if all(allowed):
+        by_name = str(getattr(msg, rule.by_name)) if rule.by_name else ""
+        if not items and not by_name:  # a listing (DESCRIBE_STREAMS pages): answered, filtered
+            return await self._filtered_listing(rule, handler, req, resp, perms, claims)
+        keys = [(rule.stream_id(it), None if rule.name is None else rule.name(it))
+                for it in items]
+        verdict = await self.allowed(perms, rule.ops, keys, claims, rule.op.value)
+        allowed = [v is None for v in verdict]
+        if all(allowed) and not by_name:
             return await handler(req, resp)
-        status = m.Status(int(ErrorCode.AUTHORIZATION_FAILED),
-                          f"{claims.principal} may not {rule.op.value} this stream")
-        denied = [rule.denied(it, status) for it, ok in zip(items, allowed, strict=True)
-                  if not ok]
-        resp_cls = m.RESPONSES[Opcode(req.opcode)]
-        if not any(allowed):
+        denied = [rule.denied(it, v) for it, v in zip(items, verdict, strict=True)
+                  if v is not None]
+        if not any(allowed) and not by_name:
             await resp.send(resp_cls(**{rule.response_field: tuple(denied)}).encode())
             return None
         sub = self._sub_request(rule, msg, items, allowed, req)
@@ -289,11 +404,19 @@ class ServerAuth:
         it_denied = iter(denied)
         for ok in allowed:
             merged.append(next(got) if ok else next(it_denied))
-        merged.extend(got)
+        for extra in got:  # the stream named by ``by_name``: checked now that its id is known
+            merged.append(await self._by_name_result(rule, perms, claims, by_name, extra))
         done: Any = out
         await resp.send(dataclasses.replace(done, **{rule.response_field: tuple(merged)})
                         .encode(), payload)
         return None
+
+    async def _by_name_result(self, rule: ItemRule, perms: Permissions, claims: tokens.Claims,
+                              name: str, result: Any) -> Any:
+        stream = getattr(result, "stream", None)
+        sid = int(stream.stream_id) if stream is not None and not result.status.code else None
+        (v,) = await self.allowed(perms, rule.ops, [(sid, name)], claims, rule.op.value)
+        return result if v is None else m.StreamResult(m.Stream(name=name), v)
 
     @staticmethod
     def _sub_request(rule: ItemRule, msg: m.Message, items: tuple[Any, ...],
@@ -313,24 +436,140 @@ class ServerAuth:
         return Request(req.opcode, req.request_id, req.flags, header, payload, req.conn,
                        req.received_at)
 
-    @staticmethod
-    async def _filtered_listing(rule: ItemRule, handler: Handler, req: Request,
-                                resp: Responder, perms: Permissions) -> None:
+    async def _filtered_listing(self, rule: ItemRule, handler: Handler, req: Request,
+                                resp: Responder, perms: Permissions,
+                                claims: tokens.Claims) -> None:
         cap = _Capture(resp)
         await handler(req, cap)  # type: ignore[arg-type]
         resp_cls = m.RESPONSES[Opcode(req.opcode)]
         for i, (header, payload) in enumerate(cap.frames):
             out: Any = resp_cls.decode(header)
-            kept = tuple(r for r in getattr(out, rule.response_field)
-                         if perms.allows(rule.op, _result_sid(r)))
+            results = getattr(out, rule.response_field)
+            verdict = await self.allowed(perms, rule.ops, [_result_key(r) for r in results],
+                                         claims, rule.op.value)
+            kept = tuple(r for r, v in zip(results, verdict, strict=True) if v is None)
             await resp.send(dataclasses.replace(out, **{rule.response_field: kept}).encode(),
                             payload, end=i == len(cap.frames) - 1)
 
 
-def _result_sid(result: Any) -> int | None:
+def _result_key(result: Any) -> tuple[int | None, str | None]:
+    """A listed result's stream id, and its name when the result carries the stream."""
     stream = getattr(result, "stream", None)
     if stream is not None:
-        return int(stream.stream_id)
-    sid = getattr(result, "stream_id", None)
-    return None if sid is None else int(sid)
+        return int(stream.stream_id), str(stream.name)
+    return int(getattr(result, "stream_id", -1)), None
 
+
+# --------------------------------------------------------------------------- whole requests
+
+Special = Callable[[ServerAuth, tokens.Claims, Handler, Request, Responder], Awaitable[None]]
+
+
+async def _answer(resp: Responder, status: m.Status) -> None:
+    resp_cls: Any = m.RESPONSES[Opcode(resp.opcode)]
+    await resp.send(resp_cls(status=status).encode())
+
+
+async def _join_group(gate: ServerAuth, claims: tokens.Claims, handler: Handler, req: Request,
+                      resp: Responder) -> None:
+    """JOIN_GROUP: ``fetch`` on the group and on every stream it subscribes to (by id, by name,
+    or every stream a name pattern could match). Refused whole: nothing joins."""
+    if claims.is_node:
+        return await handler(req, resp)
+    r = m.JoinGroupRequest.decode(req.header)
+    perms = perms_of(req.conn)
+    if not perms.allows_group(Op.FETCH, r.group):
+        return await _answer(resp, denied_status(claims, f"fetch group {r.group!r}"))
+    names = [n.name for n in r.stream_names]
+    ids = {} if gate.ids is None or not names else await gate.ids(names)
+    keys: list[tuple[int | None, str | None]] = [(sid, None) for sid in r.stream_ids]
+    keys += [(ids.get(n), n) for n in names]
+    verdict = await gate.allowed(perms, (Op.FETCH,), keys, claims, "fetch")
+    bad = next((k for k, v in zip(keys, verdict, strict=True) if v is not None), None)
+    if bad is not None:
+        return await _answer(resp, denied_status(
+            claims, f"fetch stream {bad[1] if bad[1] is not None else bad[0]}"))
+    pattern = r.stream_pattern
+    if pattern and not perms.allows_pattern(Op.FETCH, pattern.removesuffix("*")):
+        return await _answer(resp, denied_status(claims, f"fetch every stream {pattern!r}"))
+    await handler(req, resp)
+
+
+def _group_only(ops: tuple[Op, ...]) -> Special:
+    async def check(gate: ServerAuth, claims: tokens.Claims, handler: Handler, req: Request,
+                    resp: Responder) -> None:
+        if claims.is_node:
+            return await handler(req, resp)
+        group = str(m.decode_request(req.opcode, req.header).group)  # type: ignore[attr-defined]
+        if not any(perms_of(req.conn).allows_group(o, group) for o in ops):
+            what = "/".join(o.value for o in ops)
+            return await _answer(resp, denied_status(claims, f"{what} group {group!r}"))
+        await handler(req, resp)
+
+    return check
+
+
+async def _describe_groups(gate: ServerAuth, claims: tokens.Claims, handler: Handler,
+                           req: Request, resp: Responder) -> None:
+    """DESCRIBE_GROUPS: ``describe`` on each group, per item."""
+    if claims.is_node:
+        return await handler(req, resp)
+    r = m.DescribeGroupsRequest.decode(req.header)
+    perms = perms_of(req.conn)
+    ok = [perms.allows_group(Op.DESCRIBE, g.name) for g in r.groups]
+    if all(ok):
+        return await handler(req, resp)
+    cap = _Capture(resp)
+    sub = dataclasses.replace(r, groups=tuple(g for g, y in zip(r.groups, ok, strict=True) if y))
+    await handler(Request(req.opcode, req.request_id, req.flags, sub.encode(), req.payload,
+                          req.conn, req.received_at), cap)  # type: ignore[arg-type]
+    out = m.DescribeGroupsResponse.decode(cap.frames[-1][0])
+    got = iter(out.items)
+    items = tuple(next(got) if y else m.GroupDescription(
+        g.name, denied_status(claims, f"describe group {g.name!r}"))
+        for g, y in zip(r.groups, ok, strict=True))
+    await resp.send(dataclasses.replace(out, items=items).encode())
+
+
+async def _list_groups(gate: ServerAuth, claims: tokens.Claims, handler: Handler, req: Request,
+                       resp: Responder) -> None:
+    """LIST_GROUPS: only the groups the principal may describe."""
+    if claims.is_node:
+        return await handler(req, resp)
+    cap = _Capture(resp)
+    await handler(req, cap)  # type: ignore[arg-type]
+    out = m.ListGroupsResponse.decode(cap.frames[-1][0])
+    perms = perms_of(req.conn)
+    await resp.send(dataclasses.replace(out, groups=tuple(
+        g for g in out.groups if perms.allows_group(Op.DESCRIBE, g.name))).encode())
+
+
+async def _describe_quotas(gate: ServerAuth, claims: tokens.Claims, handler: Handler,
+                           req: Request, resp: Responder) -> None:
+    """DESCRIBE_QUOTAS: every principal's limits, so ``describe`` on ``*`` (or ``admin``)."""
+    perms = perms_of(req.conn)
+    if not claims.is_node and not perms.allows(Op.DESCRIBE) and not perms.allows(Op.ADMIN):
+        return await _answer(resp, denied_status(claims, "describe quotas (describe on *)"))
+    await handler(req, resp)
+
+
+async def _report_metrics(gate: ServerAuth, claims: tokens.Claims, handler: Handler,
+                          req: Request, resp: Responder) -> None:
+    """REPORT_METRICS (node tokens only, see PM_NODE_ONLY): a data node reports for itself."""
+    r = m.ReportMetricsRequest.decode(req.header)
+    if claims.is_data_node:
+        check_data_node(claims, -1 if r.data_node is None else r.data_node.node_id,
+                        "REPORT_METRICS")
+    await handler(req, resp)
+
+
+_SPECIAL: Final[Mapping[int, Special]] = {
+    Opcode.JOIN_GROUP: _join_group,
+    Opcode.GROUP_HEARTBEAT: _group_only(GROUP_READ),
+    Opcode.LEAVE_GROUP: _group_only(GROUP_READ),
+    Opcode.DESCRIBE_GROUPS: _describe_groups,
+    Opcode.LIST_GROUPS: _list_groups,
+    Opcode.DESCRIBE_QUOTAS: _describe_quotas,
+    Opcode.REPORT_METRICS: _report_metrics,
+}
+"""Opcodes checked as a whole (or per group) rather than per stream item."""

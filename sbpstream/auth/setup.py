@@ -25,16 +25,20 @@ class ServerSecurity:
 
 def server_security(cfg: SecurityConfig, host: str, node_only: frozenset[int],
                     rules: Mapping[int, ItemRule], principal: str,
-                    pm: Sequence[str] = ()) -> ServerSecurity:
+                    pm: Sequence[str] = (), node_id: int | None = None,
+                    cluster_only: frozenset[int] = frozenset()) -> ServerSecurity:
+    """``node_id``: a data node's own token names one (-1 until it is allocated: see
+    :meth:`Credentials.set_node_id`); None for the PM. ``cluster_only``: opcodes this server
+    takes from the cluster's token alone (the PM's), not from a data node's."""
     cfg.validate()
     tls = cfg.tls
     if tls.server_enabled and not tls.ca:
         raise ValueError("--tls-cert needs --tls-ca too: PMs and data nodes verify each other")
     secret = cfg.secret() if cfg.secret_file else b""
-    gate = ServerAuth(secret, node_only, rules) if cfg.auth else None
+    gate = ServerAuth(secret, node_only, rules, cluster_only=cluster_only) if cfg.auth else None
     # outgoing: verify peers against the CA; present our certificate (mutual TLS) when we have one
     client_ssl = client_context(TlsConfig(tls.cert, tls.key, tls.ca)) if tls.ca else None
-    creds = Credentials(node_secret=secret, node_principal=principal, pm=pm,
+    creds = Credentials(node_secret=secret, node_principal=principal, node_id=node_id, pm=pm,
                         tls=TlsConfig(tls.cert, tls.key, tls.ca)) if cfg.auth else None
     protected = (not cfg.auth and not cfg.allow_remote_unauthenticated
                  and not is_loopback_host(host))

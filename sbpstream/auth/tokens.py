@@ -27,7 +27,11 @@ MAX_TOKEN_BYTES: Final = 64 * 1024
 
 KIND_USER: Final = "user"
 KIND_NODE: Final = "node"
-"""Node tokens are held by PMs and data nodes: cluster-internal opcodes and every stream."""
+"""Node tokens are held by PMs and data nodes: cluster-internal opcodes and every stream. A data
+node's names its node id (``node_id``; -1 before the PM allocated one): the servers check that
+its DATA_NODE heartbeats, metrics and listings are about that node, and it may not send what
+only the PM sends to data nodes (SEAL, SYNC, trims, deletes). A node token without a node id is
+the PM's (or a tool's holding the secret, ``--secret-file``): the cluster itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +41,21 @@ class Claims:
     issued_ms: int
     expires_ms: int
     acls: tuple[AclRule, ...] = ()
+    node_id: int | None = None
 
     @property
     def is_node(self) -> bool:
         return self.kind == KIND_NODE
+
+    @property
+    def is_data_node(self) -> bool:
+        """A data node's token: a node token naming a node id."""
+        return self.kind == KIND_NODE and self.node_id is not None
+
+    @property
+    def is_cluster(self) -> bool:
+        """The PM's token (or a tool's with the secret): a node token without a node id."""
+        return self.kind == KIND_NODE and self.node_id is None
 
 
 def derive_key(secret: bytes) -> bytes:
@@ -61,6 +76,8 @@ def sign(claims: Claims, key: bytes) -> str:
         "p": claims.principal, "k": claims.kind, "iat": claims.issued_ms,
         "exp": claims.expires_ms, "acl": [r.to_json() for r in claims.acls],
     }
+    if claims.node_id is not None:
+        body["n"] = claims.node_id
     payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
     signed = f"{VERSION}.{payload}"
     mac = hmac.new(key, signed.encode(), hashlib.sha256).digest()
@@ -86,18 +103,23 @@ def verify(token: str | bytes, key: bytes, now_ms: int) -> Claims:
     try:
         body = json.loads(_unb64(parts[1]))
         claims = Claims(str(body["p"]), str(body["k"]), int(body["iat"]), int(body["exp"]),
-                        tuple(AclRule.from_json(r) for r in body["acl"]))
+                        tuple(AclRule.from_json(r) for r in body["acl"]),
+                        None if body.get("n") is None else int(body["n"]))
     except (ValueError, KeyError, TypeError, binascii.Error) as e:
         raise AuthenticationFailedError(f"malformed token claims: {e}") from None
     if claims.kind not in (KIND_USER, KIND_NODE):
         raise AuthenticationFailedError(f"unknown token kind {claims.kind!r}")
+    if claims.node_id is not None and claims.kind != KIND_NODE:
+        raise AuthenticationFailedError("only a node token names a node id")
     if now_ms >= claims.expires_ms:
         raise TokenExpiredError(f"token of {claims.principal} expired at {claims.expires_ms}")
     return claims
 
 
-def node_token(key: bytes, principal: str, now_ms: int, ttl_ms: int) -> str:
-    return sign(Claims(principal, KIND_NODE, now_ms, now_ms + ttl_ms), key)
+def node_token(key: bytes, principal: str, now_ms: int, ttl_ms: int,
+               node_id: int | None = None) -> str:
+    """A node token: the cluster's (``node_id`` None) or data node ``node_id``'s."""
+    return sign(Claims(principal, KIND_NODE, now_ms, now_ms + ttl_ms, (), node_id), key)
 
 
 def peek(token: str) -> tuple[int, int]:

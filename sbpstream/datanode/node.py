@@ -25,10 +25,11 @@ import os
 import signal
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from sbpstream.auth.gate import DATANODE_NODE_ONLY, DATANODE_RULES
+from sbpstream.auth.gate import DATANODE_PM_ONLY, DATANODE_RULES
+from sbpstream.auth.names import StreamNames
 from sbpstream.auth.setup import server_security
 from sbpstream.datanode.append import AppendHandler
 from sbpstream.datanode.config import DataNodeConfig
@@ -60,6 +61,8 @@ from sbpstream.protocol.messages import (
     AllocateIdRequest,
     AllocateIdResponse,
     ClientRole,
+    DescribeStreamsRequest,
+    DescribeStreamsResponse,
     HeartbeatRequest,
     HeartbeatResponse,
     ListRangesRequest,
@@ -98,11 +101,14 @@ class DataNode:
         self.directory = Path(config.directory)
         self.exporter: MetricsExporter | None = None
         self.metrics = Metrics(self.directory)
-        self.security = server_security(config.security, config.host, DATANODE_NODE_ONLY,
-                                        DATANODE_RULES, "node", pm=config.pm)
+        self.security = server_security(config.security, config.host, frozenset(),
+                                        DATANODE_RULES, "datanode", pm=config.pm, node_id=-1,
+                                        cluster_only=DATANODE_PM_ONLY)
         self.pool = ConnectionPool(ssl_context=self.security.client_ssl,
                                    authenticator=self.security.credentials)
         self.pm = PmClient(config.pm, self.pool)
+        if self.security.gate is not None:  # prefix: ACLs match names the PM holds
+            self.security.gate.names = StreamNames(self._stream_names)
         self.ctx = NodeContext(config, self.metrics, self.pool, self.pm)
         self.port = config.port
         self.advertise = config.advertise
@@ -319,9 +325,28 @@ class DataNode:
             delay = min(delay * 2, PM_RETRY_BACKOFF_MAX_S)
         raise asyncio.CancelledError
 
+    async def _stream_names(self, stream_ids: Sequence[int]) -> dict[int, str]:
+        """Names of streams by id, from the PM (DESCRIBE_STREAMS): for ``prefix:`` ACLs."""
+        out: dict[int, str] = {}
+        for i in range(0, len(stream_ids), MAX_ITEMS_PER_REQUEST):
+            r = await self.pm.call(DescribeStreamsRequest(
+                timeout_ms=int(PM_CALL_TIMEOUT_S * 1000),
+                stream_ids=tuple(stream_ids[i:i + MAX_ITEMS_PER_REQUEST])),
+                DescribeStreamsResponse)
+            r.status.raise_for_error()
+            out.update((res.stream.stream_id, res.stream.name) for res in r.items
+                       if res.stream is not None and not res.status.code)
+        return out
+
+    def _identify(self) -> None:
+        """Our node token names our node id from now on (auth on)."""
+        if self.security.credentials is not None:
+            self.security.credentials.set_node_id(self.node_id)
+
     async def _register(self) -> None:
         ctx = self.ctx
         ctx.node_id = self._load_node_id()
+        self._identify()
         if ctx.node_id < 0:
             async def allocate() -> bool:
                 r = await self.pm.call(AllocateIdRequest(
@@ -335,6 +360,7 @@ class DataNode:
 
             await self._retrying("allocate_id", allocate)
             self._save_node_id(self.node_id)
+            self._identify()
             log.info("event=node_id_allocated node_id=%d", self.node_id)
 
         async def first_heartbeat() -> bool:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from sbpstream.auth.gate import PM_NODE_ONLY, PM_RULES
+from sbpstream.auth.names import StreamNames
 from sbpstream.auth.pmauth import PmAuth
 from sbpstream.auth.records import AuthRecords
 from sbpstream.auth.setup import server_security
@@ -266,6 +267,8 @@ class PmServer:
         self.auth: PmAuth | None = None
         if gate is not None:
             self.auth = PmAuth(gate, AuthRecords(self.meta), config.security.token_ttl_s)
+            gate.names = StreamNames(self._stream_names)  # prefix: ACLs match names
+            gate.ids = self._stream_ids
             handlers = gate.wrap({**handlers, **self.auth.handlers()})
         if self.election is not None:
             handlers = {op: self._leader_only(h) for op, h in handlers.items()}
@@ -283,6 +286,20 @@ class PmServer:
         self.repairer = Repairer(self.service)
         self._started = False
         self.exporter: MetricsExporter | None = None
+
+    async def _stream_names(self, stream_ids: Sequence[int]) -> dict[int, str]:
+        """Stream names by id for ``prefix:`` ACLs (sbpstream.auth.names)."""
+        got = await self.meta.get_streams(stream_ids)
+        return {s.stream_id: s.name for s in got if s is not None}
+
+    async def _stream_ids(self, names: Sequence[str]) -> dict[str, int]:
+        """Live streams' ids by name: a group naming a stream is checked on its id too."""
+        out: dict[str, int] = {}
+        for n in dict.fromkeys(names):
+            s = await self.meta.get_stream_by_name(n)
+            if s is not None:
+                out[n] = s.stream_id
+        return out
 
     def metric_samples(self) -> list[Sample]:
         """Figures for ``/metrics`` (runs on the loop thread: see sbpstream.net.admin)."""
