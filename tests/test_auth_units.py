@@ -73,6 +73,7 @@ def test_acl_matching_by_stream_prefix_and_star() -> None:
     assert not p.allows(Op.DESCRIBE, 7, "payments") and not p.allows(Op.DESCRIBE, 7, "")
     assert not p.allows(Op.DESCRIBE, 7) and not p.allows(Op.DESCRIBE, 7, "orders")
     assert p.needs_name(Op.DESCRIBE, 7) and not p.needs_name(Op.APPEND, 7)
+    assert p.allows(Op.DESCRIBE, 42)  # append and fetch imply describe, as in Kafka
     assert not p.allows(Op.CREATE) and not p.allows(Op.ADMIN)
     assert p.allows_pattern(Op.DESCRIBE, "orders.eu-") and not p.allows_pattern(Op.DESCRIBE, "o")
     digits = Permissions([AclRule("d", frozenset({Op.FETCH}), "prefix:1")])
@@ -92,6 +93,7 @@ def test_acl_groups() -> None:
     ])
     assert p.allows_group(Op.FETCH, "etl") and not p.allows_group(Op.FETCH, "etl2")
     assert p.allows_group(Op.DESCRIBE, "team-a") and not p.allows_group(Op.FETCH, "team-a")
+    assert p.allows_group(Op.DESCRIBE, "etl")  # reading a group implies describing it
     assert not p.allows(Op.FETCH, 1, "etl")  # group rules say nothing about streams
     assert Permissions([AclRule("s", frozenset({Op.FETCH}), "*")]).allows_group(Op.FETCH, "x")
     assert not Permissions([AclRule("s", frozenset({Op.FETCH}), "prefix:x")]).allows_group(

@@ -1,13 +1,14 @@
 """TLS, authentication and authorization on a real cluster (issue 23).
 
-One secure LocalCluster (TLS everywhere, auth on) serves the module. Streams have no names on
-main yet, so ``prefix:`` rules are tested on the decimal stream id (sbpstream.auth.acl).
+One secure LocalCluster (TLS everywhere, auth on) serves the module. ``prefix:`` rules match
+stream names: data nodes look names up at the PM (sbpstream.auth.names).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import random
 import socket
 import sqlite3
@@ -25,6 +26,7 @@ from sbpstream.auth.client import scram_login
 from sbpstream.auth.config import CA_FILE, SECRET_FILE, TlsConfig, read_secret
 from sbpstream.auth.tls import client_context
 from sbpstream.client import AsyncClient
+from sbpstream.client.groups import GroupAdmin
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.client import Connection
 from sbpstream.net.server import PROTECTED_MODE_MESSAGE, Server
@@ -36,6 +38,7 @@ from sbpstream.protocol.errors import (
     SbpError,
 )
 from sbpstream.protocol.opcodes import Opcode
+from sbpstream.records import Record, build_batch
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -221,75 +224,105 @@ def tokens_now() -> int:
 # ------------------------------------------------------------------ ACLs
 
 
+def _codes(items: Any) -> dict[int, int]:
+    return {int(i.stream_id): int(i.status.code) for i in items}
+
+
+async def _primary(admin: AsyncClient, sid: int) -> str:
+    (rng,) = [r for r in await admin.list_ranges(sid) if r.end_offset < 0]
+    return next(rn.data_node.advertise_addr for rn in rng.replica_nodes if rn.is_primary)
+
+
 async def test_acls_allow_and_deny_per_stream_and_prefix(cluster: LocalCluster, certs: Path,
                                                          admin: AsyncClient) -> None:
-    a, b = await admin.create_streams(2, replica_nums=2)
-    assert not str(a).startswith(str(b))
+    af = ErrorCode.AUTHORIZATION_FAILED
+    eu, pay = await admin.create_streams(names=["orders.eu", "payments"], replica_nums=2)
+    anon, mine = await admin.create_streams(2, replica_nums=2)  # unnamed
     await admin.add_user("alice", "alice-pw")
-    await admin.add_acl("alice", "append,fetch,describe", f"stream:{a}")
-    await admin.add_acl("alice", "describe", f"prefix:{b}")  # the name of b is "b" for now
-    assert ("alice", "describe,append,fetch", f"stream:{a}") in await admin.list_acls("alice")
+    await admin.add_acl("alice", "create,append,fetch,describe", "prefix:orders.")
+    await admin.add_acl("alice", "append,fetch", f"stream:{mine}")
+    await admin.add_acl("alice", "describe", f"prefix:{anon}")  # digits: a name, never an id
+    assert ("alice", "append,fetch", f"stream:{mine}") in await admin.list_acls("alice")
     async with _client(cluster, certs, "alice", "alice-pw") as alice:
-        async with alice.producer(linger_ms=1) as p:
-            fut = await p.send(a, b"mine")
-            await p.flush()
-            assert await fut == 0
-        got = [r async for r in alice.consumer(a, "earliest", end=1)]
-        assert [r.value for r in got] == [b"mine"]
-        assert (await alice.describe_stream(b)).stream_id == b  # by prefix
-        with pytest.raises(SbpError) as e:
+        us = await alice.create_stream("orders.us", replica_nums=2)  # created by its name
+        for sid in (eu, us, mine):  # by name (a stream just created too), by id
             async with alice.producer(linger_ms=1) as p:
-                await (await p.send(b, b"not mine"))
-        assert e.value.code == ErrorCode.AUTHORIZATION_FAILED
+                assert await (await p.send(sid, b"mine")) == 0
+            got = [r async for r in alice.consumer(sid, "earliest", end=1)]
+            assert [r.value for r in got] == [b"mine"]
+        assert (await alice.describe_stream("orders.eu")).stream_id == eu
+        for sid in (pay, anon):  # a name outside the prefix; an unnamed stream
+            with pytest.raises(SbpError) as e:
+                async with alice.producer(linger_ms=1) as p:
+                    await (await p.send(sid, b"not mine"))
+            assert e.value.code == af
+            with pytest.raises(SbpError) as e:
+                await alice.describe_stream(sid)
+            assert e.value.code == af
+        for name in ("payments2", ""):  # create outside the prefix, or unnamed: needs *
+            with pytest.raises(SbpError) as e:
+                await alice.create_stream(name)
+            assert e.value.code == af
         with pytest.raises(SbpError) as e:
-            await alice.create_streams(1)
-        assert e.value.code == ErrorCode.AUTHORIZATION_FAILED
-        with pytest.raises(SbpError) as e:
-            await alice.delete_stream(a)
-        assert e.value.code == ErrorCode.AUTHORIZATION_FAILED
+            await alice.delete_stream(eu)
+        assert e.value.code == af
         with pytest.raises(SbpError) as e:
             await alice.add_user("mallory", "pw")
-        assert e.value.code == ErrorCode.AUTHORIZATION_FAILED
+        assert e.value.code == af
         from sbpstream.quota.model import QuotaKind, QuotaSpec
         with pytest.raises(SbpError) as e:  # quotas and groups' offsets are admin's too
             await alice.set_quota(QuotaSpec(QuotaKind.CLIENT, "alice", 1 << 30))
-        assert e.value.code == ErrorCode.AUTHORIZATION_FAILED
+        assert e.value.code == af
         with pytest.raises(SbpError) as e:
             await alice.reset_offsets("g", "earliest")
-        assert e.value.code == ErrorCode.AUTHORIZATION_FAILED
+        assert e.value.code == af
         listed = {s.stream_id for s in await alice.list_streams()}
-        assert a in listed and b in listed  # only what alice may describe is listed
-        assert all(s == a or str(s).startswith(str(b)) for s in listed), listed
-    # per item in one batch: a and b described, a third stream denied in its place
-    (c,) = await admin.create_streams(1)
+        assert listed == {eu, us, mine}  # what alice may describe (append/fetch imply it)
+        assert {s.stream_id for s in await alice.find_streams("orders.")} == {eu, us}
+        assert await alice.find_streams("pay") == []
     conn = await _raw(cluster.pm_address, certs)
     try:
         await scram_login(conn, "alice", "alice-pw")
+        # per item in one batch, the stream named after the ids included
         frame = await conn.request_one(Opcode.DESCRIBE_STREAMS, m.DescribeStreamsRequest(
-            stream_ids=(a, c, b)).encode(), timeout_s=10)
+            stream_ids=(eu, pay, anon), name="orders.us").encode(), timeout_s=10)
         items = m.DescribeStreamsResponse.decode(frame.header).items
         assert [(i.stream.stream_id if i.stream else None, i.status.code) for i in items] == [
-            (a, 0), (c, ErrorCode.AUTHORIZATION_FAILED), (b, 0)]
+            (eu, 0), (pay, af), (anon, af), (us, 0)]
+        frame = await conn.request_one(Opcode.DESCRIBE_STREAMS, m.DescribeStreamsRequest(
+            name="payments").encode(), timeout_s=10)
+        (item,) = m.DescribeStreamsResponse.decode(frame.header).items
+        assert item.status.code == af and item.stream is not None and item.stream.stream_id < 1
         # cluster-internal opcodes are refused to a user, whatever its rules
         hb = m.HeartbeatRequest("x", m.ClientRole.DATA_NODE, m.DataNode(1, "1.2.3.4:5"))
-        assert await _code(conn, Opcode.HEARTBEAT, hb.encode()) == \
-            ErrorCode.AUTHORIZATION_FAILED
-        assert await _code(conn, Opcode.ALLOCATE_ID, m.AllocateIdRequest().encode()) == \
-            ErrorCode.AUTHORIZATION_FAILED
+        assert await _code(conn, Opcode.HEARTBEAT, hb.encode()) == af
+        assert await _code(conn, Opcode.ALLOCATE_ID, m.AllocateIdRequest().encode()) == af
     finally:
         await conn.aclose()
-    dn = await _raw(cluster.datanodes[0].address, certs)
+    dn = await _raw(await _primary(admin, eu), certs)
     try:
         async with _client(cluster, certs, "alice", "alice-pw") as alice:
             tok = await alice.credentials.token() if alice.credentials else ""
         req = m.AuthenticateRequest("TOKEN", tok.encode()).encode()
         assert await _code(dn, Opcode.AUTHENTICATE, req) == 0
-        repl = m.AppendRequest(items=(m.AppendItem(a, 0, 0),), replication=True)
-        assert await _code(dn, Opcode.APPEND, repl.encode()) == ErrorCode.AUTHORIZATION_FAILED
+        # one APPEND and one FETCH, three streams: allowed by name, denied by name, unnamed
+        batch = build_batch([Record(value=b"batched")])
+        append = m.AppendRequest(timeout_ms=10_000, items=tuple(
+            m.AppendItem(sid, i, len(batch)) for i, sid in enumerate((eu, pay, anon))))
+        frame = await dn.request_one(Opcode.APPEND, append.encode(), batch * 3, timeout_s=10)
+        assert _codes(m.AppendResponse.decode(frame.header).items) == {eu: 0, pay: af, anon: af}
+        fetch = m.FetchRequest(items=tuple(m.FetchItem(sid, i, 0, 1 << 20)
+                                           for i, sid in enumerate((eu, pay, anon))))
+        frames = await dn.request(Opcode.FETCH, fetch.encode(), timeout_s=10)
+        got = {k: v for f in frames for k, v in _codes(m.FetchResponse.decode(f.header).items)
+               .items()}
+        assert got == {eu: 0, pay: af, anon: af}
+        repl = m.AppendRequest(items=(m.AppendItem(eu, 0, 0),), replication=True)
+        assert await _code(dn, Opcode.APPEND, repl.encode()) == af
         for op in (Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.TRIM_STREAMS,
                    Opcode.DELETE_STREAMS):
             sample = next(s for s in _requests() if op == s.OPCODE)
-            assert await _code(dn, op, sample.encode()) == ErrorCode.AUTHORIZATION_FAILED
+            assert await _code(dn, op, sample.encode()) == af
     finally:
         await dn.aclose()
     await admin.delete_user("alice")
@@ -297,6 +330,130 @@ async def test_acls_allow_and_deny_per_stream_and_prefix(cluster: LocalCluster, 
     with pytest.raises(AuthenticationFailedError):
         async with _client(cluster, certs, "alice", "alice-pw") as gone:
             await gone.list_streams()
+
+
+def _node_id(cluster: LocalCluster, i: int) -> int:
+    return int(json.loads((cluster.directory / f"dn{i}" / "node_id").read_text())["node_id"])
+
+
+async def _as(address: str, certs: Path, token: str) -> Connection:
+    conn = await _raw(address, certs)
+    req = m.AuthenticateRequest("TOKEN", token.encode()).encode()
+    assert await _code(conn, Opcode.AUTHENTICATE, req) == 0
+    return conn
+
+
+async def test_a_node_token_speaks_only_for_its_node(cluster: LocalCluster, certs: Path,
+                                                     admin: AsyncClient) -> None:
+    """Node A's token cannot heartbeat as node B (nor rewrite its address), report its
+    metrics or list its ranges; a data node's token cannot send a data node what only the PM
+    sends; the PM's token cannot send a data node's heartbeat or replication."""
+    af = ErrorCode.AUTHORIZATION_FAILED
+    key = tokens.derive_key(read_secret(str(certs / SECRET_FILE)))
+    a, b = _node_id(cluster, 0), _node_id(cluster, 1)
+    b_addr = cluster.datanodes[1].address
+    everywhere = await admin.create_stream(replica_nums=3)
+    a_tok = tokens.node_token(key, f"datanode-{a}", tokens_now(), 60_000, node_id=a)
+    pm_tok = tokens.node_token(key, "pm", tokens_now(), 60_000)
+    pm = await _as(cluster.pm_address, certs, a_tok)
+    try:
+        as_b = m.HeartbeatRequest(f"datanode-{b}", m.ClientRole.DATA_NODE,
+                                  m.DataNode(b, "10.9.9.9:1"))
+        assert await _code(pm, Opcode.HEARTBEAT, as_b.encode()) == af
+        assert await _code(pm, Opcode.REPORT_METRICS, m.ReportMetricsRequest(
+            data_node=m.DataNode(b, b_addr)).encode()) == af
+        assert await _code(pm, Opcode.LIST_RANGES, m.ListRangesRequest(
+            items=(m.DataNode(b, b_addr),)).encode()) == af
+        assert await _code(pm, Opcode.LIST_RANGES, m.ListRangesRequest(
+            items=(m.DataNode(a, cluster.datanodes[0].address),)).encode()) == 0
+        as_a = m.HeartbeatRequest(f"datanode-{a}", m.ClientRole.DATA_NODE,
+                                  m.DataNode(a, cluster.datanodes[0].address))
+        assert await _code(pm, Opcode.HEARTBEAT, as_a.encode()) == 0
+    finally:
+        await pm.aclose()
+    (rng,) = await admin.list_ranges(everywhere)  # the PM still gives B's own address
+    assert {rn.data_node.node_id: rn.data_node.advertise_addr
+            for rn in rng.replica_nodes}[b] == b_addr
+    pm_as_node = await _as(cluster.pm_address, certs, pm_tok)
+    try:
+        assert await _code(pm_as_node, Opcode.HEARTBEAT, as_b.encode()) == af
+    finally:
+        await pm_as_node.aclose()
+    dn_b = await _as(b_addr, certs, a_tok)
+    try:
+        for op in (Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.TRIM_STREAMS,
+                   Opcode.DELETE_STREAMS, Opcode.LIST_RANGES):
+            sample = next(s for s in _requests() if op == s.OPCODE)
+            assert await _code(dn_b, op, sample.encode()) == af, op
+    finally:
+        await dn_b.aclose()
+    dn_b = await _as(b_addr, certs, pm_tok)
+    try:
+        repl = m.AppendRequest(items=(m.AppendItem(1, 0, 0),), replication=True)
+        assert await _code(dn_b, Opcode.APPEND, repl.encode()) == af
+        for op in (Opcode.SYNC_RANGES, Opcode.LIST_RANGES):  # the PM's token: past the gate
+            sample = next(s for s in _requests() if op == s.OPCODE)
+            assert await _code(dn_b, op, sample.encode()) != af, op
+    finally:
+        await dn_b.aclose()
+
+
+async def test_group_and_quota_acls(cluster: LocalCluster, certs: Path,
+                                    admin: AsyncClient) -> None:
+    af = ErrorCode.AUTHORIZATION_FAILED
+    eu, pay = await admin.create_streams(names=["gq.orders.eu", "gq.payments"])
+    async with admin.producer(linger_ms=1) as p:
+        for sid in (eu, pay):
+            await (await p.send(sid, b"r"))
+    await admin.add_user("bob", "bob-pw")
+    await admin.add_acl("bob", "fetch,describe", "prefix:gq.orders.")
+    await admin.add_acl("bob", "fetch", "group:g-orders")
+    await admin.add_acl("bob", "describe", "group-prefix:g-")
+    try:
+        async with _client(cluster, certs, "bob", "bob-pw") as bob:
+            cons = bob.consumer(["gq.orders.eu"], "earliest", group="g-orders",
+                                auto_commit=False, max_wait_ms=100)
+            try:  # join, heartbeat, fetch (by name at the data node), commit, leave
+                rec = await cons.__anext__()
+                assert (rec.stream_id, rec.value) == (eu, b"r")
+                await cons.commit()
+            finally:
+                await cons.close()
+            assert await bob.committed_offsets("g-orders") == {eu: 1}
+            gadmin = GroupAdmin(bob._pm_call)
+            for group, streams in (("other", ["gq.orders.eu"]),  # no fetch on the group
+                                   ("g-orders", ["gq.payments"]),  # nor on the stream
+                                   ("g-orders", [pay]),
+                                   ("g-orders", ["gq.*"])):  # a pattern wider than the prefix
+                with pytest.raises(SbpError) as e:
+                    await gadmin.join(group, "", streams, 3000, "bob")
+                assert e.value.code == af, (group, streams)
+            await admin.commit_offsets("g-orders", {pay: 1})
+            with pytest.raises(SbpError) as e:  # per item: eu committed, pay refused
+                await bob.commit_offsets("g-orders", {eu: 0, pay: 0})
+            assert e.value.code == af
+            assert await admin.committed_offsets("g-orders") == {eu: 0, pay: 1}
+            assert await bob.committed_offsets("g-orders") == {eu: 0}  # pay left out
+            with pytest.raises(SbpError) as e:
+                await bob.committed_offsets("g-orders", [pay])
+            assert e.value.code == af
+            await admin.commit_offsets("other", {eu: 1})
+            with pytest.raises(SbpError) as e:  # describe on g-* only
+                await bob.describe_group("other")
+            assert e.value.code == af
+            assert (await bob.describe_group("g-orders")).group == "g-orders"
+            assert "g-orders" in await bob.list_groups()
+            assert "other" not in await bob.list_groups()
+            assert "other" in await admin.list_groups()
+            with pytest.raises(SbpError) as e:
+                await bob.list_quotas()
+            assert e.value.code == af
+        await admin.list_quotas()
+        await admin.add_acl("bob", "describe", "*")
+        async with _client(cluster, certs, "bob", "bob-pw") as bob:
+            await bob.list_quotas()
+    finally:
+        await admin.delete_user("bob")
 
 
 # ------------------------------------------------------------------ replication and failover

@@ -40,6 +40,17 @@ class Op(enum.StrEnum):
 ALL_OPS: Final = frozenset(Op)
 ANY: Final = "*"
 
+IMPLY_DESCRIBE: Final = frozenset({Op.DESCRIBE, Op.APPEND, Op.FETCH, Op.DELETE, Op.UPDATE,
+                                   Op.TRIM})
+"""As in Kafka (READ, WRITE, DELETE, ALTER imply DESCRIBE): whoever may append to, read, delete,
+update or trim a stream (or read a group) may also describe it; a producer and a consumer look
+their ranges up."""
+
+
+def grants(ops: frozenset[Op], op: Op) -> bool:
+    """Do a rule's operations grant ``op`` (``describe`` is implied, see IMPLY_DESCRIBE)?"""
+    return op in ops or (op is Op.DESCRIBE and not ops.isdisjoint(IMPLY_DESCRIBE))
+
 
 def parse_ops(text: str) -> frozenset[Op]:
     """``append,fetch`` (or ``all``) to the set; InvalidRequestError for an unknown name."""
@@ -145,7 +156,8 @@ class Permissions:
     def __init__(self, rules: Iterable[AclRule]) -> None:
         self.rules = tuple(rules)
         self._cache: dict[tuple[Op, int | None, str | None], bool] = {}
-        self._named_ops = frozenset(o for r in self.rules if r.by_name for o in r.ops)
+        self._named_ops = frozenset(o for r in self.rules if r.by_name for o in Op
+                                    if grants(r.ops, o))
 
     def needs_name(self, op: Op, stream_id: int) -> bool:
         """True when only a ``prefix:`` rule could grant ``op`` on the stream: the caller looks
@@ -162,17 +174,17 @@ class Permissions:
         if op is Op.ADMIN:
             ok = any(Op.ADMIN in r.ops and r.resource == ANY for r in self.rules)
         else:
-            ok = any(op in r.ops and r.matches(stream_id, name) for r in self.rules)
+            ok = any(grants(r.ops, op) and r.matches(stream_id, name) for r in self.rules)
         if len(self._cache) < 65_536:
             self._cache[key] = ok
         return ok
 
     def allows_pattern(self, op: Op, name_prefix: str) -> bool:
         """May ``op`` be done on every stream named ``name_prefix...`` (a group's pattern)?"""
-        return any(op in r.ops and r.covers_pattern(name_prefix) for r in self.rules)
+        return any(grants(r.ops, op) and r.covers_pattern(name_prefix) for r in self.rules)
 
     def allows_group(self, op: Op, group: str) -> bool:
-        return any(op in r.ops and r.matches_group(group) for r in self.rules)
+        return any(grants(r.ops, op) and r.matches_group(group) for r in self.rules)
 
     def allows_any(self, ops: Iterable[Op], stream_id: int | None = None,
                    name: str | None = None) -> bool:

@@ -115,6 +115,8 @@ class GroupAdmin:
     async def fetch(self, group: str, stream_ids: Sequence[int] = ()) -> dict[int, int]:
         resp: m.OffsetFetchResponse = await self.pm_call(
             m.OffsetFetchRequest(0, group, tuple(stream_ids)), m.OffsetFetchResponse)
+        for it in resp.items:  # a stream refused (AUTHORIZATION_FAILED) is not "uncommitted"
+            it.status.raise_for_error()
         return {it.stream_id: it.offset for it in resp.items if it.offset >= 0}
 
     async def list(self) -> list[str]:
