@@ -267,16 +267,20 @@ class ServerAuth:
                       claims: tokens.Claims, what: str) -> list[m.Status | None]:
         """Per (stream id, name) key: None when one of ``ops`` is granted, else the status to
         answer the item with (AUTHORIZATION_FAILED, or the name lookup's error)."""
-        no = denied_status(claims, f"{what} this stream")
         out: list[m.Status | None] = []
         need: list[int] = []
+        no: m.Status | None = None
+        first, more = ops[0], ops[1:]
         for sid, name in keys:
-            if any(perms.allows(o, sid, name) for o in ops):
+            if perms.allows(first, sid, name) or (
+                    more and any(perms.allows(o, sid, name) for o in more)):
                 out.append(None)
             elif sid is not None and name is None and any(perms.needs_name(o, sid) for o in ops):
                 out.append(None)
                 need.append(sid)
             else:
+                if no is None:
+                    no = denied_status(claims, f"{what} this stream")
                 out.append(no)
         if not need:
             return out
@@ -292,7 +296,7 @@ class ServerAuth:
             if sid in wanted and name is None and out[i] is None:
                 ok = failed is None and any(perms.allows(o, sid, names.get(sid, ""))
                                             for o in ops)
-                out[i] = None if ok else (failed or no)
+                out[i] = None if ok else (failed or denied_status(claims, f"{what} this stream"))
         return out
 
     # ---- per-item authorization
@@ -379,8 +383,9 @@ class ServerAuth:
         by_name = str(getattr(msg, rule.by_name)) if rule.by_name else ""
         if not items and not by_name:  # a listing (DESCRIBE_STREAMS pages): answered, filtered
             return await self._filtered_listing(rule, handler, req, resp, perms, claims)
-        keys = [(rule.stream_id(it), None if rule.name is None else rule.name(it))
-                for it in items]
+        sid_of, name_of = rule.stream_id, rule.name
+        keys = [(sid_of(it), None) for it in items] if name_of is None else \
+            [(sid_of(it), name_of(it)) for it in items]
         verdict = await self.allowed(perms, rule.ops, keys, claims, rule.op.value)
         allowed = [v is None for v in verdict]
         if all(allowed) and not by_name:
