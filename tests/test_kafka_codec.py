@@ -97,7 +97,10 @@ def test_versions_served_are_named_and_start_where_record_batch_v2_does() -> Non
     assert served == {
         "Produce": (3, 8), "Fetch": (4, 11), "ListOffsets": (1, 5), "Metadata": (0, 9),
         "ApiVersions": (0, 3), "CreateTopics": (0, 5), "DeleteTopics": (0, 4),
-        "InitProducerId": (0, 2),
+        "InitProducerId": (0, 2), "OffsetCommit": (2, 8), "OffsetFetch": (1, 6),
+        "FindCoordinator": (0, 3), "JoinGroup": (0, 6), "Heartbeat": (0, 4),
+        "LeaveGroup": (0, 4), "SyncGroup": (0, 4), "DescribeGroups": (0, 5),
+        "ListGroups": (0, 3),
     }
 
 
