@@ -6,7 +6,9 @@ batch lands in one sbpstream batch, so its offsets are consecutive); Fetch reads
 consumers (long-poll mode), one per connection and partition. Idempotent Kafka producers get a
 producer id from InitProducerId and the gateway checks their sequences per partition (a window
 of :data:`PRODUCER_WINDOW` batches, like a broker): a retried batch is answered with the offset
-of the first copy, never stored twice. See docs/kafka.md.
+of the first copy, never stored twice. Consumer groups: the gateway runs Kafka's classic group
+protocol (:mod:`sbpstream.kafka.groups`) and keeps committed offsets as the sbpstream group's
+(group G's offset of T partition p is G's committed offset of stream ``T.p``). See docs/kafka.md.
 
 Requests of a connection are read in order, Produce requests are queued in that order, and
 responses are written in request order. A frame that cannot be decoded, an unknown API or an
