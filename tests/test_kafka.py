@@ -432,3 +432,15 @@ def test_two_members_split_the_partitions_and_one_takes_all_when_the_other_leave
             s.set()
         for t in threads:
             t.join(30)
+
+
+def test_snappy_compressed_produce_is_stored_and_read_back(cluster: LocalCluster) -> None:
+    _create(cluster, "snappy", 1)
+    p = Producer({"bootstrap.servers": _bootstrap(cluster), "compression.type": "snappy",
+                  "linger.ms": 20})
+    for i in range(2000):
+        p.produce("snappy", value=b"value-%d" % i * 5, key=b"k%d" % i, headers=[("h", b"x")])
+    assert p.flush(60) == 0
+    got = _consume_confluent(cluster, "snappy", 1, 2000)
+    assert [(o, k, v, h) for _, o, k, v, h, _ in got] == [
+        (i, b"k%d" % i, b"value-%d" % i * 5, [("h", b"x")]) for i in range(2000)]
