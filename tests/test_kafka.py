@@ -283,3 +283,164 @@ def test_up_kafka_port_is_documented_in_help() -> None:
                          capture_output=True, check=True, timeout=60, text=True).stdout
     assert "--kafka-port" in out
     assert Path(__file__).parent.parent.joinpath("docs", "kafka.md").is_file()
+
+
+# ------------------------------------------------------------------------------ consumer groups
+
+
+def _produce_keyed(c: LocalCluster, topic: str, partitions: int, total: int) -> None:
+    errors: list[str] = []
+    p = Producer({"bootstrap.servers": _bootstrap(c), "linger.ms": 5, "enable.idempotence": True})
+    for i in range(total):
+        while True:
+            try:
+                p.produce(topic, value=b"v%d" % i, key=b"k%d" % i, partition=i % partitions,
+                          headers=[("i", str(i).encode())],
+                          on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    assert p.flush(120) == 0 and not errors
+
+
+def _committed_sbp(c: LocalCluster, group: str, streams: list[str]) -> dict[str, int]:
+    with Client(c.pm_address) as sdk:
+        ids = [sdk.resolve_stream(s) for s in streams]
+        got = sdk.committed_offsets(group, ids)
+    return {s: got.get(sid, -1) for s, sid in zip(streams, ids, strict=True)}
+
+
+def test_group_subscription_commits_and_a_second_consumer_resumes_there(
+        cluster: LocalCluster) -> None:
+    """confluent-kafka reads part of a topic by group subscription and commits; the
+    sbpstream group of the same name holds those offsets; `sbpstream consume --group` resumes
+    there and commits; kafka-python in the same group resumes after that: every record once."""
+    topic, group, parts = "grouped", "kgroup", 2
+    _create(cluster, topic, parts)
+    _produce_keyed(cluster, topic, parts, N)
+    streams = [f"{topic}.{p}" for p in range(parts)]
+
+    a = Consumer({"bootstrap.servers": _bootstrap(cluster), "group.id": group,
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "fetch.wait.max.ms": 100, "session.timeout.ms": 6000,
+                  "heartbeat.interval.ms": 500})
+    a.subscribe([topic])
+    seen: dict[tuple[int, int], bytes] = {}
+    deadline = time.monotonic() + 120
+    try:
+        while len(seen) < 60_000 and time.monotonic() < deadline:
+            for m in a.consume(5_000, 1.0):
+                assert m.error() is None, m.error()
+                key = m.key()
+                assert key is not None and m.value() == b"v" + key[1:]
+                assert m.headers() == [("i", key[1:])] and int(key[1:]) % parts == m.partition()
+                assert (m.partition(), m.offset()) not in seen
+                seen[(m.partition(), m.offset())] = key
+        assert len(seen) >= 60_000
+        a.commit(asynchronous=False)
+        committed = {tp.partition: tp.offset for tp in
+                     a.committed([TopicPartition(topic, p) for p in range(parts)], timeout=30)}
+    finally:
+        a.close()
+    # what the consumer handed out per partition is 0..committed-1
+    for p in range(parts):
+        assert sorted(o for (pp, o) in seen if pp == p) == list(range(committed[p]))
+    assert _committed_sbp(cluster, group, streams) == {
+        f"{topic}.{p}": committed[p] for p in range(parts)}
+
+    # the sbpstream CLI, as a member of the same group, resumes at the committed offset
+    rows = [json.loads(line) for line in subprocess.run(
+        [sys.executable, "-m", "sbpstream.cli", "consume", "--stream", streams[0], "--group",
+         group, "--count", "10", "--pm", cluster.pm_address, "--format", "json"],
+        capture_output=True, check=True, timeout=120).stdout.decode().splitlines()]
+    assert [r["offset"] for r in rows] == list(range(committed[0], committed[0] + 10))
+    for r in rows:
+        seen[(0, r["offset"])] = r["key"].encode()
+    assert _committed_sbp(cluster, group, streams)[streams[0]] == committed[0] + 10
+
+    # kafka-python in the same group resumes after both
+    b = KafkaConsumer(topic, bootstrap_servers=_bootstrap(cluster), group_id=group,
+                      enable_auto_commit=False, auto_offset_reset="earliest",
+                      consumer_timeout_ms=10_000, fetch_max_wait_ms=100,
+                      receive_message_max_bytes=8 * 1024 * 1024)
+    first: dict[int, int] = {}
+    try:
+        for rec in b:
+            first.setdefault(rec.partition, rec.offset)
+            assert (rec.partition, rec.offset) not in seen
+            assert rec.value == b"v" + rec.key[1:] and rec.headers == [("i", rec.key[1:])]
+            seen[(rec.partition, rec.offset)] = rec.key
+            if len(seen) == N:
+                break
+        b.commit()
+    finally:
+        b.close()
+    resume = {0: committed[0] + 10, 1: committed[1]}
+    assert first == {p: o for p, o in resume.items() if o < N // parts}  # where records were left
+    assert len(seen) == N and sorted(int(k[1:]) for k in seen.values()) == list(range(N))
+    assert _committed_sbp(cluster, group, streams) == {s: N // parts for s in streams}
+
+
+def _member(c: LocalCluster, group: str, topic: str, stop: threading.Event,
+            assignment: list[set[int]], got: list[tuple[int, int]]) -> None:
+    cons = Consumer({"bootstrap.servers": _bootstrap(c), "group.id": group,
+                     "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
+                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 300})
+    cons.subscribe([topic])
+    try:
+        while not stop.is_set():
+            for m in cons.consume(1000, 0.2):
+                if m.error() is None:
+                    got.append((m.partition(), m.offset()))
+            assignment[0] = {tp.partition for tp in cons.assignment()}
+    finally:
+        cons.close()  # leaves the group
+        assignment[0] = set()
+
+
+def test_two_members_split_the_partitions_and_one_takes_all_when_the_other_leaves(
+        cluster: LocalCluster) -> None:
+    topic, group, parts = "split", "ksplit", 4
+    _create(cluster, topic, parts)
+    _produce_keyed(cluster, topic, parts, 400)
+    stops = [threading.Event(), threading.Event()]
+    assigned: list[list[set[int]]] = [[set()], [set()]]
+    got: list[list[tuple[int, int]]] = [[], []]
+    threads = [threading.Thread(target=_member, args=(cluster, group, topic, stops[i],
+                                                      assigned[i], got[i]), daemon=True)
+               for i in range(2)]
+    try:
+        threads[0].start()
+        eventually(lambda: assigned[0][0] == set(range(parts)), timeout=60,
+                   what="the first member owns every partition")
+        threads[1].start()
+        eventually(lambda: len(assigned[0][0]) == len(assigned[1][0]) == parts // 2
+                   and assigned[0][0] | assigned[1][0] == set(range(parts)), timeout=60,
+                   what=lambda: f"two members split the partitions: {assigned}")
+        with Client(cluster.pm_address) as sdk:  # the sbpstream group is not live meanwhile
+            assert sdk.describe_group(group).members == ()
+        stops[1].set()
+        threads[1].join(30)
+        eventually(lambda: assigned[0][0] == set(range(parts)), timeout=60,
+                   what=lambda: f"the member left takes every partition back: {assigned}")
+        eventually(lambda: {(p, o) for g in got for (p, o) in g} == {
+            (p, o) for p in range(parts) for o in range(100)}, timeout=60,
+            what="every record read")
+    finally:
+        for s in stops:
+            s.set()
+        for t in threads:
+            t.join(30)
+
+
+def test_snappy_compressed_produce_is_stored_and_read_back(cluster: LocalCluster) -> None:
+    _create(cluster, "snappy", 1)
+    p = Producer({"bootstrap.servers": _bootstrap(cluster), "compression.type": "snappy",
+                  "linger.ms": 20})
+    for i in range(2000):
+        p.produce("snappy", value=b"value-%d" % i * 5, key=b"k%d" % i, headers=[("h", b"x")])
+    assert p.flush(60) == 0
+    got = _consume_confluent(cluster, "snappy", 1, 2000)
+    assert [(o, k, v, h) for _, o, k, v, h, _ in got] == [
+        (i, b"k%d" % i, b"value-%d" % i * 5, [("h", b"x")]) for i in range(2000)]

@@ -9,6 +9,7 @@ import gzip
 import struct
 from typing import Any
 
+import cramjam
 import crc32c
 import lz4.frame
 import pytest
@@ -32,6 +33,7 @@ from sbpstream.kafka.codec import (
 from sbpstream.kafka.gateway import parse_stream_name, stream_name, topic_problem
 from sbpstream.kafka.records import (
     KAFKA_HEADER,
+    MAX_DECOMPRESSED_BYTES,
     UnsupportedCompressionError,
     decode_batches,
     encode_batch,
@@ -97,7 +99,10 @@ def test_versions_served_are_named_and_start_where_record_batch_v2_does() -> Non
     assert served == {
         "Produce": (3, 8), "Fetch": (4, 11), "ListOffsets": (1, 5), "Metadata": (0, 9),
         "ApiVersions": (0, 3), "CreateTopics": (0, 5), "DeleteTopics": (0, 4),
-        "InitProducerId": (0, 2),
+        "InitProducerId": (0, 2), "OffsetCommit": (2, 8), "OffsetFetch": (1, 6),
+        "FindCoordinator": (0, 3), "JoinGroup": (0, 6), "Heartbeat": (0, 4),
+        "LeaveGroup": (0, 4), "SyncGroup": (0, 4), "DescribeGroups": (0, 5),
+        "ListGroups": (0, 3),
     }
 
 
@@ -200,9 +205,38 @@ def test_compressed_batches_decode(codec: int, compress: Any) -> None:
     assert [(r.timestamp_ms, r.key, r.value, r.headers) for r in b.records] == recs
 
 
-def test_snappy_is_refused_as_unsupported() -> None:
+def _xerial(data: bytes, block: int = 100) -> bytes:
+    """snappy-java's framing, as Kafka's Java producer writes it."""
+    out = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+    for i in range(0, len(data), block):
+        c = bytes(cramjam.snappy.compress_raw(data[i:i + block]))
+        out += struct.pack(">i", len(c)) + c
+    return out
+
+
+@pytest.mark.parametrize("compress", [
+    lambda b: bytes(cramjam.snappy.compress_raw(b)), _xerial], ids=["raw", "xerial"])
+def test_snappy_batches_decode_raw_and_xerial_framed(compress: Any) -> None:
+    recs = _records(25)
+    (b,) = decode_batches(_with_codec(encode_batch(0, recs), 2, compress))
+    assert [(r.timestamp_ms, r.key, r.value, r.headers) for r in b.records] == recs
+
+
+def test_snappy_bombs_and_bad_frames_are_decode_errors() -> None:
+    raw = encode_batch(0, _records(2))
+    big = bytes(cramjam.snappy.compress_raw(b"\x00" * (MAX_DECOMPRESSED_BYTES + 1)))
+    for payload in (lambda b: big,  # over the bound: refused from the length preamble
+                    lambda b: b"\x82SNAPPY\x00" + b"\x00" * 4,  # truncated header
+                    lambda b: _xerial(b)[:-3],  # truncated block
+                    lambda b: _xerial(b)[:16] + struct.pack(">i", -5),
+                    lambda b: b"\xff" * 11):  # a preamble that never ends
+        with pytest.raises(KafkaDecodeError):
+            decode_batches(_with_codec(raw, 2, payload))
+
+
+def test_unknown_codecs_are_unsupported() -> None:
     with pytest.raises(UnsupportedCompressionError):
-        decode_batches(_with_codec(encode_batch(0, _records(2)), 2, lambda b: b))
+        decode_batches(_with_codec(encode_batch(0, _records(2)), 6, lambda b: b))
 
 
 def test_corrupt_batches_are_decode_errors() -> None:
@@ -271,6 +305,22 @@ def test_fuzz_mutated_valid_messages(case: tuple[int, int, Schema], data: st.Dat
     cut = data.draw(st.integers(0, len(raw)))
     with contextlib.suppress(KafkaDecodeError):
         decode(schema, version, bytes(raw[:cut]))
+
+
+@_FUZZ
+@given(st.data())
+def test_fuzz_snappy_batches(data: st.DataObject) -> None:
+    """Mutated snappy payloads (raw and framed) behind a valid CRC reach the decompressor."""
+    framing = data.draw(st.sampled_from([lambda b: bytes(cramjam.snappy.compress_raw(b)),
+                                         _xerial]))
+    payload = bytearray(framing(encode_batch(5, _records(data.draw(st.integers(1, 6))))[61:]))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(payload) - 1))
+        payload[i] = data.draw(st.integers(0, 255))
+    payload = payload[: data.draw(st.integers(0, len(payload)))]
+    raw = _with_codec(encode_batch(5, _records(1)), 2, lambda b: bytes(payload))
+    with contextlib.suppress(KafkaDecodeError):
+        decode_batches(raw)
 
 
 @_FUZZ

@@ -651,6 +651,12 @@ class AsyncClient:
 
     # ------------------------------------------------------------------- consumer groups
 
+    @property
+    def group_admin(self) -> GroupAdmin:
+        """The group opcodes as plain calls (e.g. for a gateway speaking another group
+        protocol); the methods below cover the usual needs."""
+        return GroupAdmin(self._pm_call)
+
     async def list_groups(self) -> list[str]:
         """Every consumer group with live members or committed offsets."""
         return await GroupAdmin(self._pm_call).list()

@@ -6,7 +6,9 @@ batch lands in one sbpstream batch, so its offsets are consecutive); Fetch reads
 consumers (long-poll mode), one per connection and partition. Idempotent Kafka producers get a
 producer id from InitProducerId and the gateway checks their sequences per partition (a window
 of :data:`PRODUCER_WINDOW` batches, like a broker): a retried batch is answered with the offset
-of the first copy, never stored twice. See docs/kafka.md.
+of the first copy, never stored twice. Consumer groups: the gateway runs Kafka's classic group
+protocol (:mod:`sbpstream.kafka.groups`) and keeps committed offsets as the sbpstream group's
+(group G's offset of T partition p is G's committed offset of stream ``T.p``). See docs/kafka.md.
 
 Requests of a connection are read in order, Produce requests are queued in that order, and
 responses are written in request order. A frame that cannot be decoded, an unknown API or an
@@ -21,6 +23,7 @@ import contextlib
 import logging
 import random
 import re
+import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,6 +44,7 @@ from sbpstream.kafka.codec import (
     encode_response,
     peek_header,
 )
+from sbpstream.kafka.groups import COMPLETING, PREPARING, KafkaGroups
 from sbpstream.kafka.records import (
     KafkaBatch,
     UnsupportedBatchError,
@@ -53,15 +57,24 @@ from sbpstream.kafka.schemas import (
     API_VERSIONS_RESP,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    DESCRIBE_GROUPS,
     FETCH,
+    FIND_COORDINATOR,
+    HEARTBEAT,
     INIT_PRODUCER_ID,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
     LIST_OFFSETS,
     METADATA,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
     PRODUCE,
     SUPPORTED,
+    SYNC_GROUP,
 )
 from sbpstream.protocol.errors import SbpError, StreamNotFoundError
-from sbpstream.protocol.names import MAX_STREAM_NAME_LEN
+from sbpstream.protocol.names import MAX_STREAM_NAME_LEN, validate_group_name
 from sbpstream.records import RecordTooLargeError
 
 log = logging.getLogger("sbpstream.kafka")
@@ -86,6 +99,9 @@ READ_BATCH_BYTES: Final = (64 * 1024, 8 * 1024 * 1024)
 TOPIC_OPERATIONS: Final = sum(1 << op for op in (3, 4, 5, 6, 8))
 CLUSTER_OPERATIONS: Final = sum(1 << op for op in (5, 8))
 NOT_REQUESTED: Final = -2147483648
+GROUP_TICK_S: Final = 0.1
+"""How often group session timeouts and rebalance deadlines are checked."""
+KEY_TYPE_GROUP: Final = 0
 TIMESTAMP_LATEST: Final = -1
 TIMESTAMP_EARLIEST: Final = -2
 
@@ -135,8 +151,10 @@ class _Reader:
 class _Conn:
     """Per-connection state: the cached partition readers."""
 
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, host: str) -> None:
         self.peer = peer
+        self.host = host
+        self.client_id = ""
         self.readers: OrderedDict[int, _Reader] = OrderedDict()
 
     async def close(self) -> None:
@@ -194,7 +212,18 @@ class KafkaGateway:
             CREATE_TOPICS: self._create_topics,
             DELETE_TOPICS: self._delete_topics,
             INIT_PRODUCER_ID: self._init_producer_id,
+            FIND_COORDINATOR: self._find_coordinator,
+            JOIN_GROUP: self._join_group,
+            SYNC_GROUP: self._sync_group,
+            HEARTBEAT: self._heartbeat,
+            LEAVE_GROUP: self._leave_group,
+            OFFSET_COMMIT: self._offset_commit,
+            OFFSET_FETCH: self._offset_fetch,
+            LIST_GROUPS: self._list_groups,
+            DESCRIBE_GROUPS: self._describe_groups,
         }
+        self.groups = KafkaGroups(lambda: int(time.monotonic() * 1000))
+        self._ticker: asyncio.Task[None] | None = None
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -214,6 +243,7 @@ class KafkaGateway:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
+        self._ticker = asyncio.create_task(self._tick_groups())
         log.info("event=kafka_gateway_listening addr=%s:%d pm=%s", self.host, self.port,
                  ",".join(self.client.pm_addresses))
 
@@ -227,6 +257,10 @@ class KafkaGateway:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(BaseException):
+                await self._ticker
         for t in list(self._conns):
             t.cancel()
         for t in list(self._conns):
@@ -243,8 +277,9 @@ class KafkaGateway:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
-        peer = str(writer.get_extra_info("peername"))
-        conn = _Conn(peer)
+        peername = writer.get_extra_info("peername")
+        peer = str(peername)
+        conn = _Conn(peer, peername[0] if isinstance(peername, tuple) else peer)
         pending: asyncio.Queue[asyncio.Future[bytes | None] | None] = asyncio.Queue(
             MAX_IN_FLIGHT_REQUESTS)
         out = asyncio.create_task(self._write_responses(writer, pending))
@@ -322,6 +357,7 @@ class KafkaGateway:
                                    f"(v{api.min_version}-v{api.max_version})")
         flexible = version >= api.request.flexible
         header = decode_header(frame, flexible)
+        conn.client_id = header.client_id or ""
         req = decode(api.request, version, frame, header.body_offset)
         # ApiVersions answers with response header v0 whatever its version
         flexible_resp = flexible and api_key != API_VERSIONS
@@ -727,6 +763,201 @@ class KafkaGateway:
             out.append({"name": name, "error_code": code, "error_message": msg})
         return {"throttle_time_ms": 0, "responses": out}
 
+    # ---------------------------------------------------------------------- consumer groups
+
+    async def _tick_groups(self) -> None:
+        while True:
+            await asyncio.sleep(GROUP_TICK_S)
+            self.groups.tick()
+
+    async def _find_coordinator(self, conn: _Conn, version: int, req: dict[str, Any]
+                                ) -> dict[str, Any]:
+        host, port = self.advertised
+        if req["key_type"] != KEY_TYPE_GROUP:  # transactions are not served
+            return {"throttle_time_ms": 0, "error_code": E.COORDINATOR_NOT_AVAILABLE,
+                    "error_message": "only group coordinators (transactions are not served)",
+                    "node_id": -1, "host": "", "port": -1}
+        return {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
+                "node_id": self.node_id, "host": host, "port": port}
+
+    async def _sbp_members(self, group: str) -> int:
+        """Live members of the sbpstream group of that name (consumers of the SDK)."""
+        return len((await self.client.group_admin.describe(group)).members)
+
+    async def _join_group(self, conn: _Conn, version: int, req: dict[str, Any]
+                          ) -> dict[str, Any]:
+        group = req["group_id"]
+
+        def error(code: int) -> dict[str, Any]:
+            return {"throttle_time_ms": 0, "error_code": code, "generation_id": -1,
+                    "protocol_name": "", "leader": "", "member_id": req["member_id"],
+                    "members": []}
+
+        if not _group_ok(group):
+            return error(E.INVALID_GROUP_ID)
+        if not self.groups.live(group):
+            # the first Kafka member: the group must not be live in sbpstream consumers
+            try:
+                if await self._sbp_members(group):
+                    return error(E.INCONSISTENT_GROUP_PROTOCOL)
+            except SbpError as exc:
+                return error(E.kafka_code(exc))
+        r = await self.groups.join(
+            group, req["member_id"], conn.client_id, conn.host, req["session_timeout_ms"],
+            req["rebalance_timeout_ms"], req["protocol_type"],
+            [(p["name"], p["metadata"]) for p in req["protocols"]])
+        if r.error_code != E.NONE:
+            return error(r.error_code)
+        return {"throttle_time_ms": 0, "error_code": 0, "generation_id": r.generation,
+                "protocol_name": r.protocol_name, "leader": r.leader, "member_id": r.member_id,
+                "members": [{"member_id": mid, "group_instance_id": None, "metadata": meta}
+                            for mid, meta in r.members]}
+
+    async def _sync_group(self, conn: _Conn, version: int, req: dict[str, Any]
+                          ) -> dict[str, Any]:
+        code, assignment = await self.groups.sync(
+            req["group_id"], req["generation_id"], req["member_id"],
+            [(a["member_id"], a["assignment"]) for a in req["assignments"]])
+        return {"throttle_time_ms": 0, "error_code": code, "assignment": assignment}
+
+    async def _heartbeat(self, conn: _Conn, version: int, req: dict[str, Any]
+                         ) -> dict[str, Any]:
+        code = self.groups.heartbeat(req["group_id"], req["generation_id"], req["member_id"])
+        return {"throttle_time_ms": 0, "error_code": code}
+
+    async def _leave_group(self, conn: _Conn, version: int, req: dict[str, Any]
+                           ) -> dict[str, Any]:
+        group = req["group_id"]
+        if version < 3:
+            code = self.groups.leave(group, req["member_id"])
+            return {"throttle_time_ms": 0, "error_code": code}
+        members = [{"member_id": mb["member_id"], "group_instance_id": mb["group_instance_id"],
+                    "error_code": self.groups.leave(group, mb["member_id"])}
+                   for mb in req["members"]]
+        return {"throttle_time_ms": 0, "error_code": 0, "members": members}
+
+    async def _offset_commit(self, conn: _Conn, version: int, req: dict[str, Any]
+                             ) -> dict[str, Any]:
+        """Kafka commits of group G for T partition p are sbpstream group G's committed
+        offsets of the stream T.p, stored through the PM (from outside the sbpstream group:
+        refused while SDK consumers are its live members)."""
+        group = req["group_id"]
+        code = (self.groups.check_commit(group, req["generation_id"], req["member_id"])
+                if _group_ok(group) else E.INVALID_GROUP_ID)
+        codes: dict[tuple[str, int], int] = {}
+        offsets: dict[int | str, int] = {}
+        where: dict[int, tuple[str, int]] = {}
+        for t in req["topics"]:
+            for p in t["partitions"]:
+                key = (t["name"], p["partition_index"])
+                codes[key] = code
+                if code != E.NONE:
+                    continue
+                if p["committed_offset"] < 0:
+                    codes[key] = E.INVALID_REQUEST  # sbpstream keeps offsets >= 0
+                    continue
+                try:
+                    sid = await self._sid(*key)
+                except SbpError as exc:
+                    codes[key] = E.kafka_code(exc)
+                    continue
+                offsets[sid] = p["committed_offset"]
+                where[sid] = key
+        if offsets:
+            try:
+                await self.client.commit_offsets(group, offsets)
+            except SbpError as exc:
+                for key in where.values():
+                    codes[key] = E.kafka_code(exc)
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for (topic, part), c in codes.items():
+            by_topic.setdefault(topic, []).append({"partition_index": part, "error_code": c})
+        return {"throttle_time_ms": 0, "topics": [{"name": t, "partitions": ps}
+                                                  for t, ps in by_topic.items()]}
+
+    async def _offset_fetch(self, conn: _Conn, version: int, req: dict[str, Any]
+                            ) -> dict[str, Any]:
+        group = req["group_id"]
+        if not _group_ok(group):
+            return {"throttle_time_ms": 0, "topics": [], "error_code": E.INVALID_GROUP_ID}
+        wanted: list[tuple[str, int]] = []
+        sids: dict[tuple[str, int], int] = {}
+        code = E.NONE
+        committed: dict[int, int] = {}
+        try:
+            if req["topics"] is None:  # every partition the group has an offset for
+                committed = await self.client.committed_offsets(group)
+                for topic, parts in sorted((await self._all_topics()).items()):
+                    for p, sid in sorted(parts.items()):
+                        if sid in committed:
+                            wanted.append((topic, p))
+                            sids[(topic, p)] = sid
+            else:
+                for t in req["topics"]:
+                    for p in t["partition_indexes"]:
+                        wanted.append((t["name"], p))
+                        with contextlib.suppress(SbpError):  # unknown: nothing committed
+                            sids[(t["name"], p)] = await self._sid(t["name"], p)
+                if sids:
+                    committed = await self.client.committed_offsets(group, list(sids.values()))
+        except SbpError as exc:
+            code = E.kafka_code(exc)
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for topic, part in wanted:
+            known = sids.get((topic, part))
+            by_topic.setdefault(topic, []).append({
+                "partition_index": part, "committed_leader_epoch": -1, "metadata": "",
+                "committed_offset": -1 if known is None else committed.get(known, -1),
+                "error_code": code})
+        return {"throttle_time_ms": 0, "error_code": code,
+                "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+
+    async def _list_groups(self, conn: _Conn, version: int, req: dict[str, Any]
+                           ) -> dict[str, Any]:
+        try:
+            names = set(await self.client.list_groups()) | set(self.groups.groups)
+        except SbpError as exc:
+            return {"throttle_time_ms": 0, "error_code": E.kafka_code(exc), "groups": []}
+        return {"throttle_time_ms": 0, "error_code": 0, "groups": [
+            {"group_id": n, "protocol_type": "consumer"} for n in sorted(names)]}
+
+    async def _describe_groups(self, conn: _Conn, version: int, req: dict[str, Any]
+                               ) -> dict[str, Any]:
+        return {"throttle_time_ms": 0,
+                "groups": [await self._describe_group(n) for n in req["groups"]]}
+
+    async def _describe_group(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"error_code": 0, "group_id": name, "group_state": "Dead",
+                               "protocol_type": "", "protocol_data": "", "members": []}
+        g = self.groups.get(name)
+        if g is not None:  # a Kafka group live at this gateway
+            proto = g.protocol_name or "" if g.state not in (PREPARING, COMPLETING) else ""
+            out.update(group_state=g.state, protocol_type=g.protocol_type, protocol_data=proto,
+                       members=[{"member_id": mb.member_id, "group_instance_id": None,
+                                 "client_id": mb.client_id, "client_host": mb.host,
+                                 "member_metadata": mb.metadata(g.protocol_name or ""),
+                                 "member_assignment": mb.assignment}
+                                for mb in g.members.values()])
+            return out
+        if not _group_ok(name):
+            out["error_code"] = E.INVALID_GROUP_ID
+            return out
+        try:  # the sbpstream group: SDK consumers, or committed offsets only
+            d = await self.client.group_admin.describe(name)
+        except SbpError as exc:
+            out["error_code"] = E.kafka_code(exc)
+            return out
+        if d.members:
+            out.update(group_state="Stable" if d.state == "stable" else "PreparingRebalance",
+                       protocol_type="sbpstream",
+                       members=[{"member_id": mb.member_id, "group_instance_id": None,
+                                 "client_id": mb.client_id, "client_host": mb.host,
+                                 "member_metadata": b"", "member_assignment": b""}
+                                for mb in d.members])
+        elif d.committed_streams:
+            out.update(group_state="Empty", protocol_type="consumer")
+        return out
+
     # ------------------------------------------------------------------------ idempotence
 
     async def _init_producer_id(self, conn: _Conn, version: int, req: dict[str, Any]
@@ -740,6 +971,15 @@ class KafkaGateway:
 
 
 # ------------------------------------------------------------------------------------ helpers
+
+
+def _group_ok(group: str) -> bool:
+    """A Kafka group id is an sbpstream group name (1-255 bytes, printable, no '/')."""
+    try:
+        validate_group_name(group)
+    except SbpError:
+        return False
+    return True
 
 
 async def _then(aw: Awaitable[dict[str, Any] | None],

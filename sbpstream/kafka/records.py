@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import cramjam
 import crc32c
 import lz4.frame
 import zstandard
@@ -90,6 +91,58 @@ class KafkaBatch:
         return (self.base_sequence + len(self.records) - 1) & 0x7FFFFFFF
 
 
+XERIAL_MAGIC: Final = b"\x82SNAPPY\x00"
+"""snappy-java's stream framing (Kafka's Java producer): magic, int32 version, int32 minimum
+compatible version, then blocks of int32 length + a raw snappy block. librdkafka writes one
+raw snappy block; both are read."""
+XERIAL_HEADER: Final = len(XERIAL_MAGIC) + 8
+
+
+def _snappy_block(block: memoryview, budget: int) -> bytes:
+    """One raw snappy block, its declared length checked against ``budget`` first."""
+    size, _ = _uvarint_prefix(block)
+    if size > budget:
+        raise KafkaDecodeError("snappy records exceed the decompression bound")
+    try:
+        out = bytes(cramjam.snappy.decompress_raw(bytes(block)))
+    except Exception as e:  # cramjam's DecompressionError
+        raise KafkaDecodeError(f"cannot decompress snappy records: {e}") from None
+    if len(out) != size:
+        raise KafkaDecodeError("snappy block length does not match its preamble")
+    return out
+
+
+def _uvarint_prefix(buf: memoryview) -> tuple[int, int]:
+    """(value, bytes used) of the unsigned varint at the start of ``buf``."""
+    result = shift = 0
+    for i, b in enumerate(buf[:10]):
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, i + 1
+        shift += 7
+    raise KafkaDecodeError("bad snappy length preamble")
+
+
+def _unsnappy(data: memoryview) -> bytes:
+    if bytes(data[:len(XERIAL_MAGIC)]) != XERIAL_MAGIC:
+        return _snappy_block(data, MAX_DECOMPRESSED_BYTES)
+    if len(data) < XERIAL_HEADER:
+        raise KafkaDecodeError("truncated snappy stream header")
+    parts: list[bytes] = []
+    pos, total = XERIAL_HEADER, 0
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise KafkaDecodeError("truncated snappy block length")
+        n = int.from_bytes(data[pos:pos + 4], "big", signed=True)
+        pos += 4
+        if n < 0 or pos + n > len(data):
+            raise KafkaDecodeError(f"bad snappy block length {n}")
+        parts.append(_snappy_block(data[pos:pos + n], MAX_DECOMPRESSED_BYTES - total))
+        total += len(parts[-1])
+        pos += n
+    return b"".join(parts)
+
+
 def _decompress(codec: int, data: memoryview) -> bytes:
     try:
         if codec == CODEC_GZIP:
@@ -115,8 +168,8 @@ def _decompress(codec: int, data: memoryview) -> bytes:
     except Exception as e:  # every decompressor's own error types
         raise KafkaDecodeError(f"cannot decompress records (codec {codec}): {e}") from None
     if codec == CODEC_SNAPPY:
-        raise UnsupportedCompressionError("snappy is not supported; use lz4, zstd or gzip")
-    raise KafkaDecodeError(f"unknown compression codec {codec}")
+        return _unsnappy(data)
+    raise UnsupportedCompressionError(f"unknown compression codec {codec}")
 
 
 def decode_batches(buf: bytes | memoryview, now_ms: int | None = None) -> list[KafkaBatch]:

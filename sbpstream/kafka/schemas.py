@@ -14,6 +14,15 @@ PRODUCE: Final = 0
 FETCH: Final = 1
 LIST_OFFSETS: Final = 2
 METADATA: Final = 3
+OFFSET_COMMIT: Final = 8
+OFFSET_FETCH: Final = 9
+FIND_COORDINATOR: Final = 10
+JOIN_GROUP: Final = 11
+HEARTBEAT: Final = 12
+LEAVE_GROUP: Final = 13
+SYNC_GROUP: Final = 14
+DESCRIBE_GROUPS: Final = 15
+LIST_GROUPS: Final = 16
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
@@ -217,6 +226,152 @@ INIT_PRODUCER_ID_RESP = _s("InitProducerIdResponse", 2,
     F("producer_epoch", "int16"),
 )
 
+OFFSET_COMMIT_REQ = _s("OffsetCommitRequest", 8,
+    F("group_id", "string"),
+    F("generation_id", "int32", "1+", default=-1),
+    F("member_id", "string", "1+"),
+    F("group_instance_id", "string", "7+", nullable="7+"),
+    F("retention_time_ms", "int64", "2-4", default=-1),
+    F("topics", "[]", fields=(
+        F("name", "string"),
+        F("partitions", "[]", fields=(
+            F("partition_index", "int32"),
+            F("committed_offset", "int64"),
+            F("committed_leader_epoch", "int32", "6+", default=-1),
+            F("commit_timestamp", "int64", "1", default=-1),
+            F("committed_metadata", "string", nullable="0+"))))),
+)
+OFFSET_COMMIT_RESP = _s("OffsetCommitResponse", 8,
+    F("throttle_time_ms", "int32", "3+"),
+    F("topics", "[]", fields=(
+        F("name", "string"),
+        F("partitions", "[]", fields=(
+            F("partition_index", "int32"), F("error_code", "int16"))))),
+)
+
+OFFSET_FETCH_REQ = _s("OffsetFetchRequest", 6,
+    F("group_id", "string", "0-7"),
+    F("topics", "[]", "0-7", nullable="2-7", fields=(
+        F("name", "string"), F("partition_indexes", "[]int32"))),
+    F("require_stable", "bool", "7+"),
+)
+OFFSET_FETCH_RESP = _s("OffsetFetchResponse", 6,
+    F("throttle_time_ms", "int32", "3+"),
+    F("topics", "[]", "0-7", fields=(
+        F("name", "string"),
+        F("partitions", "[]", fields=(
+            F("partition_index", "int32"),
+            F("committed_offset", "int64"),
+            F("committed_leader_epoch", "int32", "5-7", default=-1),
+            F("metadata", "string", nullable="0-7"),
+            F("error_code", "int16"))))),
+    F("error_code", "int16", "2-7"),
+)
+
+FIND_COORDINATOR_REQ = _s("FindCoordinatorRequest", 3,
+    F("key", "string", "0-3"),
+    F("key_type", "int8", "1+"),
+)
+FIND_COORDINATOR_RESP = _s("FindCoordinatorResponse", 3,
+    F("throttle_time_ms", "int32", "1+"),
+    F("error_code", "int16", "0-3"),
+    F("error_message", "string", "1-3", nullable="1-3"),
+    F("node_id", "int32", "0-3"),
+    F("host", "string", "0-3"),
+    F("port", "int32", "0-3"),
+)
+
+JOIN_GROUP_REQ = _s("JoinGroupRequest", 6,
+    F("group_id", "string"),
+    F("session_timeout_ms", "int32"),
+    F("rebalance_timeout_ms", "int32", "1+", default=-1),
+    F("member_id", "string"),
+    F("group_instance_id", "string", "5+", nullable="5+"),
+    F("protocol_type", "string"),
+    F("protocols", "[]", fields=(F("name", "string"), F("metadata", "bytes"))),
+)
+JOIN_GROUP_RESP = _s("JoinGroupResponse", 6,
+    F("throttle_time_ms", "int32", "2+"),
+    F("error_code", "int16"),
+    F("generation_id", "int32", default=-1),
+    F("protocol_name", "string", nullable="7+"),
+    F("leader", "string"),
+    F("member_id", "string"),
+    F("members", "[]", fields=(
+        F("member_id", "string"),
+        F("group_instance_id", "string", "5+", nullable="5+"),
+        F("metadata", "bytes"))),
+)
+
+SYNC_GROUP_REQ = _s("SyncGroupRequest", 4,
+    F("group_id", "string"),
+    F("generation_id", "int32"),
+    F("member_id", "string"),
+    F("group_instance_id", "string", "3+", nullable="3+"),
+    F("assignments", "[]", fields=(F("member_id", "string"), F("assignment", "bytes"))),
+)
+SYNC_GROUP_RESP = _s("SyncGroupResponse", 4,
+    F("throttle_time_ms", "int32", "1+"),
+    F("error_code", "int16"),
+    F("assignment", "bytes"),
+)
+
+HEARTBEAT_REQ = _s("HeartbeatRequest", 4,
+    F("group_id", "string"),
+    F("generation_id", "int32"),
+    F("member_id", "string"),
+    F("group_instance_id", "string", "3+", nullable="3+"),
+)
+HEARTBEAT_RESP = _s("HeartbeatResponse", 4,
+    F("throttle_time_ms", "int32", "1+"),
+    F("error_code", "int16"),
+)
+
+LEAVE_GROUP_REQ = _s("LeaveGroupRequest", 4,
+    F("group_id", "string"),
+    F("member_id", "string", "0-2"),
+    F("members", "[]", "3+", fields=(
+        F("member_id", "string"), F("group_instance_id", "string", nullable="3+"))),
+)
+LEAVE_GROUP_RESP = _s("LeaveGroupResponse", 4,
+    F("throttle_time_ms", "int32", "1+"),
+    F("error_code", "int16"),
+    F("members", "[]", "3+", fields=(
+        F("member_id", "string"), F("group_instance_id", "string", nullable="3+"),
+        F("error_code", "int16"))),
+)
+
+LIST_GROUPS_REQ = _s("ListGroupsRequest", 3,
+    F("states_filter", "[]string", "4+"),
+)
+LIST_GROUPS_RESP = _s("ListGroupsResponse", 3,
+    F("throttle_time_ms", "int32", "1+"),
+    F("error_code", "int16"),
+    F("groups", "[]", fields=(F("group_id", "string"), F("protocol_type", "string"))),
+)
+
+DESCRIBE_GROUPS_REQ = _s("DescribeGroupsRequest", 5,
+    F("groups", "[]string"),
+    F("include_authorized_operations", "bool", "3+"),
+)
+DESCRIBE_GROUPS_RESP = _s("DescribeGroupsResponse", 5,
+    F("throttle_time_ms", "int32", "1+"),
+    F("groups", "[]", fields=(
+        F("error_code", "int16"),
+        F("group_id", "string"),
+        F("group_state", "string"),
+        F("protocol_type", "string"),
+        F("protocol_data", "string"),
+        F("members", "[]", fields=(
+            F("member_id", "string"),
+            F("group_instance_id", "string", "4+", nullable="4+"),
+            F("client_id", "string"),
+            F("client_host", "string"),
+            F("member_metadata", "bytes"),
+            F("member_assignment", "bytes"))),
+        F("authorized_operations", "int32", "3+", default=-2147483648))),
+)
+
 # The versions served: those of a Kafka 2.4 broker (well trodden by librdkafka and
 # kafka-python), from the first version that carries record batch v2 where records travel.
 SUPPORTED: Final[dict[int, Api]] = {a.key: a for a in (
@@ -228,4 +383,15 @@ SUPPORTED: Final[dict[int, Api]] = {a.key: a for a in (
     Api(CREATE_TOPICS, "CreateTopics", 0, 5, CREATE_TOPICS_REQ, CREATE_TOPICS_RESP),
     Api(DELETE_TOPICS, "DeleteTopics", 0, 4, DELETE_TOPICS_REQ, DELETE_TOPICS_RESP),
     Api(INIT_PRODUCER_ID, "InitProducerId", 0, 2, INIT_PRODUCER_ID_REQ, INIT_PRODUCER_ID_RESP),
+    # consumer groups; OffsetCommit from v2 and OffsetFetch from v1 (the first versions whose
+    # offsets Kafka keeps itself rather than in ZooKeeper)
+    Api(OFFSET_COMMIT, "OffsetCommit", 2, 8, OFFSET_COMMIT_REQ, OFFSET_COMMIT_RESP),
+    Api(OFFSET_FETCH, "OffsetFetch", 1, 6, OFFSET_FETCH_REQ, OFFSET_FETCH_RESP),
+    Api(FIND_COORDINATOR, "FindCoordinator", 0, 3, FIND_COORDINATOR_REQ, FIND_COORDINATOR_RESP),
+    Api(JOIN_GROUP, "JoinGroup", 0, 6, JOIN_GROUP_REQ, JOIN_GROUP_RESP),
+    Api(HEARTBEAT, "Heartbeat", 0, 4, HEARTBEAT_REQ, HEARTBEAT_RESP),
+    Api(LEAVE_GROUP, "LeaveGroup", 0, 4, LEAVE_GROUP_REQ, LEAVE_GROUP_RESP),
+    Api(SYNC_GROUP, "SyncGroup", 0, 4, SYNC_GROUP_REQ, SYNC_GROUP_RESP),
+    Api(DESCRIBE_GROUPS, "DescribeGroups", 0, 5, DESCRIBE_GROUPS_REQ, DESCRIBE_GROUPS_RESP),
+    Api(LIST_GROUPS, "ListGroups", 0, 3, LIST_GROUPS_REQ, LIST_GROUPS_RESP),
 )}
