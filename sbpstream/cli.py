@@ -1564,7 +1564,8 @@ def check(
 # ------------------------------------------------------------------------------------ quotas
 
 quota_app = typer.Typer(
-    help="Quotas per client id, per stream, or default: set, list, delete; live counters.",
+    help="Quotas per user, user+client id, client id, stream, or default: set, list, delete; "
+    "live counters.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -1597,17 +1598,28 @@ def _take_client_id(argv: list[str]) -> list[str]:
     return out
 
 
-def _entity(client_id: str | None, stream: int | None, default: bool) -> tuple[QuotaKind, str]:
+def _entity(client_id: str | None, stream: int | None, default: bool,
+            user: str | None) -> tuple[QuotaKind, str, str]:
+    """The quota entity the options name: (kind, client id or stream id, principal)."""
+    if user is not None and stream is None and not default:
+        if client_id is not None:
+            return QuotaKind.CLIENT, client_id, user  # that user's connections with that id
+        return QuotaKind.USER, "", user
     given = [x for x in (client_id is not None, stream is not None, default) if x]
-    if len(given) != 1:
-        fail("name exactly one of --client-id ID, --stream S, --default", EXIT_USAGE)
+    if len(given) != 1 or user is not None:
+        fail("name exactly one of --user NAME [--client-id ID], --client-id ID, --stream S, "
+             "--default", EXIT_USAGE)
     if client_id is not None:
-        return QuotaKind.CLIENT, client_id
+        return QuotaKind.CLIENT, client_id, ""
     if stream is not None:
-        return QuotaKind.STREAM, str(stream)
-    return QuotaKind.DEFAULT, ""
+        return QuotaKind.STREAM, str(stream), ""
+    return QuotaKind.DEFAULT, "", ""
 
 
+QUserOption = Annotated[str | None, typer.Option(
+    "--user", help="A user's (principal's) quota, for all its client ids; with --client-id, "
+    "for that client id of the user only. (Authenticate with the global --user before "
+    "'quota', or $SBPSTREAM_USER.)")]
 QClientOption = Annotated[str | None, typer.Option("--client-id", help="A client id's quota.")]
 QStreamOption = Annotated[int | None, typer.Option("--stream", help="A stream's quota.")]
 QDefaultOption = Annotated[bool, typer.Option(
@@ -1621,6 +1633,7 @@ def _rate(n: int | None) -> str:
 @quota_app.command("set")
 def quota_set(
     pm: PmOption = DEFAULT_PM,
+    user: QUserOption = None,
     client_id: QClientOption = None,
     stream: QStreamOption = None,
     default: QDefaultOption = False,
@@ -1633,12 +1646,13 @@ def quota_set(
         "--requests-per-s", help="APPEND and FETCH requests/s.")] = None,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Create or replace a quota (each data node enforces it for its own traffic)."""
-    kind, name = _entity(client_id, stream, default)
+    """Create or replace a quota (each data node enforces it for its own traffic). Which one
+    applies, per rate: --user with --client-id, then --user, then --client-id, then --default."""
+    kind, name, principal = _entity(client_id, stream, default, user)
     spec = QuotaSpec(kind, name,
                      UNLIMITED if produce_bytes_per_s is None else produce_bytes_per_s,
                      UNLIMITED if fetch_bytes_per_s is None else fetch_bytes_per_s,
-                     UNLIMITED if requests_per_s is None else requests_per_s)
+                     UNLIMITED if requests_per_s is None else requests_per_s, principal)
     try:
         validate_quota(spec)
     except SbpError as exc:
@@ -1664,14 +1678,15 @@ def quota_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TI
 @quota_app.command("delete")
 def quota_delete(
     pm: PmOption = DEFAULT_PM,
+    user: QUserOption = None,
     client_id: QClientOption = None,
     stream: QStreamOption = None,
     default: QDefaultOption = False,
     timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
     """Delete a quota."""
-    kind, name = _entity(client_id, stream, default)
-    q = _run(pm, timeout_ms, lambda c: c.delete_quota(kind, name))
+    kind, name, principal = _entity(client_id, stream, default, user)
+    q = _run(pm, timeout_ms, lambda c: c.delete_quota(kind, name, principal))
     out_console.print(f"deleted quota {q.key}", markup=False)
 
 

@@ -28,7 +28,8 @@ RANGE = m.Range(
 RANGE2 = dataclasses.replace(RANGE, range_index=4, start_offset=1_500, next_offset=1_600)
 STREAM = m.Stream(42, 3, 86_400_000, 1_000, "orders.eu-1")
 PRODUCER = m.ProducerState(1 << 40, 3, 99, 1_400)
-QUOTA = m.Quota(1, "client-1", 1 << 20, 2 << 20, 500)
+QUOTA_BEFORE_USER = m.Quota(1, "client-1", 1 << 20, 2 << 20, 500)
+QUOTA = dataclasses.replace(QUOTA_BEFORE_USER, user="alice")  # a user+client-id quota
 
 SAMPLES: list[m.Message] = [
     m.PingRequest(),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from message_samples import ERR, ERR2, SAMPLES
+from message_samples import ERR, ERR2, QUOTA_BEFORE_USER, SAMPLES
 
 from sbpstream.protocol import messages as m
 
@@ -92,6 +92,25 @@ def _cases() -> dict[str, Any]:
                 20, err, (m.FetchResult(42, 1, 4096, err, 100, 2_000, 1_500),
                           m.FetchResult(43, 7, 0, ERR2, 0, 1, 2))
             ),
+        }
+    )
+    # Quota's user (quotas per principal): every quota message as it was before it
+    q0 = QUOTA_BEFORE_USER
+    cases.update(
+        {
+            "Quota/before-user": q0,
+            "QuotaResult/before-user": m.QuotaResult(q0, err),
+            "SetQuotasRequest/before-user": m.SetQuotasRequest(
+                1_000, (q0, m.Quota(0, "", -1, 1 << 30, -1))),
+            "SetQuotasResponse/before-user": m.SetQuotasResponse(
+                11, err, (m.QuotaResult(q0, err),)),
+            "DeleteQuotasRequest/before-user": m.DeleteQuotasRequest(1_000, (q0,)),
+            "DeleteQuotasResponse/before-user": m.DeleteQuotasResponse(
+                12, err, (m.QuotaResult(q0, ERR2),)),
+            "DescribeQuotasResponse/before-user": m.DescribeQuotasResponse(
+                13, err, (q0, m.Quota(2, "42", 5, 6, 7))),
+            "QuotaCountersResponse/before-user": m.QuotaCountersResponse(
+                14, err, (m.QuotaCounter("c/client-1/produce", -7, 4, 2),), 10_000, 3, (q0,)),
         }
     )
     return cases

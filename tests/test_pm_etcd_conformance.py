@@ -448,15 +448,54 @@ async def test_quotas_set_replace_delete_persist(backend: Backend) -> None:
     assert outs[3] == QuotaSpec(QuotaKind.STREAM, "7", 5, 6, 7)
     a2 = QuotaSpec(QuotaKind.CLIENT, "app-1", 2000)
     assert await s.set_quotas([a2]) == [a2]  # replaces, whole
+    # per principal: a user's quota, and the same client id's quota for that user alone
+    u = QuotaSpec(QuotaKind.USER, "", 3000, user="alice")
+    uc = QuotaSpec(QuotaKind.CLIENT, "app-1", UNLIMITED, 4000, user="alice")
+    outs = await s.set_quotas([u, uc, QuotaSpec(QuotaKind.STREAM, "7", 5, user="alice")])
+    assert outs[:2] == [u, uc]
+    assert isinstance(outs[2], InvalidRequestError) and "takes no user" in outs[2].message
     s = await backend.reopen()
     assert {q.key: q for q in await s.list_quotas()} == {
-        "client/app-1": a2, "default": d, "stream/7": QuotaSpec(QuotaKind.STREAM, "7", 5, 6, 7)}
-    outs = await s.delete_quotas([(int(QuotaKind.DEFAULT), ""), (int(QuotaKind.CLIENT), "nope")])
+        "client/app-1": a2, "default": d, "stream/7": QuotaSpec(QuotaKind.STREAM, "7", 5, 6, 7),
+        "user/alice": u, "user/alice,client/app-1": uc}
+    outs = await s.delete_quotas([(int(QuotaKind.DEFAULT), "", ""),
+                                  (int(QuotaKind.CLIENT), "nope", ""),
+                                  (int(QuotaKind.CLIENT), "app-1", "alice")])
     assert outs[0] == d
     assert isinstance(outs[1], InvalidRequestError)
     assert "no quota for client/nope" in outs[1].message
+    assert outs[2] == uc
     s = await backend.reopen()
-    assert sorted(q.key for q in await s.list_quotas()) == ["client/app-1", "stream/7"]
+    assert sorted(q.key for q in await s.list_quotas()) == ["client/app-1", "stream/7",
+                                                             "user/alice"]
+
+
+async def test_sqlite_quotas_table_from_before_principals_gains_the_column(tmp_path: Path) -> None:
+    """A quotas table written before user quotas existed: opened, its rows read as they were,
+    and user quotas stored alongside."""
+    import sqlite3
+
+    from sbpstream.quota.model import QuotaKind, QuotaSpec
+
+    path = tmp_path / "old.sqlite"
+    b = SqliteBackend(path)
+    await b.open()
+    await b.close()
+    c = sqlite3.connect(path)
+    c.execute("DROP TABLE quotas")
+    c.execute("CREATE TABLE quotas (key TEXT PRIMARY KEY, kind INTEGER NOT NULL, name TEXT NOT "
+              "NULL, produce_bytes_per_s INTEGER NOT NULL, fetch_bytes_per_s INTEGER NOT NULL, "
+              "requests_per_s INTEGER NOT NULL) WITHOUT ROWID")
+    c.execute("INSERT INTO quotas VALUES ('client/old', 1, 'old', 100, -1, -1)")
+    c.commit()
+    c.close()
+    s = await b.reopen()
+    assert await s.list_quotas() == [QuotaSpec(QuotaKind.CLIENT, "old", 100)]
+    u = QuotaSpec(QuotaKind.USER, "", 5, user="bob")
+    assert await s.set_quotas([u]) == [u]
+    s = await b.reopen()
+    assert [q.key for q in await s.list_quotas()] == ["client/old", "user/bob"]
+    await b.close()
 
 
 # ---- auth records (issue 23): users and ACL rules, both backends

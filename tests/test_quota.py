@@ -43,7 +43,7 @@ async def _applied(admin: AsyncClient, addr: str, key: str, spec: QuotaSpec | No
     """Wait until the data node enforces ``spec`` for ``key`` (None: no quota for it)."""
     async def seen() -> bool:
         quotas = (await admin.quota_counters(addr)).quotas
-        got = {QuotaSpec(QuotaKind(q.kind), q.name).key: q for q in quotas}
+        got = {QuotaSpec(QuotaKind(q.kind), q.name, user=q.user).key: q for q in quotas}
         if spec is None:
             return key not in got
         q = got.get(key)

@@ -51,12 +51,31 @@ def test_quota_set_list_delete_counters_and_client_id(cluster: LocalCluster) -> 
     assert "client/app-7" not in _cli(cluster, "quota", "list").stdout
 
 
+def test_quota_per_user_and_per_user_client_id(cluster: LocalCluster) -> None:
+    r = _cli(cluster, "quota", "set", "--user", "alice", "--produce-bytes-per-s", "2048")
+    assert r.returncode == 0, r.stderr
+    assert "quota user/alice:" in r.stdout and "2,048" in r.stdout
+    r = _cli(cluster, "quota", "set", "--user", "alice", "--client-id", "etl",
+             "--fetch-bytes-per-s", "9000")
+    assert r.returncode == 0, r.stderr
+    assert "quota user/alice,client/etl:" in r.stdout
+    listed = _cli(cluster, "quota", "list").stdout
+    assert "user/alice " in listed and "user/alice,client/etl" in listed and "9,000" in listed
+    r = _cli(cluster, "quota", "delete", "--user", "alice", "--client-id", "etl")
+    assert r.returncode == 0 and "deleted quota user/alice,client/etl" in r.stdout
+    listed = _cli(cluster, "quota", "list").stdout
+    assert "user/alice " in listed and "client/etl" not in listed
+    assert _cli(cluster, "quota", "delete", "--user", "alice").returncode == 0
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--client-id", "a", "--produce-bytes-per-s", "0"], "would stop all traffic"),
     (["--client-id", "a", "--fetch-bytes-per-s", "-5"], "is negative"),
     (["--default", "--requests-per-s", str(1 << 40)], "above the largest"),
     (["--client-id", "a"], "at least one of"),
     (["--client-id", "a", "--default", "--requests-per-s", "5"], "exactly one of"),
+    (["--user", "a", "--stream", "5", "--requests-per-s", "5"], "exactly one of"),
+    (["--user", "a,b", "--requests-per-s", "5"], "no ','"),
 ])
 def test_quota_set_refuses_hostile_values(cluster: LocalCluster, args: list[str],
                                           message: str) -> None:

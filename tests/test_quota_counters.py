@@ -6,7 +6,7 @@ import pytest
 
 from sbpstream.protocol.errors import InvalidRequestError
 from sbpstream.quota.counters import MAX_QUOTA_COUNTERS, OVERFLOW_KEY, CounterTable, TtlType
-from sbpstream.quota.enforcer import FETCH, PRODUCE, QuotaEnforcer
+from sbpstream.quota.enforcer import FETCH, PRODUCE, REQUESTS, QuotaEnforcer
 from sbpstream.quota.model import (
     MAX_BYTES_PER_S,
     UNLIMITED,
@@ -103,6 +103,52 @@ def test_enforcer_client_default_and_stream_quotas() -> None:
     assert enf.throttled == 2
 
 
+def test_user_quota_precedence_user_client_over_user_over_client_over_default() -> None:
+    """Kafka's order, per rate: user+client id > user > client id > default."""
+    enf = QuotaEnforcer()
+    enf.load([QuotaSpec(QuotaKind.DEFAULT, "", 100, 100),
+              QuotaSpec(QuotaKind.CLIENT, "app", 1_000, UNLIMITED, 7),
+              QuotaSpec(QuotaKind.USER, "", 10_000, user="alice"),
+              QuotaSpec(QuotaKind.CLIENT, "app", 100_000, user="alice")])
+    book = enf.book
+    assert book.resolve("alice", "app", PRODUCE) == ("u/alice,c/app/produce", 100_000)
+    assert book.resolve("alice", "other", PRODUCE) == ("u/alice/produce", 10_000)
+    assert book.resolve("bob", "app", PRODUCE) == ("c/app/produce", 1_000)
+    assert book.resolve("", "app", PRODUCE) == ("c/app/produce", 1_000)  # no principal
+    assert book.resolve("bob", "other", PRODUCE) == ("c/other/produce", 100)  # default
+    # a rate the specific quota leaves unset falls through to the next level
+    assert book.resolve("alice", "app", FETCH) == ("c/app/fetch", 100)  # default's fetch
+    assert book.resolve("alice", "app", REQUESTS) == ("c/app/requests", 7)
+
+
+def test_a_user_quota_is_shared_by_all_its_client_ids() -> None:
+    enf = QuotaEnforcer()
+    enf.load([QuotaSpec(QuotaKind.USER, "", 1000, user="alice"),
+              QuotaSpec(QuotaKind.DEFAULT, "", 10**6)])
+    assert enf.charge("a-1", PRODUCE, 600, {}, 0, user="alice") == 0
+    assert enf.charge("a-2", PRODUCE, 600, {}, 0, user="alice") > 0  # same user, other id
+    assert enf.charge("a-2", PRODUCE, 600, {}, 0, user="bob") == 0  # bob: the default
+    assert enf.charge("a-3", PRODUCE, 600, {}, 0) == 0  # no principal: the default
+    keys = {v.key for v in enf.counters.query(0)}
+    assert keys == {"u/alice/produce", "c/a-2/produce", "c/a-3/produce"}
+    # a reload drops the remembered resolutions: the user quota is gone, the default applies
+    enf.load([QuotaSpec(QuotaKind.DEFAULT, "", 10**6)])
+    assert enf.charge("a-9", PRODUCE, 600, {}, 0, user="alice") == 0
+    assert "c/a-9/produce" in {v.key for v in enf.counters.query(0)}
+
+
+def test_user_and_client_id_counter_keys_never_collide() -> None:
+    # a principal holds no ',': user "a" with client id "b,c/x" and user "a,b" cannot exist both
+    enf = QuotaEnforcer()
+    enf.load([QuotaSpec(QuotaKind.CLIENT, "c/x", 10, user="a"),
+              QuotaSpec(QuotaKind.CLIENT, "a", 10),
+              QuotaSpec(QuotaKind.USER, "", 10, user="c")])
+    enf.charge("c/x", PRODUCE, 5, {}, 0, user="a")
+    enf.charge("a", PRODUCE, 5, {}, 0)
+    enf.charge("z", PRODUCE, 5, {}, 0, user="c")
+    assert len({v.key for v in enf.counters.query(0)}) == 3
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     (QuotaSpec(QuotaKind.CLIENT, "a", 0), "= 0 would stop all traffic"),
     (QuotaSpec(QuotaKind.CLIENT, "a", -5), "is negative"),
@@ -114,6 +160,11 @@ def test_enforcer_client_default_and_stream_quotas() -> None:
     (QuotaSpec(QuotaKind.STREAM, "abc", 5), "positive stream id"),
     (QuotaSpec(QuotaKind.STREAM, "0", 5), "positive stream id"),
     (QuotaSpec(QuotaKind.DEFAULT, "x", 5), "takes no name"),
+    (QuotaSpec(QuotaKind.USER, "", 5), "needs a user"),
+    (QuotaSpec(QuotaKind.USER, "app", 5, user="alice"), "takes no client id"),
+    (QuotaSpec(QuotaKind.USER, "", 5, user="a,b"), "no ','"),
+    (QuotaSpec(QuotaKind.STREAM, "7", 5, user="alice"), "takes no user"),
+    (QuotaSpec(QuotaKind.DEFAULT, "", 5, user="alice"), "takes no user"),
 ])
 def test_hostile_quota_values_are_refused_clearly(spec: QuotaSpec, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message):
@@ -123,6 +174,9 @@ def test_hostile_quota_values_are_refused_clearly(spec: QuotaSpec, message: str)
 def test_valid_quota_is_normalized() -> None:
     assert validate(QuotaSpec(QuotaKind.STREAM, "007", 5)).name == "7"
     assert validate(QuotaSpec(QuotaKind.DEFAULT, "", MAX_BYTES_PER_S)).key == "default"
+    assert validate(QuotaSpec(QuotaKind.USER, "", 5, user="alice")).key == "user/alice"
+    assert validate(QuotaSpec(QuotaKind.CLIENT, "app", 5, user="alice")).key == \
+        "user/alice,client/app"
 
 
 def test_throttle_time_is_read_off_response_headers() -> None:

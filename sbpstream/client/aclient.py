@@ -410,10 +410,11 @@ class AsyncClient:
             timeout_ms=self.request_timeout_ms, quotas=(_quota_msg(q),)), SetQuotasResponse)
         return _quota_result(resp.status, resp.results)
 
-    async def delete_quota(self, kind: QuotaKind, name: str = "") -> QuotaSpec:
-        """Delete the quota of a client id, a stream (``name`` = its id) or the default."""
+    async def delete_quota(self, kind: QuotaKind, name: str = "", user: str = "") -> QuotaSpec:
+        """Delete the quota of a client id, a stream (``name`` = its id), the default, a user
+        (``user``) or a user's client id (CLIENT with ``name`` and ``user``)."""
         resp = await self._pm_call(DeleteQuotasRequest(
-            timeout_ms=self.request_timeout_ms, quotas=(Quota(int(kind), name),)),
+            timeout_ms=self.request_timeout_ms, quotas=(Quota(int(kind), name, user=user),)),
             DeleteQuotasResponse)
         return _quota_result(resp.status, resp.results)
 
@@ -844,12 +845,12 @@ class AsyncClient:
 
 
 def _quota_msg(q: QuotaSpec) -> Quota:
-    return Quota(int(q.kind), q.name, *q.rates())
+    return Quota(int(q.kind), q.name, *q.rates(), q.user)
 
 
 def _quota_spec(q: Quota) -> QuotaSpec:
     return QuotaSpec(QuotaKind(q.kind), q.name, q.produce_bytes_per_s, q.fetch_bytes_per_s,
-                     q.requests_per_s)
+                     q.requests_per_s, q.user)
 
 
 def _quota_result(status: Status, results: Sequence[QuotaResult]) -> QuotaSpec:

@@ -191,9 +191,9 @@ class Client(ClientBase):
         """
         return self._runner.run(self._async.set_quota(quota))
 
-    def delete_quota(self, kind: QuotaKind, name: str = "") -> QuotaSpec:
+    def delete_quota(self, kind: QuotaKind, name: str = "", user: str = "") -> QuotaSpec:
         """Delete the quota of a client id, a stream (``name`` = its id) or the default."""
-        return self._runner.run(self._async.delete_quota(kind, name))
+        return self._runner.run(self._async.delete_quota(kind, name, user))
 
     def list_quotas(self) -> list[QuotaSpec]:
         """Every quota the PM stores, by key."""

@@ -175,10 +175,12 @@ class AppendHandler:
 
     def _charge(self, req: Request, m: AppendRequest) -> int:
         """Quotas (issue 22): the payload's bytes as produce, by stream; the throttle time."""
+        quotas = self.ctx.quotas
         per_stream: dict[int, int] = {}
-        for it in m.items:
-            per_stream[it.stream_id] = per_stream.get(it.stream_id, 0) + it.batch_length
-        return self.ctx.quotas.charge(req.conn, PRODUCE, len(req.payload), per_stream)
+        if quotas.enforcer.has_stream_quotas:  # else no byte count per stream is needed
+            for it in m.items:
+                per_stream[it.stream_id] = per_stream.get(it.stream_id, 0) + it.batch_length
+        return quotas.charge(req.conn, PRODUCE, len(req.payload), per_stream)
 
     def _account(self, sent: list[AppendResult], t0: float) -> None:
         self.ctx.metrics.c.append_failed += sum(1 for r in sent if r.status.code)

@@ -2,9 +2,11 @@
 
 - **Who.** A connection is charged to the ``client_id`` it declared
   (:attr:`~sbpstream.net.server.ServerConnection.client_id`), set by a HEARTBEAT the SDK sends on
-  each new data-node connection (:meth:`NodeQuotas.heartbeat`); a connection that declared none
-  is the client ``""`` (the default quota applies to it). Replication between data nodes is
-  never charged.
+  each new data-node connection; a connection that declared none is the client ``""`` (the
+  default quota applies to it). With auth on, also to the principal of the token it
+  authenticated with (:func:`principal_of`): user and user+client-id quotas take precedence
+  (:mod:`sbpstream.quota.enforcer`). Replication between data nodes is never charged, and a node
+  token has no principal for quotas.
 - **What.** APPEND charges its payload bytes (produce), FETCH the payload bytes it returns
   (fetch), each one request (requests/s), through :class:`~sbpstream.quota.enforcer.QuotaEnforcer`.
 - **Then.** Over a quota, the response goes out at once with ``throttle_time_ms``, and the
@@ -20,6 +22,8 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
+from sbpstream.auth.gate import CONN_CLAIMS
+from sbpstream.auth.tokens import Claims
 from sbpstream.datanode.limits import PM_CALL_TIMEOUT_S
 from sbpstream.datanode.pmclient import PmClient
 from sbpstream.net.server import Request, Responder, ServerConnection
@@ -38,6 +42,14 @@ from sbpstream.quota.model import QuotaKind, QuotaSpec
 log = logging.getLogger("sbpstream.datanode.quota")
 
 
+def principal_of(conn: ServerConnection) -> str:
+    """The user a connection authenticated as ("" without auth, or with a node token)."""
+    claims = conn.attributes.get(CONN_CLAIMS)
+    if isinstance(claims, Claims) and not claims.is_node:
+        return claims.principal
+    return ""
+
+
 class NodeQuotas:
     def __init__(self, window_ms: int = DEFAULT_QUOTA_WINDOW_MS) -> None:
         self.enforcer = QuotaEnforcer(window_ms)
@@ -47,7 +59,10 @@ class NodeQuotas:
     def charge(self, conn: ServerConnection, rate: int, amount: int,
                per_stream: Mapping[int, int]) -> int:
         """Count one request; over quota, mute ``conn``. Returns its throttle_time_ms."""
-        ms = self.enforcer.charge(conn.client_id, rate, amount, per_stream, time.monotonic_ns())
+        if self.enforcer.book.empty:
+            return 0
+        ms = self.enforcer.charge(conn.client_id, rate, amount, per_stream, time.monotonic_ns(),
+                                  principal_of(conn))
         if ms:
             conn.mute(ms)
         return ms
@@ -55,17 +70,18 @@ class NodeQuotas:
     def fetch_round_bytes(self, conn: ServerConnection, stream_ids: Sequence[int]) -> int | None:
         """The fetch quota (bytes per window) a subscription round of ``conn`` may push: the
         smallest that applies to its client or streams; None when none applies."""
-        return self.enforcer.fetch_round_bytes(conn.client_id, stream_ids)
+        return self.enforcer.fetch_round_bytes(conn.client_id, stream_ids, principal_of(conn))
 
     async def counters(self, req: Request, resp: Responder) -> None:
         """QUOTA_COUNTERS: every live counter, its quota left and TTL left (Throttr's QUERY)."""
         QuotaCountersRequest.decode(req.header)
         tab = self.enforcer.counters
         views = tab.query(time.monotonic_ns(), TtlType.MILLISECONDS)
+        quotas = tuple(Quota(int(q.kind), q.name, *q.rates(), q.user) for q in self.specs)
         await resp.send(QuotaCountersResponse(
             counters=tuple(QuotaCounter(v.key, v.quota, int(v.ttl_type), v.ttl) for v in views),
             max_counters=tab.max_counters, overflowed=tab.overflowed,
-            quotas=tuple(Quota(int(q.kind), q.name, *q.rates()) for q in self.specs)).encode())
+            quotas=quotas).encode())
 
     async def pull(self, pm: PmClient) -> None:
         """Replace the quotas enforced here with the PM's."""
@@ -73,7 +89,7 @@ class NodeQuotas:
                           DescribeQuotasResponse)
         r.status.raise_for_error()
         specs = [QuotaSpec(QuotaKind(q.kind), q.name, q.produce_bytes_per_s,
-                           q.fetch_bytes_per_s, q.requests_per_s) for q in r.quotas]
+                           q.fetch_bytes_per_s, q.requests_per_s, q.user) for q in r.quotas]
         self.enforcer.load(specs)
         self.specs = specs
         if len(specs) != self.loaded:

@@ -250,9 +250,9 @@ class MetadataStore(Protocol):
         """Create or replace quotas (rules.set_quota), each item all-or-nothing."""
 
     async def delete_quotas(
-        self, items: Sequence[tuple[int, str]]
+        self, items: Sequence[tuple[int, str, str]]
     ) -> list[QuotaSpec | SbpError]:
-        """Delete quotas by (kind, name) (rules.delete_quota); each the quota deleted."""
+        """Delete quotas by (kind, name, user) (rules.delete_quota); each the quota deleted."""
 
     async def list_quotas(self) -> list[QuotaSpec]:
         """Every stored quota, by key."""

@@ -341,10 +341,10 @@ def set_quota(tx: MetaTxn, spec: QuotaSpec) -> QuotaSpec:
     return q
 
 
-def delete_quota(tx: MetaTxn, kind: int, name: str) -> QuotaSpec:
+def delete_quota(tx: MetaTxn, kind: int, name: str, user: str = "") -> QuotaSpec:
     """Delete an entity's quota; the quota deleted."""
-    k, n = validate_entity(kind, name)
-    key = entity_key(k, n)
+    k, n, u = validate_entity(kind, name, user)
+    key = entity_key(k, n, u)
     old = tx.quota(key)
     if old is None:
         raise InvalidRequestError(f"there is no quota for {key}")

@@ -206,12 +206,13 @@ class WireDataNodeApi:
 
 def _quota_spec(q: m.Quota) -> QuotaSpec:
     """The wire quota as a spec (an unknown kind: InvalidRequestError naming it)."""
-    kind, name = validate_entity(q.kind, q.name)
-    return QuotaSpec(kind, name, q.produce_bytes_per_s, q.fetch_bytes_per_s, q.requests_per_s)
+    kind, name, user = validate_entity(q.kind, q.name, q.user)
+    return QuotaSpec(kind, name, q.produce_bytes_per_s, q.fetch_bytes_per_s, q.requests_per_s,
+                     user)
 
 
 def _quota_msg(q: QuotaSpec) -> m.Quota:
-    return m.Quota(int(q.kind), q.name, *q.rates())
+    return m.Quota(int(q.kind), q.name, *q.rates(), q.user)
 
 
 def _quota_results(asked: Sequence[m.Quota], outs: Sequence[QuotaSpec | SbpError]
@@ -453,7 +454,7 @@ class PmServer:
 
     async def _delete_quotas(self, req: Request, resp: Responder) -> None:
         r = m.DeleteQuotasRequest.decode(req.header)
-        outs = await self.meta.delete_quotas([(q.kind, q.name) for q in r.quotas])
+        outs = await self.meta.delete_quotas([(q.kind, q.name, q.user) for q in r.quotas])
         await resp.send(m.DeleteQuotasResponse(results=_quota_results(r.quotas, outs)).encode())
 
     async def _describe_quotas(self, req: Request, resp: Responder) -> None:

@@ -147,11 +147,14 @@ _QUOTAS_TABLE: Final = (
         name TEXT NOT NULL,
         produce_bytes_per_s INTEGER NOT NULL,
         fetch_bytes_per_s INTEGER NOT NULL,
-        requests_per_s INTEGER NOT NULL
+        requests_per_s INTEGER NOT NULL,
+        principal TEXT NOT NULL DEFAULT ''
     ) WITHOUT ROWID"""
 )
 """Quotas (issue 22). Created at every open when missing, without a schema version bump: an
-older sbpstream opening the file ignores the table (it enforces no quotas)."""
+older sbpstream opening the file ignores the table (it enforces no quotas). ``principal`` (user
+and user+client-id quotas) came later: a table from before it gets the column at open (ADD
+COLUMN with a default; an older sbpstream reads the table as before and ignores the column)."""
 
 _AUTH_TABLE: Final = """CREATE TABLE IF NOT EXISTS auth_records (
         kind TEXT NOT NULL,
@@ -360,11 +363,13 @@ def _node(row: Sequence[Any], soft: rules.SoftState) -> NodeMeta:
     return soft.applied(n)
 
 
-_QUOTA_COLS: Final = "kind, name, produce_bytes_per_s, fetch_bytes_per_s, requests_per_s"
+_QUOTA_COLS: Final = ("kind, name, produce_bytes_per_s, fetch_bytes_per_s, requests_per_s, "
+                      "principal")
 
 
 def _quota(row: Sequence[Any]) -> QuotaSpec:
-    return QuotaSpec(QuotaKind(int(row[0])), str(row[1]), int(row[2]), int(row[3]), int(row[4]))
+    return QuotaSpec(QuotaKind(int(row[0])), str(row[1]), int(row[2]), int(row[3]), int(row[4]),
+                     str(row[5]))
 
 
 def _metrics_json(m: NodeMetrics | None) -> str | None:
@@ -440,8 +445,8 @@ def _apply(c: sqlite3.Connection, layer: Layer, base: _SqlReader) -> None:
     c.executemany("DELETE FROM quotas WHERE key = ?",
                   [(k,) for k, q in layer.quotas.items() if q is None])
     c.executemany(
-        f"INSERT OR REPLACE INTO quotas (key, {_QUOTA_COLS}) VALUES (?, ?, ?, ?, ?, ?)",
-        [(q.key, int(q.kind), q.name, *q.rates()) for q in layer.quotas.values()
+        f"INSERT OR REPLACE INTO quotas (key, {_QUOTA_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(q.key, int(q.kind), q.name, *q.rates(), q.user) for q in layer.quotas.values()
          if q is not None])
     c.executemany(
         f"INSERT OR REPLACE INTO data_nodes ({_NODE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -602,6 +607,9 @@ class SqliteMetadataStore:
         with self._raw_tx():
             c.execute(_SCHEMA[0])
             c.execute(_QUOTAS_TABLE)  # not versioned: see _QUOTAS_TABLE
+            cols = {str(r[1]) for r in c.execute("PRAGMA table_info(quotas)")}
+            if "principal" not in cols:
+                c.execute("ALTER TABLE quotas ADD COLUMN principal TEXT NOT NULL DEFAULT ''")
             row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
                 for stmt in _SCHEMA[1:]:
@@ -692,7 +700,7 @@ class SqliteMetadataStore:
         return await self._write_async(items, rules.set_quota)
 
     async def delete_quotas(
-        self, items: Sequence[tuple[int, str]]
+        self, items: Sequence[tuple[int, str, str]]
     ) -> list[QuotaSpec | SbpError]:
         return await self._write_async(items, lambda tx, it: rules.delete_quota(tx, *it))
 

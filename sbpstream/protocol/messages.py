@@ -791,11 +791,12 @@ class WhoamiResponse(Message):
 class Quota(Table):
     """One quota (sbpstream.quota.model.QuotaSpec on the wire); -1 = rate not limited."""
 
-    kind: int = 0  # 0 default, 1 client id, 2 stream
-    name: str = ""  # the client id, the decimal stream id, or "" (default)
+    kind: int = 0  # 0 default, 1 client id, 2 stream, 3 user
+    name: str = ""  # the client id, the decimal stream id, or "" (default, user)
     produce_bytes_per_s: int = -1
     fetch_bytes_per_s: int = -1
     requests_per_s: int = -1
+    user: str = ""  # appended: the principal of a user or user+client-id quota
 
 
 @table()

@@ -80,15 +80,20 @@ def decode_node(nid: int, v: bytes) -> NodeMeta:
 
 
 def encode_quota(q: QuotaSpec) -> bytes:
-    return _dumps({"kind": int(q.kind), "name": q.name,
-                   "produce_bytes_per_s": q.produce_bytes_per_s,
-                   "fetch_bytes_per_s": q.fetch_bytes_per_s, "requests_per_s": q.requests_per_s})
+    d: dict[str, object] = {"kind": int(q.kind), "name": q.name,
+                            "produce_bytes_per_s": q.produce_bytes_per_s,
+                            "fetch_bytes_per_s": q.fetch_bytes_per_s,
+                            "requests_per_s": q.requests_per_s}
+    if q.user:  # user and user+client-id quotas; records from before them have no "user"
+        d["user"] = q.user
+    return _dumps(d)
 
 
 def decode_quota(v: bytes) -> QuotaSpec:
     d = json.loads(v)
     return QuotaSpec(QuotaKind(int(d["kind"])), str(d["name"]), int(d["produce_bytes_per_s"]),
-                     int(d["fetch_bytes_per_s"]), int(d["requests_per_s"]))
+                     int(d["fetch_bytes_per_s"]), int(d["requests_per_s"]),
+                     str(d.get("user", "")))
 
 
 def encode_offset(o: OffsetMeta) -> bytes:

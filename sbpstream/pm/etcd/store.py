@@ -567,7 +567,7 @@ class EtcdMetadataStore:
         return await self._write(items, rules.set_quota)
 
     async def delete_quotas(
-        self, items: Sequence[tuple[int, str]]
+        self, items: Sequence[tuple[int, str, str]]
     ) -> list[QuotaSpec | SbpError]:
         return await self._write(items, lambda tx, it: rules.delete_quota(tx, *it))
 

@@ -3981,12 +3981,20 @@ class Quota(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return -1
 
-def QuotaStart(builder): builder.StartObject(5)
+    # Quota
+    def User(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def QuotaStart(builder): builder.StartObject(6)
 def QuotaAddKind(builder, kind): builder.PrependInt8Slot(0, kind, 0)
 def QuotaAddName(builder, name): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
 def QuotaAddProduceBytesPerS(builder, produceBytesPerS): builder.PrependInt64Slot(2, produceBytesPerS, -1)
 def QuotaAddFetchBytesPerS(builder, fetchBytesPerS): builder.PrependInt64Slot(3, fetchBytesPerS, -1)
 def QuotaAddRequestsPerS(builder, requestsPerS): builder.PrependInt64Slot(4, requestsPerS, -1)
+def QuotaAddUser(builder, user): builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(user), 0)
 def QuotaEnd(builder): return builder.EndObject()
 
 
