@@ -10,7 +10,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sbpstream.datanode.digest import range_digest
-from sbpstream.datanode.limits import DEFAULT_SYNC_TIMEOUT_MS, MAX_SYNC_TIMEOUT_MS
+from sbpstream.datanode.limits import (
+    DEFAULT_DIGEST_TIMEOUT_MS,
+    DEFAULT_SYNC_TIMEOUT_MS,
+    MAX_DIGEST_TIMEOUT_MS,
+    MAX_SYNC_TIMEOUT_MS,
+)
 from sbpstream.datanode.rereplicate import needs_copy
 from sbpstream.net.server import Request, Responder
 from sbpstream.protocol.errors import (
@@ -166,6 +171,9 @@ class ControlHandlers:
         ctx = self.ctx
         m = DescribeRangesRequest.decode(req.header)
         _check(len(m.items))
+        # digests (sbpstream check) read whole ranges: they stop at the request's deadline
+        ms = m.timeout_ms if m.timeout_ms > 0 else DEFAULT_DIGEST_TIMEOUT_MS
+        deadline = time.monotonic() + min(ms, MAX_DIGEST_TIMEOUT_MS) / 1000
         out: list[DescribeRangeResult] = []
         for it in m.items:
             try:
@@ -173,8 +181,15 @@ class ControlHandlers:
                     stream_id=it.stream_id,
                     range=ctx.committed_range_message(it.stream_id, it.range_index))
                 if it.digest_end_offset >= 0:  # sbpstream check
-                    d = await range_digest(ctx, it.stream_id, it.range_index,
-                                           it.digest_start_offset, it.digest_end_offset)
+                    try:
+                        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                            d = await range_digest(ctx, it.stream_id, it.range_index,
+                                                   it.digest_start_offset,
+                                                   it.digest_end_offset)
+                    except TimeoutError:
+                        raise RequestTimeoutError(
+                            f"digest of range {it.stream_id}/{it.range_index} not done within "
+                            f"the request's timeout_ms {m.timeout_ms}") from None
                     res = replace(res, digest=d.digest, digest_start_offset=d.start_offset,
                                   digest_end_offset=d.end_offset)
                 out.append(res)

@@ -57,6 +57,12 @@ the background (it is the range's convergence, not the caller's work)."""
 
 MAX_SYNC_TIMEOUT_MS: Final = 120_000
 
+DEFAULT_DIGEST_TIMEOUT_MS: Final = 30_000
+"""DESCRIBE_RANGES asking for digests (sbpstream check) without timeout_ms: how long it may read.
+At most MAX_DIGEST_TIMEOUT_MS; the items not digested by the deadline answer TIMEOUT."""
+
+MAX_DIGEST_TIMEOUT_MS: Final = 120_000
+
 PM_CALL_TIMEOUT_S: Final = 5.0
 """One request to the PM (heartbeat, metrics, list, trim report). A PM slower than this is
 treated as unreachable and the next address in --pm is tried."""
