@@ -14,7 +14,15 @@ back to back. Items are answered **as they complete**, over several response fra
 
 The last frame carries END. A record is acknowledged only after ``store.sync`` returned (per the
 fsync policy) and ``replicate`` succeeded; only then does the range's committed offset move, which
-is what readers are allowed to see.
+is what readers are allowed to see. A batch that duplicates one already stored (an idempotent
+producer's retry) is acknowledged on the same terms: once the original's replication round
+succeeded, not merely because this node holds it.
+
+**Deadline.** The request's ``timeout_ms`` (DEFAULT_APPEND_TIMEOUT_MS when <= 0, at most
+MAX_APPEND_TIMEOUT_MS) bounds everything done on its behalf: the PM lookup of an unknown stream,
+the durability wait, and the replication wait (whose rounds take their own bound from the same
+deadline, see :mod:`sbpstream.datanode.replication`). Items not acknowledged by then are answered
+TIMEOUT (retriable; the batch may still become committed, and its retry is then a duplicate).
 """
 
 from __future__ import annotations
@@ -25,7 +33,11 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sbpstream.datanode.limits import DEFAULT_APPEND_TIMEOUT_MS, MAX_APPEND_ITEMS
+from sbpstream.datanode.limits import (
+    DEFAULT_APPEND_TIMEOUT_MS,
+    MAX_APPEND_ITEMS,
+    MAX_APPEND_TIMEOUT_MS,
+)
 from sbpstream.datanode.ranges import RangeInfo
 from sbpstream.net.server import Request, Responder
 from sbpstream.protocol.errors import (
@@ -90,16 +102,39 @@ def split_payload(m: AppendRequest, payload: memoryview) -> list[memoryview]:
     return out
 
 
-async def replicate(ctx: NodeContext, rng: RangeInfo, written: list[Written]) -> None:
+def append_timeout_s(timeout_ms: int) -> float:
+    """An APPEND's time budget from its ``timeout_ms`` (<= 0: the default; bounded)."""
+    ms = timeout_ms if timeout_ms > 0 else DEFAULT_APPEND_TIMEOUT_MS
+    return min(ms, MAX_APPEND_TIMEOUT_MS) / 1000.0
+
+
+def _retrieve(f: asyncio.Future[None]) -> None:
+    if not f.cancelled():
+        f.exception()  # answered TIMEOUT already: the round's outcome is not reported
+
+
+async def replicate(ctx: NodeContext, rng: RangeInfo, written: list[Written],
+                    deadline: float) -> None:
     """Return once every secondary of the range holds the written batches.
 
     The batches were queued for replication right after ``store.append`` (in offset order, see
     :mod:`sbpstream.datanode.replication`); this waits for their rounds. A failed round raises
-    REPLICA_UNAVAILABLE: the writer then seals the range at the PM (design.md section 5).
+    REPLICA_UNAVAILABLE: the writer then seals the range at the PM (design.md section 5). Past
+    ``deadline`` (monotonic) it raises TIMEOUT; the rounds are not cancelled (they carry other
+    requests' batches and end by their own bound).
     """
     futs = [w.replicated for w in written if w.replicated is not None]
-    if futs:
-        await asyncio.gather(*futs)
+    if not futs:
+        return
+    _, pending = await asyncio.wait(futs, timeout=max(0.0, deadline - time.monotonic()))
+    if pending:
+        for f in pending:
+            f.add_done_callback(_retrieve)
+        raise TimeoutError_(f"not replicated to every secondary of range {rng.stream_id}/"
+                            f"{rng.range_index} within the request's timeout_ms; retry "
+                            "(duplicates of idempotent producers are detected)")
+    for f in futs:
+        f.result()  # the first failure: REPLICA_UNAVAILABLE
 
 
 def _count(ctx: NodeContext, stream_id: int, ws: list[Written], replication: bool) -> None:
@@ -130,7 +165,7 @@ class AppendHandler:
         batches = split_payload(m, memoryview(req.payload))
         ctx.metrics.c.append_requests += 1
         ctx.metrics.c.append_items += len(batches)
-        timeout_s = (m.timeout_ms if m.timeout_ms > 0 else DEFAULT_APPEND_TIMEOUT_MS) / 1000.0
+        deadline = t0 + append_timeout_s(m.timeout_ms)
         throttle_ms = 0 if m.replication else self._charge(req, m)
 
         now_results: list[AppendResult] = []
@@ -143,7 +178,7 @@ class AppendHandler:
             if item.stream_id in lookups:  # keep the stream's order behind its lookup
                 lookups[item.stream_id].append((item, batch))
                 continue
-            res = self._write(item, batch, m, allow_lookup=True)
+            res = self._write(item, batch, m, deadline, allow_lookup=True)
             if res is None:
                 lookups[item.stream_id] = [(item, batch)]
             elif isinstance(res, Written):
@@ -153,7 +188,7 @@ class AppendHandler:
 
         sent: list[AppendResult] = []
         if not lookups and not now_results:  # the common case: one group, one frame
-            sent = await self._guard(self._complete(written, m, timeout_s),
+            sent = await self._guard(self._complete(written, m, deadline),
                                      [w.item for w in written])
             await resp.send(AppendResponse(throttle_ms, items=tuple(sent)).encode())
             self._account(sent, t0)
@@ -161,11 +196,11 @@ class AppendHandler:
         tasks: list[asyncio.Task[list[AppendResult]]] = []
         loop = asyncio.get_running_loop()
         if written:
-            tasks.append(loop.create_task(self._guard(self._complete(written, m, timeout_s),
+            tasks.append(loop.create_task(self._guard(self._complete(written, m, deadline),
                                                       [w.item for w in written])))
         for sid, pending in lookups.items():
             tasks.append(loop.create_task(self._guard(
-                self._after_lookup(sid, pending, m, timeout_s), [it for it, _ in pending])))
+                self._after_lookup(sid, pending, m, deadline), [it for it, _ in pending])))
         try:
             await self._respond(resp, now_results, tasks, sent, throttle_ms)
         finally:
@@ -241,8 +276,8 @@ class AppendHandler:
         return AppendResult(stream_id=item.stream_id, request_index=item.request_index,
                             next_offset=max(top, 0))
 
-    def _write(self, item: AppendItem, batch: memoryview, m: AppendRequest, *,
-               allow_lookup: bool) -> Written | AppendResult | None:
+    def _write(self, item: AppendItem, batch: memoryview, m: AppendRequest, deadline: float,
+               *, allow_lookup: bool) -> Written | AppendResult | None:
         """Store one batch. None: the range is unknown here and the PM should be asked."""
         ctx = self.ctx
         try:
@@ -260,38 +295,41 @@ class AppendHandler:
         except SbpError as exc:
             return _error(item, exc)
         replicated = None
-        if not m.replication and not outcome.duplicate and ctx.replicators.needs(rng):
-            replicated = ctx.replicators.get(rng).submit(batch, outcome.base_offset)
+        if not m.replication and ctx.replicators.needs(rng):
+            if outcome.duplicate:  # acknowledged once the original is replicated
+                replicated = ctx.replicators.wait_replicated(rng, outcome.next_offset)
+            else:
+                replicated = ctx.replicators.get(rng).submit(batch, outcome.base_offset,
+                                                             deadline)
         return Written(item, rng, outcome, time.time_ns() // 1_000_000, replicated)
 
     async def _after_lookup(self, stream_id: int, pending: list[tuple[AppendItem, memoryview]],
-                            m: AppendRequest, timeout_s: float) -> list[AppendResult]:
-        t0 = time.monotonic()
-        await self.ctx.lookup_stream(stream_id, timeout_s)
-        timeout_s = max(0.001, timeout_s - (time.monotonic() - t0))  # the request's time left
+                            m: AppendRequest, deadline: float) -> list[AppendResult]:
+        await self.ctx.lookup_stream(stream_id, deadline - time.monotonic())
         out: list[AppendResult] = []
         written: list[Written] = []
         for item, batch in pending:
-            res = self._write(item, batch, m, allow_lookup=False)
+            res = self._write(item, batch, m, deadline, allow_lookup=False)
             if isinstance(res, Written):
                 written.append(res)
             elif res is not None:
                 out.append(res)
         if written:
-            out.extend(await self._complete(written, m, timeout_s))
+            out.extend(await self._complete(written, m, deadline))
         return out
 
     async def _complete(self, written: list[Written], m: AppendRequest,
-                        timeout_s: float) -> list[AppendResult]:
-        """Group commit, replicate, then publish the committed offsets and answer."""
+                        deadline: float) -> list[AppendResult]:
+        """Group commit, replicate, then publish the committed offsets and answer; by the
+        request's ``deadline`` (monotonic), else TIMEOUT."""
         ctx = self.ctx
         position = max(w.outcome.log_position for w in written)
         try:
-            async with asyncio.timeout(timeout_s):  # no extra task, unlike wait_for
-                await ctx.durable(position)
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await ctx.durable(position)  # no extra task, unlike wait_for
         except TimeoutError:
-            err = TimeoutError_(f"not durable within {timeout_s:.3f}s; retry (duplicates of "
-                                "idempotent producers are detected)")
+            err = TimeoutError_(f"not durable within the request's timeout_ms {m.timeout_ms}; "
+                                "retry (duplicates of idempotent producers are detected)")
             return [_error(w.item, err) for w in written]
         by_range: dict[tuple[int, int], list[Written]] = {}
         for w in written:
@@ -303,7 +341,7 @@ class AppendHandler:
         for (sid, idx), ws in by_range.items():
             try:
                 if not m.replication:
-                    await replicate(ctx, ws[0].rng, ws)
+                    await replicate(ctx, ws[0].rng, ws, deadline)
             except SbpError as exc:
                 out.extend(_error(w.item, exc) for w in ws)
                 continue

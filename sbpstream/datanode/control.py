@@ -3,14 +3,27 @@ DELETE_STREAMS. Every item gets its own status; one bad item never fails the bat
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sbpstream.datanode.digest import range_digest
+from sbpstream.datanode.limits import (
+    DEFAULT_DIGEST_TIMEOUT_MS,
+    DEFAULT_SYNC_TIMEOUT_MS,
+    MAX_DIGEST_TIMEOUT_MS,
+    MAX_SYNC_TIMEOUT_MS,
+)
 from sbpstream.datanode.rereplicate import needs_copy
 from sbpstream.net.server import Request, Responder
-from sbpstream.protocol.errors import InternalError, LimitExceededError, SbpError
+from sbpstream.protocol.errors import (
+    InternalError,
+    LimitExceededError,
+    RequestTimeoutError,
+    SbpError,
+)
 from sbpstream.protocol.messages import (
     MAX_ITEMS_PER_REQUEST,
     DeleteStreamsRequest,
@@ -109,16 +122,20 @@ class ControlHandlers:
     async def sync(self, req: Request, resp: Responder) -> None:
         """Create the listed ranges here (idempotent) and remember their placement. A sealed
         range with data this node lacks is copied from another replica first (may take a
-        while); its item is OK only once the copy is durable and sealed."""
+        while); its item is OK only once the copy is durable and sealed. The wait for copies
+        ends at the request's deadline (``timeout_ms``, see DEFAULT/MAX_SYNC_TIMEOUT_MS): the
+        items not done by then answer TIMEOUT and their copies go on in the background."""
         ctx = self.ctx
         m = SyncRangesRequest.decode(req.header)
         _check(sum(len(sr.ranges) for sr in m.items))
+        ms = m.timeout_ms if m.timeout_ms > 0 else DEFAULT_SYNC_TIMEOUT_MS
+        deadline = time.monotonic() + min(ms, MAX_SYNC_TIMEOUT_MS) / 1000
         out: list[SyncResult] = []
         for sr in m.items:
             try:
                 for r in sr.ranges:  # a sealed range this node lacks: copy it first
                     if needs_copy(ctx, r):
-                        await ctx.rereplicator.copy(r)
+                        await self._copy_by(r, deadline, m.timeout_ms)
                 got = tuple(ctx.adopt_range(r) for r in sr.ranges)
                 out.append(SyncResult(stream_id=sr.stream_id, ranges=got))
             except Exception as exc:  # per-item status
@@ -126,10 +143,37 @@ class ControlHandlers:
         ctx.note_new_streams([sr.stream_id for sr in m.items])
         await resp.send(SyncRangesResponse(items=tuple(out)).encode())
 
+    async def _copy_by(self, r: Range, deadline: float, timeout_ms: int) -> None:
+        """Copy sealed range ``r`` here, waiting until ``deadline`` at most: then the copy is
+        handed to the background convergence (retried until complete) and TIMEOUT raised."""
+        copy = asyncio.ensure_future(self.ctx.rereplicator.copy(r))
+        done, _ = await asyncio.wait({copy}, timeout=max(0.0, deadline - time.monotonic()))
+        if not done:  # the copy goes on (it is shielded); adopt the range once it is done
+            self.ctx.rereplicator.start(r)  # a failed copy is retried until complete
+            self.ctx.spawn(self._adopt_when_copied(r, copy))
+            raise RequestTimeoutError(
+                f"range {r.stream_id}/{r.range_index} not copied within the request's timeout_ms "
+                f"{timeout_ms}; the copy goes on in the background")
+        copy.result()
+
+    async def _adopt_when_copied(self, r: Range, copy: asyncio.Future[None]) -> None:
+        try:
+            await copy
+        except Exception:  # the background convergence retries it
+            return
+        try:
+            self.ctx.adopt_range(r)
+        except SbpError as exc:
+            log.warning("event=adopt_failed stream_id=%d range_index=%d error=%r",
+                        r.stream_id, r.range_index, str(exc))
+
     async def describe(self, req: Request, resp: Responder) -> None:
         ctx = self.ctx
         m = DescribeRangesRequest.decode(req.header)
         _check(len(m.items))
+        # digests (sbpstream check) read whole ranges: they stop at the request's deadline
+        ms = m.timeout_ms if m.timeout_ms > 0 else DEFAULT_DIGEST_TIMEOUT_MS
+        deadline = time.monotonic() + min(ms, MAX_DIGEST_TIMEOUT_MS) / 1000
         out: list[DescribeRangeResult] = []
         for it in m.items:
             try:
@@ -137,8 +181,15 @@ class ControlHandlers:
                     stream_id=it.stream_id,
                     range=ctx.committed_range_message(it.stream_id, it.range_index))
                 if it.digest_end_offset >= 0:  # sbpstream check
-                    d = await range_digest(ctx, it.stream_id, it.range_index,
-                                           it.digest_start_offset, it.digest_end_offset)
+                    try:
+                        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                            d = await range_digest(ctx, it.stream_id, it.range_index,
+                                                   it.digest_start_offset,
+                                                   it.digest_end_offset)
+                    except TimeoutError:
+                        raise RequestTimeoutError(
+                            f"digest of range {it.stream_id}/{it.range_index} not done within "
+                            f"the request's timeout_ms {m.timeout_ms}") from None
                     res = replace(res, digest=d.digest, digest_start_offset=d.start_offset,
                                   digest_end_offset=d.end_offset)
                 out.append(res)

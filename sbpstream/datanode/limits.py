@@ -43,7 +43,25 @@ MAX_FETCH_WAIT_MS: Final = 60_000
 cannot pin a handler (and its waiter registrations) for ever."""
 
 DEFAULT_APPEND_TIMEOUT_MS: Final = 30_000
-"""How long an APPEND waits for durability when it sets timeout_ms <= 0."""
+"""An APPEND's deadline (durability and replication, see append.py) when it sets timeout_ms <= 0.
+"""
+
+MAX_APPEND_TIMEOUT_MS: Final = 120_000
+"""The longest deadline an APPEND gets, whatever its timeout_ms: how long a handler may hold its
+batches, futures and a slot of the connection. A writer waiting longer retries (idempotently)."""
+
+DEFAULT_SYNC_TIMEOUT_MS: Final = 30_000
+"""SYNC_RANGES without timeout_ms: how long it waits for the copy of a sealed range it lacks.
+At most MAX_SYNC_TIMEOUT_MS; past the deadline the item answers TIMEOUT and the copy goes on in
+the background (it is the range's convergence, not the caller's work)."""
+
+MAX_SYNC_TIMEOUT_MS: Final = 120_000
+
+DEFAULT_DIGEST_TIMEOUT_MS: Final = 30_000
+"""DESCRIBE_RANGES asking for digests (sbpstream check) without timeout_ms: how long it may read.
+At most MAX_DIGEST_TIMEOUT_MS; the items not digested by the deadline answer TIMEOUT."""
+
+MAX_DIGEST_TIMEOUT_MS: Final = 120_000
 
 PM_CALL_TIMEOUT_S: Final = 5.0
 """One request to the PM (heartbeat, metrics, list, trim report). A PM slower than this is

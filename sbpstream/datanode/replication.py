@@ -17,6 +17,15 @@ acknowledged record survives). Each successful round raises the range's ``replic
 (every secondary holds everything below it); the seal answers it as this node's end, so batches
 written here but never replicated are cut by the seal instead of leaving the secondaries short.
 A secondary learns the committed offset with the next round, or the sealed end at seal time.
+
+**Deadlines.** Each batch carries the deadline of the APPEND that wrote it (its ``timeout_ms``).
+A round waits for its secondaries until the latest deadline of the batches it carries (a round
+serves several requests), never longer than MAX_ROUND_TIMEOUT_S nor shorter than
+MIN_ROUND_TIMEOUT_S; past that the secondary counts as failed, the round is abandoned and the
+range breaks as above. The APPEND handler itself stops waiting at its own deadline and answers
+TIMEOUT (the batch may still be replicated and committed by its round: a retry is a duplicate).
+A retried batch that is a duplicate of one still in flight is acknowledged only once its round
+succeeded (:meth:`RangeReplicator.wait_replicated`), never merely because the primary holds it.
 When writes stop, there is no next round: a channel left idle with commits its secondaries have
 not heard of sends them a **commit round** (items with ``batch_length`` 0: no batch, only the
 range's committed offset) after COMMIT_IDLE_S, so that a reader of a secondary gets every
@@ -29,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -49,8 +59,16 @@ log = logging.getLogger("sbpstream.datanode.replication")
 MAX_ROUND_BYTES: Final = 8 * 1024 * 1024
 # ...and at most this many batches (the header's item vector grows with it).
 MAX_ROUND_ITEMS: Final = 1000
-# A secondary that does not answer a round within this bound is treated as failed.
-ROUND_TIMEOUT_S: Final = 10.0
+# A secondary that does not answer a round by the latest deadline of the requests whose batches
+# it carries is treated as failed, and never later than this bound (a request with a longer or
+# no timeout_ms still cannot hold a range's replication, and its writers, longer)...
+MAX_ROUND_TIMEOUT_S: Final = 10.0
+# ...nor sooner than this one: an abandoned round breaks the range (a seal and a new range for
+# every writer of it), which a single request with a tiny timeout_ms must not cause on a
+# secondary that is merely a little slow.
+MIN_ROUND_TIMEOUT_S: Final = 0.5
+# A commit round (idle, on no request's behalf, best effort) waits this long for its secondaries.
+COMMIT_ROUND_TIMEOUT_S: Final = MAX_ROUND_TIMEOUT_S
 # Bytes queued for replication per range before appends are refused (memory bound).
 MAX_QUEUED_BYTES: Final = 64 * 1024 * 1024
 # An idle channel tells its secondaries the commits they missed after this long without data...
@@ -64,6 +82,12 @@ class _Pending:
     data: bytearray  # the batch with its base offset written in
     done: asyncio.Future[None]
     next_offset: int  # the offset after the batch
+    deadline: float  # time.monotonic() by which the request that wrote it wants its answer
+
+
+def round_timeout(deadline: float, now: float) -> float:
+    """How long a round whose latest request deadline is ``deadline`` waits for a secondary."""
+    return min(MAX_ROUND_TIMEOUT_S, max(MIN_ROUND_TIMEOUT_S, deadline - now))
 
 
 class RangeReplicator:
@@ -79,6 +103,10 @@ class RangeReplicator:
         self.broken: SbpError | None = None
         # the committed offset the secondaries were last sent (-1: none yet)
         self.sent_committed = -1
+        # the offset after the last batch queued here (-1: none since this replicator began)
+        self.submitted_offset = -1
+        # retried duplicates waiting for their original's round: (next offset, future)
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.channel = channel if channel is not None else _Channel(ctx, tuple(self.secondaries))
 
     @property
@@ -86,8 +114,10 @@ class RangeReplicator:
         return [rn.data_node.advertise_addr for rn in self.rng.replicas
                 if rn.data_node.node_id != self.ctx.node_id]
 
-    def submit(self, batch: memoryview, base_offset: int) -> asyncio.Future[None]:
-        """Queue a batch just stored at ``base_offset``; the future resolves once replicated."""
+    def submit(self, batch: memoryview, base_offset: int,
+               deadline: float) -> asyncio.Future[None]:
+        """Queue a batch just stored at ``base_offset`` by a request due by ``deadline``
+        (monotonic); the future resolves once replicated."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         if self.broken is None and self.queued_bytes + len(batch) > MAX_QUEUED_BYTES:
@@ -99,10 +129,41 @@ class RangeReplicator:
             return fut
         data = bytearray(batch)
         patch_base_offset(data, base_offset)
-        self.queue.append(_Pending(data, fut, base_offset + read_header(data).record_count))
+        nxt = base_offset + read_header(data).record_count
+        self.queue.append(_Pending(data, fut, nxt, deadline))
+        self.submitted_offset = max(self.submitted_offset, nxt)
         self.queued_bytes += len(data)
         self.channel.ready(self)
         return fut
+
+    def wait_replicated(self, next_offset: int) -> asyncio.Future[None] | None:
+        """A retried batch was a duplicate of one stored here, ending at ``next_offset``: a
+        future that resolves once every secondary holds it (None: they do, or it was stored
+        before this replicator began, e.g. before a restart, and is not tracked), or fails as
+        the replicator breaks. Acknowledging the duplicate merely because this node holds the
+        original would acknowledge a record that a seal after a failed round cuts."""
+        if next_offset <= self.rng.replicated_offset:
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.broken is not None:
+            fut.set_exception(self.broken)
+        elif next_offset > self.submitted_offset:
+            return None
+        else:
+            self._waiters.append((next_offset, fut))
+        return fut
+
+    def replicated(self) -> None:
+        """A round succeeded: wake the duplicates it covers."""
+        if self._waiters:
+            top = self.rng.replicated_offset
+            keep: list[tuple[int, asyncio.Future[None]]] = []
+            for off, fut in self._waiters:
+                if off > top:
+                    keep.append((off, fut))
+                elif not fut.done():
+                    fut.set_result(None)
+            self._waiters = keep
 
     def _break(self, exc: SbpError, *, failure: bool = True) -> None:
         if self.broken is None:
@@ -115,6 +176,10 @@ class RangeReplicator:
         for p in pending:
             if not p.done.done():
                 p.done.set_exception(exc)
+        waiters, self._waiters = self._waiters, []
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(exc)
 
     def fail(self, taken: list[_Pending], exc: SbpError) -> None:
         """A round failed for this range: its batches, and every later one, fail."""
@@ -215,6 +280,7 @@ class _Channel:
                 for p in taken:
                     if not p.done.done():
                         p.done.set_result(None)
+                rep.replicated()
 
     async def _round(
         self, round_: list[tuple[RangeReplicator, list[_Pending]]]
@@ -224,6 +290,7 @@ class _Channel:
         items: list[AppendItem] = []
         committed: list[int] = []
         payload: list[bytearray] = []
+        deadline = 0.0
         for rep, taken in round_:
             rng = rep.rng
             for p in taken:
@@ -232,15 +299,17 @@ class _Channel:
                 committed.append(rng.committed_offset)
                 owners.append(rep)
                 payload.append(p.data)
+                deadline = max(deadline, p.deadline)
             rep.sent_committed = max(rep.sent_committed, rng.committed_offset)
         one = len(round_) == 1
+        timeout_s = round_timeout(deadline, time.monotonic())
         header = AppendRequest(
-            timeout_ms=int(ROUND_TIMEOUT_S * 1000), items=tuple(items), replication=True,
+            timeout_ms=max(1, int(timeout_s * 1000)), items=tuple(items), replication=True,
             committed_offset=committed[0] if one else -1,
             committed_offsets=() if one else tuple(committed),
         ).encode()
         results = await asyncio.gather(
-            *(self._send(addr, header, payload) for addr in self.targets),
+            *(self._send(addr, header, payload, timeout_s) for addr in self.targets),
             return_exceptions=True)
         failed: dict[RangeReplicator, SbpError] = {}
         for addr, res in zip(self.targets, results, strict=True):
@@ -278,12 +347,12 @@ class _Channel:
             committed = [rep.rng.committed_offset for rep in owed]
             one = len(owed) == 1
             header = AppendRequest(
-                timeout_ms=int(ROUND_TIMEOUT_S * 1000), items=items, replication=True,
+                timeout_ms=int(COMMIT_ROUND_TIMEOUT_S * 1000), items=items, replication=True,
                 committed_offset=committed[0] if one else -1,
                 committed_offsets=() if one else tuple(committed),
             ).encode()
             results = await asyncio.gather(
-                *(self._send(addr, header, []) for addr in self.targets),
+                *(self._send(addr, header, [], COMMIT_ROUND_TIMEOUT_S) for addr in self.targets),
                 return_exceptions=True)
             for addr, res in zip(self.targets, results, strict=True):
                 if isinstance(res, BaseException):
@@ -298,10 +367,11 @@ class _Channel:
             else:
                 self._owed[rep] = left
 
-    async def _send(self, addr: str, header: bytes, payload: list[bytearray]
-                    ) -> list[AppendResult]:
-        conn = await self.ctx.pool.get(addr)
-        frames = await conn.request(Opcode.APPEND, header, payload, timeout_s=ROUND_TIMEOUT_S)
+    async def _send(self, addr: str, header: bytes, payload: list[bytearray],
+                    timeout_s: float) -> list[AppendResult]:
+        async with asyncio.timeout(timeout_s):  # the connect too
+            conn = await self.ctx.pool.get(addr)
+            frames = await conn.request(Opcode.APPEND, header, payload, timeout_s=timeout_s)
         return [r for f in frames for r in AppendResponse.decode(f.header).items]
 
     def close(self) -> None:
@@ -330,6 +400,13 @@ class Replicators:
             r = RangeReplicator(self.ctx, rng, self._channel(rng))
             self.by_range[key] = r
         return r
+
+    def wait_replicated(self, rng: RangeInfo, next_offset: int) -> asyncio.Future[None] | None:
+        """See :meth:`RangeReplicator.wait_replicated` (None: no replicator of ``rng`` here)."""
+        r = self.by_range.get((rng.stream_id, rng.range_index))
+        if r is None or r.rng is not rng:
+            return None
+        return r.wait_replicated(next_offset)
 
     def _channel(self, rng: RangeInfo) -> _Channel:
         targets = tuple(rn.data_node.advertise_addr for rn in rng.replicas

@@ -447,19 +447,22 @@ class PmServer:
                 specs.append(_quota_spec(q))
             except SbpError as e:
                 specs.append(e)
-        stored = iter(await self.meta.set_quotas(
-            [s for s in specs if isinstance(s, QuotaSpec)]))
+        async with within(r.timeout_ms, "SET_QUOTAS"):
+            stored = iter(await self.meta.set_quotas(
+                [s for s in specs if isinstance(s, QuotaSpec)]))
         outs = [s if isinstance(s, SbpError) else next(stored) for s in specs]
         await resp.send(m.SetQuotasResponse(results=_quota_results(r.quotas, outs)).encode())
 
     async def _delete_quotas(self, req: Request, resp: Responder) -> None:
         r = m.DeleteQuotasRequest.decode(req.header)
-        outs = await self.meta.delete_quotas([(q.kind, q.name, q.user) for q in r.quotas])
+        async with within(r.timeout_ms, "DELETE_QUOTAS"):
+            outs = await self.meta.delete_quotas([(q.kind, q.name, q.user) for q in r.quotas])
         await resp.send(m.DeleteQuotasResponse(results=_quota_results(r.quotas, outs)).encode())
 
     async def _describe_quotas(self, req: Request, resp: Responder) -> None:
-        m.DescribeQuotasRequest.decode(req.header)
-        quotas = await self.meta.list_quotas()
+        d = m.DescribeQuotasRequest.decode(req.header)
+        async with within(d.timeout_ms, "DESCRIBE_QUOTAS"):
+            quotas = await self.meta.list_quotas()
         await resp.send(m.DescribeQuotasResponse(
             quotas=tuple(_quota_msg(q) for q in quotas)).encode())
 
