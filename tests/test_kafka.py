@@ -444,3 +444,45 @@ def test_snappy_compressed_produce_is_stored_and_read_back(cluster: LocalCluster
     got = _consume_confluent(cluster, "snappy", 1, 2000)
     assert [(o, k, v, h) for _, o, k, v, h, _ in got] == [
         (i, b"k%d" % i, b"value-%d" % i * 5, [("h", b"x")]) for i in range(2000)]
+
+
+# ------------------------------------------------------------------------- offsets by time
+
+
+def test_offsets_for_times_by_both_clients(cluster: LocalCluster) -> None:
+    """ListOffsets by timestamp: the first offset whose record timestamp is >= the asked one,
+    with that record's timestamp; past the last timestamp, none (librdkafka: offset -1 (end),
+    kafka-python: None). Records 0..1999 have timestamps T0 + 10*i, in many batches."""
+    topic, total = "times", 2000
+    _create(cluster, topic, 1)
+    p = Producer({"bootstrap.servers": _bootstrap(cluster), "linger.ms": 1,
+                  "batch.num.messages": 37})
+    for i in range(total):
+        p.produce(topic, value=b"v%d" % i, partition=0, timestamp=T0 + 10 * i)
+        if i % 150 == 0:
+            p.flush(30)
+    assert p.flush(30) == 0
+    with Client(cluster.pm_address) as sdk:  # several batches, so the search has work to do
+        assert sdk.end_offset(sdk.resolve_stream(f"{topic}.0")) == total
+    asks = {T0 - 5: 0, T0: 0, T0 + 1: 1, T0 + 10 * 777: 777, T0 + 10 * 777 + 9: 778,
+            T0 + 10 * (total - 1): total - 1}
+
+    cons = Consumer({"bootstrap.servers": _bootstrap(cluster), "group.id": "unused-times"})
+    try:
+        for ts, want in asks.items():
+            (tp,) = cons.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=30)
+            assert (tp.error, tp.offset) == (None, want), ts
+        (tp,) = cons.offsets_for_times([TopicPartition(topic, 0, T0 + 10 * total)], timeout=30)
+        assert tp.offset == -1  # librdkafka's OFFSET_END: no record at or after it
+    finally:
+        cons.close()
+
+    kp = KafkaConsumer(bootstrap_servers=_bootstrap(cluster))
+    try:
+        tp = KPTopicPartition(topic, 0)
+        for ts, want in asks.items():
+            got = kp.offsets_for_times({tp: ts})[tp]
+            assert got is not None and (got.offset, got.timestamp) == (want, T0 + 10 * want)
+        assert kp.offsets_for_times({tp: T0 + 10 * total})[tp] is None
+    finally:
+        kp.close()

@@ -34,6 +34,7 @@ from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.producer import AsyncProducer, Offsets
 from sbpstream.client.types import Record
 from sbpstream.kafka import errors as E
+from sbpstream.kafka.bytime import ProbeLimitError, offset_for_time
 from sbpstream.kafka.codec import (
     INT32,
     MAX_REQUEST_BYTES,
@@ -73,7 +74,7 @@ from sbpstream.kafka.schemas import (
     SUPPORTED,
     SYNC_GROUP,
 )
-from sbpstream.protocol.errors import SbpError, StreamNotFoundError
+from sbpstream.protocol.errors import RequestTimeoutError, SbpError, StreamNotFoundError
 from sbpstream.protocol.names import MAX_STREAM_NAME_LEN, validate_group_name
 from sbpstream.records import RecordTooLargeError
 
@@ -104,6 +105,8 @@ GROUP_TICK_S: Final = 0.1
 KEY_TYPE_GROUP: Final = 0
 TIMESTAMP_LATEST: Final = -1
 TIMESTAMP_EARLIEST: Final = -2
+PROBE_BYTES: Final = 64 * 1024
+"""Data-node fetch size of one probe of a lookup by time (a probe needs one batch)."""
 
 _TOPIC_CHARS: Final = re.compile(r"[a-zA-Z0-9._-]+")
 _PARTITION_NAME: Final = re.compile(r"(.+)\.(0|[1-9][0-9]{0,8})")
@@ -681,13 +684,38 @@ class KafkaGateway:
                         r["offset"] = await self.client.start_offset(sid)
                     elif ts == TIMESTAMP_LATEST:
                         r["offset"] = await self.client.end_offset(sid)
-                    else:  # offsets by time are not indexed by sbpstream
+                    elif ts >= 0:
+                        got = await self._offset_for_time(sid, ts)
+                        if got is not None:
+                            r["offset"], r["timestamp"] = got
+                    else:  # -3 (max timestamp, v7+) and below are not served
                         r["error_code"] = E.INVALID_REQUEST
                 except SbpError as exc:
                     r["error_code"] = E.kafka_code(exc)
                 parts.append(r)
             topics.append({"name": t["name"], "partitions": parts})
         return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _offset_for_time(self, sid: int, target_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``target_ms``: a binary search
+        by the batches' largest timestamps, one FETCH per probe (:mod:`sbpstream.kafka.bytime`).
+        """
+        start = await self.client.start_offset(sid)
+        end = await self.client.end_offset(sid)
+        if start >= end:
+            return None
+        c = self.client.consumer(sid, start, subscribe=False, batch_max_bytes=PROBE_BYTES)
+
+        async def probe(offset: int) -> list[memoryview]:
+            await c.seek(offset)
+            return await c.fetch_batches(0)
+
+        try:
+            return await offset_for_time(probe, start, end, target_ms)
+        except ProbeLimitError as exc:
+            raise RequestTimeoutError(str(exc)) from exc
+        finally:
+            await c.close()
 
     # ---------------------------------------------------------------------- create, delete
 
