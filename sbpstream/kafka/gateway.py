@@ -45,7 +45,7 @@ from sbpstream.kafka.codec import (
     encode_response,
     peek_header,
 )
-from sbpstream.kafka.groups import COMPLETING, PREPARING, KafkaGroups
+from sbpstream.kafka.groups import COMPLETING, PREPARING, KafkaGroups, group_topics
 from sbpstream.kafka.records import (
     KafkaBatch,
     UnsupportedBatchError,
@@ -74,7 +74,14 @@ from sbpstream.kafka.schemas import (
     SUPPORTED,
     SYNC_GROUP,
 )
-from sbpstream.protocol.errors import RequestTimeoutError, SbpError, StreamNotFoundError
+from sbpstream.protocol import messages as m
+from sbpstream.protocol.errors import (
+    IllegalGenerationError,
+    RequestTimeoutError,
+    SbpError,
+    StreamNotFoundError,
+    UnknownMemberError,
+)
 from sbpstream.protocol.names import MAX_STREAM_NAME_LEN, validate_group_name
 from sbpstream.records import RecordTooLargeError
 
@@ -103,6 +110,13 @@ NOT_REQUESTED: Final = -2147483648
 GROUP_TICK_S: Final = 0.1
 """How often group session timeouts and rebalance deadlines are checked."""
 KEY_TYPE_GROUP: Final = 0
+PM_SESSION_TIMEOUT_MS: Final = 10_000
+"""Session timeout of the gateway's member in the sbpstream group of a Kafka group live here:
+how long a dead gateway keeps SDK consumers of that group from its streams."""
+PM_HEARTBEAT_S: Final = 2.0
+"""How often that member heartbeats (and the memberships are brought in line with the Kafka
+groups: joined for a new one, left for one without members)."""
+PM_CLIENT_ID: Final = "kafka-gateway"
 TIMESTAMP_LATEST: Final = -1
 TIMESTAMP_EARLIEST: Final = -2
 PROBE_BYTES: Final = 64 * 1024
@@ -143,6 +157,14 @@ class _Sent:
 class _SeqState:
     epoch: int
     sent: deque[_Sent] = field(default_factory=deque)
+
+
+@dataclass(slots=True)
+class _PmMember:
+    """The gateway's member in the sbpstream group of a Kafka group live here."""
+    generation: int = -1  # -1: not (or no longer) joined
+    streams: tuple[int, ...] = ()
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass(slots=True)
@@ -227,6 +249,8 @@ class KafkaGateway:
         }
         self.groups = KafkaGroups(lambda: int(time.monotonic() * 1000))
         self._ticker: asyncio.Task[None] | None = None
+        self._pm_members: dict[str, _PmMember] = {}
+        self._pm_loop: asyncio.Task[None] | None = None
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -234,6 +258,13 @@ class KafkaGateway:
             h, _, p = self._advertised.rpartition(":")
             return h, int(p)
         return self.host, self.port
+
+    @property
+    def pm_member_id(self) -> str:
+        """This gateway's member id in the sbpstream groups of its live Kafka groups (the same
+        after a restart, so a restarted gateway takes its own membership back)."""
+        host, port = self.advertised
+        return f"{PM_CLIENT_ID}@{host}:{port}"
 
     @property
     def producer(self) -> AsyncProducer:
@@ -247,6 +278,7 @@ class KafkaGateway:
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
         self._ticker = asyncio.create_task(self._tick_groups())
+        self._pm_loop = asyncio.create_task(self._pm_groups_loop())
         log.info("event=kafka_gateway_listening addr=%s:%d pm=%s", self.host, self.port,
                  ",".join(self.client.pm_addresses))
 
@@ -260,15 +292,21 @@ class KafkaGateway:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(BaseException):
-                await self._ticker
+        for task in (self._ticker, self._pm_loop):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         for t in list(self._conns):
             t.cancel()
         for t in list(self._conns):
             with contextlib.suppress(BaseException):
                 await t
+        for group in list(self._pm_members):  # hand the streams back to SDK consumers now
+            with contextlib.suppress(SbpError, TimeoutError):
+                await asyncio.wait_for(self.client.group_admin.leave(group, self.pm_member_id),
+                                       5)
+        self._pm_members.clear()
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await self._producer.close()
@@ -809,8 +847,10 @@ class KafkaGateway:
                 "node_id": self.node_id, "host": host, "port": port}
 
     async def _sbp_members(self, group: str) -> int:
-        """Live members of the sbpstream group of that name (consumers of the SDK)."""
-        return len((await self.client.group_admin.describe(group)).members)
+        """Live members of the sbpstream group of that name other than this gateway's own
+        (SDK consumers, or another gateway's Kafka members)."""
+        return sum(1 for mb in (await self.client.group_admin.describe(group)).members
+                   if mb.member_id != self.pm_member_id)
 
     async def _join_group(self, conn: _Conn, version: int, req: dict[str, Any]
                           ) -> dict[str, Any]:
@@ -830,10 +870,16 @@ class KafkaGateway:
                     return error(E.INCONSISTENT_GROUP_PROTOCOL)
             except SbpError as exc:
                 return error(E.kafka_code(exc))
-        r = await self.groups.join(
+        joined = self.groups.join(
             group, req["member_id"], conn.client_id, conn.host, req["session_timeout_ms"],
             req["rebalance_timeout_ms"], req["protocol_type"],
             [(p["name"], p["metadata"]) for p in req["protocols"]])
+        if self.groups.live(group):  # the PM's group holds the (maybe new) subscription
+            try:
+                await self._pm_sync(group)
+            except SbpError as exc:  # retried every PM_HEARTBEAT_S
+                log.warning("event=kafka_group_pm_sync_failed group=%s error=%s", group, exc)
+        r = await joined
         if r.error_code != E.NONE:
             return error(r.error_code)
         return {"throttle_time_ms": 0, "error_code": 0, "generation_id": r.generation,
@@ -858,11 +904,16 @@ class KafkaGateway:
         group = req["group_id"]
         if version < 3:
             code = self.groups.leave(group, req["member_id"])
-            return {"throttle_time_ms": 0, "error_code": code}
-        members = [{"member_id": mb["member_id"], "group_instance_id": mb["group_instance_id"],
-                    "error_code": self.groups.leave(group, mb["member_id"])}
-                   for mb in req["members"]]
-        return {"throttle_time_ms": 0, "error_code": 0, "members": members}
+            out: dict[str, Any] = {"throttle_time_ms": 0, "error_code": code}
+        else:
+            out = {"throttle_time_ms": 0, "error_code": 0, "members": [
+                {"member_id": mb["member_id"], "group_instance_id": mb["group_instance_id"],
+                 "error_code": self.groups.leave(group, mb["member_id"])}
+                for mb in req["members"]]}
+        if group in self._pm_members and not self.groups.live(group):
+            with contextlib.suppress(SbpError):  # the last one left: so does the PM member
+                await self._pm_sync(group)
+        return out
 
     async def _offset_commit(self, conn: _Conn, version: int, req: dict[str, Any]
                              ) -> dict[str, Any]:
@@ -873,7 +924,7 @@ class KafkaGateway:
         code = (self.groups.check_commit(group, req["generation_id"], req["member_id"])
                 if _group_ok(group) else E.INVALID_GROUP_ID)
         codes: dict[tuple[str, int], int] = {}
-        offsets: dict[int | str, int] = {}
+        offsets: dict[int, int] = {}
         where: dict[int, tuple[str, int]] = {}
         for t in req["topics"]:
             for p in t["partitions"]:
@@ -893,15 +944,92 @@ class KafkaGateway:
                 where[sid] = key
         if offsets:
             try:
-                await self.client.commit_offsets(group, offsets)
+                errs = await self._pm_commit(group, offsets, bool(req["member_id"]))
             except SbpError as exc:
-                for key in where.values():
-                    codes[key] = E.kafka_code(exc)
+                errs = dict.fromkeys(offsets, exc)
+            for sid, err in errs.items():
+                if err is not None and sid in where:
+                    codes[where[sid]] = E.kafka_code(err)
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for (topic, part), c in codes.items():
             by_topic.setdefault(topic, []).append({"partition_index": part, "error_code": c})
         return {"throttle_time_ms": 0, "topics": [{"name": t, "partitions": ps}
                                                   for t, ps in by_topic.items()]}
+
+    async def _pm_commit(self, group: str, offsets: dict[int, int], as_member: bool
+                         ) -> dict[int, SbpError | None]:
+        """Store a Kafka commit as the sbpstream group's: a member's through this gateway's
+        member of that group (its generation refreshed by a heartbeat when stale), one from
+        outside the group from outside (refused while the group has live members)."""
+        admin = self.client.group_admin
+        for attempt in range(2):
+            if not as_member:
+                return await admin.commit(group, offsets)
+            pmm = self._pm_members.get(group)
+            if attempt or pmm is None or pmm.generation < 0 or not set(offsets) <= set(
+                    pmm.streams):
+                pmm = await self._pm_sync(group)
+            if pmm is None:
+                raise UnknownMemberError(f"group {group!r} has no member at this gateway")
+            try:
+                errs = await admin.commit(group, offsets, self.pm_member_id, pmm.generation)
+            except (IllegalGenerationError, UnknownMemberError):
+                if attempt:
+                    raise
+                continue
+            if attempt or not any(isinstance(e, IllegalGenerationError) for e in errs.values()):
+                return errs
+        raise AssertionError("unreachable")
+
+    async def _pm_sync(self, group: str) -> _PmMember | None:
+        """Bring this gateway's member of the sbpstream group ``group`` in line with the Kafka
+        group live here: joined with the streams of every topic its members subscribe (so the
+        PM hands none of them to SDK consumers of the group meanwhile), heartbeating, and left
+        once the Kafka group has no member. Returns the member (None: left)."""
+        pmm = self._pm_members.setdefault(group, _PmMember())
+        admin = self.client.group_admin
+        async with pmm.lock:
+            g = self.groups.get(group)
+            if g is None or not g.members:
+                if self._pm_members.get(group) is pmm:
+                    del self._pm_members[group]
+                if pmm.generation >= 0:
+                    pmm.generation = -1
+                    with contextlib.suppress(UnknownMemberError):
+                        await admin.leave(group, self.pm_member_id)
+                return None
+            sids: set[int] = set()
+            for topic in sorted(group_topics(g)):
+                with contextlib.suppress(SbpError):  # an unknown topic has no streams to hold
+                    sids.update((await self._partitions(topic)).values())
+            streams = tuple(sorted(sids))
+            for attempt in range(2):
+                try:
+                    if pmm.generation < 0 or streams != pmm.streams:
+                        joined: m.JoinGroupResponse = await admin.pm_call(
+                            m.JoinGroupRequest(0, group, self.pm_member_id, streams, (), "",
+                                               PM_SESSION_TIMEOUT_MS, PM_CLIENT_ID),
+                            m.JoinGroupResponse)
+                        pmm.generation, pmm.streams = joined.generation, streams
+                    # it holds every stream it subscribes: the PM gives SDK members none of them
+                    hb = await admin.heartbeat(group, self.pm_member_id, pmm.generation, streams)
+                    pmm.generation = hb.generation
+                    return pmm
+                except UnknownMemberError:  # a PM failover, or a missed session: join again
+                    pmm.generation = -1
+                    if attempt:
+                        raise
+            raise AssertionError("unreachable")
+
+    async def _pm_groups_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PM_HEARTBEAT_S)
+            for group in sorted(set(self._pm_members) | set(self.groups.groups)):
+                try:
+                    await self._pm_sync(group)
+                except SbpError as exc:
+                    log.warning("event=kafka_group_pm_sync_failed group=%s error=%s", group,
+                                exc)
 
     async def _offset_fetch(self, conn: _Conn, version: int, req: dict[str, Any]
                             ) -> dict[str, Any]:
