@@ -32,7 +32,6 @@ from typing import Any, Final
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.producer import AsyncProducer, Offsets
-from sbpstream.client.types import Record
 from sbpstream.kafka import errors as E
 from sbpstream.kafka.bytime import ProbeLimitError, offset_for_time
 from sbpstream.kafka.codec import (
@@ -608,9 +607,8 @@ class KafkaGateway:
                     return _dup(s.result)  # a retry: the first copy's outcome
             if state.sent and b.base_sequence != (state.sent[-1].last + 1) & 0x7FFFFFFF:
                 return _ready((E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1))
-        recs = [Record(r.value, r.key, r.headers, r.timestamp_ms) for r in b.records]
         try:
-            fut = await self.producer.send_whole(sid, recs)
+            fut = await self.producer.send_whole(sid, b.records)
         except RecordTooLargeError:
             return _ready((E.MESSAGE_TOO_LARGE, -1))
         except SbpError as exc:
