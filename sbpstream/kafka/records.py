@@ -388,6 +388,9 @@ def _kafka_records(buf: bytes, count: int, skip: int) -> tuple[bytes, int]:
             c = buf[pos]
             if c < 0x80:
                 length, pos = zz[c], pos + 1
+            elif buf[pos + 1] < 0x80:  # two bytes: records up to 8 KiB
+                u = (c & 0x7F) | (buf[pos + 1] << 7)
+                length, pos = (u >> 1) ^ -(u & 1), pos + 2
             else:
                 length, pos = decode_varint(buf, pos)
             end = pos + length
