@@ -8,7 +8,10 @@ producer id from InitProducerId and the gateway checks their sequences per parti
 of :data:`PRODUCER_WINDOW` batches, like a broker): a retried batch is answered with the offset
 of the first copy, never stored twice. Consumer groups: the gateway runs Kafka's classic group
 protocol (:mod:`sbpstream.kafka.groups`) and keeps committed offsets as the sbpstream group's
-(group G's offset of T partition p is G's committed offset of stream ``T.p``). See docs/kafka.md.
+(group G's offset of T partition p is G's committed offset of stream ``T.p``); while a Kafka
+group has members here, the gateway is a member of the sbpstream group holding the subscribed
+topics' streams, so the PM hands SDK consumers of the group none of them. ListOffsets by time
+searches the batches' timestamps (:mod:`sbpstream.kafka.bytime`). See docs/kafka.md.
 
 Requests of a connection are read in order, Produce requests are queued in that order, and
 responses are written in request order. A frame that cannot be decoded, an unknown API or an
