@@ -29,8 +29,9 @@ from sbpstream.client import Client
 from sbpstream.client.routing import primary_address
 from sbpstream.cluster import LocalCluster
 from sbpstream.kafka.codec import INT32, decode, encode
+from sbpstream.kafka.groups import subscribed_topics
 from sbpstream.kafka.records import encode_batch
-from sbpstream.kafka.schemas import API_VERSIONS, PRODUCE, SUPPORTED
+from sbpstream.kafka.schemas import API_VERSIONS, JOIN_GROUP, PRODUCE, SUPPORTED
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -418,8 +419,13 @@ def test_two_members_split_the_partitions_and_one_takes_all_when_the_other_leave
         eventually(lambda: len(assigned[0][0]) == len(assigned[1][0]) == parts // 2
                    and assigned[0][0] | assigned[1][0] == set(range(parts)), timeout=60,
                    what=lambda: f"two members split the partitions: {assigned}")
-        with Client(cluster.pm_address) as sdk:  # the sbpstream group is not live meanwhile
-            assert sdk.describe_group(group).members == ()
+        # the sbpstream group shows ONE member, the gateway, holding every partition's stream
+        with Client(cluster.pm_address) as sdk:
+            ids = {sdk.resolve_stream(f"{topic}.{p}") for p in range(parts)}
+            eventually(lambda: [(mb.client_id, set(mb.stream_ids), set(mb.assigned))
+                                for mb in sdk.describe_group(group).members]
+                       == [("kafka-gateway", ids, ids)], timeout=30,
+                       what=lambda: f"the gateway in the group: {sdk.describe_group(group)}")
         stops[1].set()
         threads[1].join(30)
         eventually(lambda: assigned[0][0] == set(range(parts)), timeout=60,
@@ -444,3 +450,129 @@ def test_snappy_compressed_produce_is_stored_and_read_back(cluster: LocalCluster
     got = _consume_confluent(cluster, "snappy", 1, 2000)
     assert [(o, k, v, h) for _, o, k, v, h, _ in got] == [
         (i, b"k%d" % i, b"value-%d" % i * 5, [("h", b"x")]) for i in range(2000)]
+
+
+# ------------------------------------------------------------------------- offsets by time
+
+
+def test_offsets_for_times_by_both_clients(cluster: LocalCluster) -> None:
+    """ListOffsets by timestamp: the first offset whose record timestamp is >= the asked one,
+    with that record's timestamp; past the last timestamp, none (librdkafka: offset -1 (end),
+    kafka-python: None). Records 0..1999 have timestamps T0 + 10*i, in many batches."""
+    topic, total = "times", 2000
+    _create(cluster, topic, 1)
+    p = Producer({"bootstrap.servers": _bootstrap(cluster), "linger.ms": 1,
+                  "batch.num.messages": 37})
+    for i in range(total):
+        p.produce(topic, value=b"v%d" % i, partition=0, timestamp=T0 + 10 * i)
+        if i % 150 == 0:
+            p.flush(30)
+    assert p.flush(30) == 0
+    with Client(cluster.pm_address) as sdk:  # several batches, so the search has work to do
+        assert sdk.end_offset(sdk.resolve_stream(f"{topic}.0")) == total
+    asks = {T0 - 5: 0, T0: 0, T0 + 1: 1, T0 + 10 * 777: 777, T0 + 10 * 777 + 9: 778,
+            T0 + 10 * (total - 1): total - 1}
+
+    cons = Consumer({"bootstrap.servers": _bootstrap(cluster), "group.id": "unused-times"})
+    try:
+        for ts, want in asks.items():
+            (tp,) = cons.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=30)
+            assert (tp.error, tp.offset) == (None, want), ts
+        (tp,) = cons.offsets_for_times([TopicPartition(topic, 0, T0 + 10 * total)], timeout=30)
+        assert tp.offset == -1  # librdkafka's OFFSET_END: no record at or after it
+    finally:
+        cons.close()
+
+    kp = KafkaConsumer(bootstrap_servers=_bootstrap(cluster))
+    try:
+        tp = KPTopicPartition(topic, 0)
+        for ts, want in asks.items():
+            got = kp.offsets_for_times({tp: ts})[tp]
+            assert got is not None and (got.offset, got.timestamp) == (want, T0 + 10 * want)
+        assert kp.offsets_for_times({tp: T0 + 10 * total})[tp] is None
+    finally:
+        kp.close()
+
+
+# ------------------------------------------------------------- Kafka and SDK members, fenced
+
+
+def _kafka_join(c: LocalCluster, group: str, topic: str) -> int:
+    """One raw JoinGroup (v5) of a new member subscribing ``topic``: its error code."""
+    host, port = _bootstrap(c).rsplit(":", 1)
+    api = SUPPORTED[JOIN_GROUP]
+    meta = struct.pack(">hih", 0, 1, len(topic)) + topic.encode() + struct.pack(">i", -1)
+    assert subscribed_topics("consumer", meta) == [topic]
+    body = encode(api.request, 5, {"group_id": group, "session_timeout_ms": 6000,
+                                   "rebalance_timeout_ms": 6000, "member_id": "",
+                                   "group_instance_id": None, "protocol_type": "consumer",
+                                   "protocols": [{"name": "range", "metadata": meta}]})
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        resp = decode(api.response, 5, _call(s, _frame(JOIN_GROUP, 5, 9, body)), 4)
+    code: int = resp["error_code"]
+    return code
+
+
+def test_a_group_is_read_by_kafka_or_sdk_members_never_both(cluster: LocalCluster) -> None:
+    """While a Kafka consumer is a member, the gateway is the sbpstream group's member holding
+    the topic's streams, so an SDK consumer of the group is handed none; once the Kafka one
+    leaves, the SDK one gets them at the committed offsets; while it is a member, a Kafka
+    JoinGroup is refused with INCONSISTENT_GROUP_PROTOCOL."""
+    topic, group, parts = "fenced", "kfenced", 2
+    _create(cluster, topic, parts)
+    _produce_keyed(cluster, topic, parts, 200)
+    stop = threading.Event()
+    assigned: list[set[int]] = [set()]
+    got: list[tuple[int, int]] = []
+    kafka = threading.Thread(target=_member, args=(cluster, group, topic, stop, assigned, got),
+                             daemon=True)
+    kafka.start()
+    try:
+        eventually(lambda: assigned[0] == {0, 1} and len(got) == 200, timeout=60,
+                   what="the Kafka member reads every record")
+        with Client(cluster.pm_address) as sdk:
+            ids = {sdk.resolve_stream(f"{topic}.{p}") for p in range(parts)}
+            sc = sdk.consumer([f"{topic}.{p}" for p in range(parts)], group=group,
+                              heartbeat_interval_ms=200, session_timeout_ms=6000)
+            try:
+                def members() -> dict[str, tuple[set[int], set[int]]]:
+                    return {mb.client_id: (set(mb.stream_ids), set(mb.assigned))
+                            for mb in sdk.describe_group(group).members}
+
+                read: list[Any] = []
+
+                def polled() -> bool:  # the group consumer joins on its first poll
+                    read.extend(sc.poll(timeout_ms=100))
+                    return True
+
+                # the SDK member joined and was handed nothing: the gateway holds both streams
+                eventually(lambda: polled() and len(sdk.describe_group(group).members) == 2
+                           and members()["kafka-gateway"] == (ids, ids)
+                           and all(a == set() for cid, (_, a) in members().items()
+                                   if cid != "kafka-gateway"), timeout=30,
+                           what=lambda: f"both members, the SDK one without streams: "
+                                        f"{sdk.describe_group(group)}")
+                read.extend(sc.poll(timeout_ms=1000))
+                assert read == [] and sc.assignment == ()
+                stop.set()
+                kafka.join(30)  # the Kafka member commits and leaves: so does the gateway
+                eventually(lambda: polled() and set(sc.assignment) == ids, timeout=30,
+                           what=lambda: f"the SDK member gets the streams: {sc.assignment}")
+                committed = sdk.committed_offsets(group, sorted(ids))
+                assert committed == {sid: 100 for sid in ids}
+                assert [mb.client_id for mb in sdk.describe_group(group).members] != [
+                    "kafka-gateway"]
+                # and now a Kafka member is refused while the SDK one is live
+                assert _kafka_join(cluster, group, topic) == 23  # INCONSISTENT_GROUP_PROTOCOL
+                # the SDK member reads what comes next, from the offsets the Kafka one committed
+                assert read == []
+                _produce_keyed(cluster, topic, parts, 10)
+                eventually(lambda: polled() and len(read) >= 10, timeout=30,
+                           what=lambda: f"the SDK member reads the new records: {read}")
+                assert sorted((r.stream_id, r.offset) for r in read) == sorted(
+                    (sid, o) for sid in ids for o in range(100, 105))
+            finally:
+                sc.close()
+    finally:
+        stop.set()
+        kafka.join(30)

@@ -42,6 +42,8 @@ from sbpstream.kafka.records import (
 from sbpstream.kafka.schemas import SUPPORTED
 from sbpstream.protocol.errors import ErrorCode, RequestTimeoutError, StreamNotFoundError
 from sbpstream.records import Record, build_batch, patch_base_offset
+from sbpstream.records.header import CODEC_LZ4, CODEC_NONE, CODEC_ZSTD
+from sbpstream.records.reader import iter_all_records_bytes
 
 # ---------------------------------------------------------------------------- sample values
 
@@ -277,6 +279,43 @@ def test_sbp_batches_become_kafka_batches_from_the_fetch_offset() -> None:
     assert KAFKA_HEADER.unpack_from(data)[0] == 12  # base offset of the first record sent
     first, _ = sbp_to_kafka(batches, 10, 1)  # max_bytes tiny: still the first batch, only
     assert len(decode_batches(first)) == 1
+
+
+_SBP_RECORD = st.tuples(
+    st.one_of(st.none(), st.binary(max_size=40), st.integers(8200, 8300).map(b"x".__mul__)),
+    st.one_of(st.none(), st.binary(max_size=20)),
+    st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=10)), max_size=3),
+    st.integers(0, 2**40))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(_SBP_RECORD, min_size=1, max_size=12), min_size=1, max_size=4),
+       st.sampled_from((CODEC_NONE, CODEC_ZSTD, CODEC_LZ4)), st.data())
+def test_sbp_to_kafka_keeps_every_field_of_every_record(
+        batches: list[list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int]]],
+        codec: int, data: st.DataObject) -> None:
+    """Records copied without decoding read back, through the Kafka decoder, as the records
+    the sbpstream reader gives: offsets, timestamps (any order), keys, values, headers."""
+    raw, base = [], 100
+    for recs in batches:
+        sb = bytearray(build_batch([Record(v, k, tuple(h), ts) for v, k, h, ts in recs],
+                                   codec=codec))
+        patch_base_offset(sb, base)
+        raw.append(memoryview(bytes(sb)))
+        base += len(recs)
+    start = data.draw(st.integers(100, base - 1))
+    out, nxt = sbp_to_kafka(raw, start, 1 << 30)
+    assert nxt == base
+    want = [(o, ts, k, v, tuple(h)) for b in raw
+            for o, ts, k, v, h in iter_all_records_bytes(b, start_offset=start)]
+    got = []
+    at = 0
+    for kb in decode_batches(out):
+        (first,) = struct.unpack_from(">q", out, at)
+        at += 12 + struct.unpack_from(">i", out, at + 8)[0]
+        got += [(first + i, r.timestamp_ms, r.key, r.value, r.headers)
+                for i, r in enumerate(kb.records)]
+    assert got == want
 
 
 # --------------------------------------------------------------------------------- fuzzing

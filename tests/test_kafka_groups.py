@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import pytest
 
 from sbpstream.kafka import errors as E
-from sbpstream.kafka.groups import COMPLETING, PREPARING, STABLE, KafkaGroups
+from sbpstream.kafka.groups import COMPLETING, PREPARING, STABLE, KafkaGroups, subscribed_topics
 
 pytestmark = pytest.mark.unit
 
@@ -132,3 +133,21 @@ def test_joins_that_cannot_be_served_are_refused() -> None:
         assert other.error_code == E.INCONSISTENT_GROUP_PROTOCOL
         assert (await gs.sync("g", 1, "nobody", [])) == (E.UNKNOWN_MEMBER_ID, b"")
     asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_subscribed_topics_of_consumer_protocol_metadata() -> None:
+    def meta(version: int, topics: list[str], tail: bytes = b"\xff\xff\xff\xff") -> bytes:
+        out = struct.pack(">hi", version, len(topics))
+        for t in topics:
+            out += struct.pack(">h", len(t)) + t.encode()
+        return out + tail
+
+    assert subscribed_topics("consumer", meta(0, ["a", "bb.c"])) == ["a", "bb.c"]
+    assert subscribed_topics("consumer", meta(3, ["x"], b"")) == ["x"]  # tail not needed
+    assert subscribed_topics("connect", meta(0, ["a"])) == []  # another protocol type
+    good = meta(1, ["orders", "payments"])
+    for cut in range(len(good) - 4):  # truncated inside the topics: nothing, never an error
+        assert subscribed_topics("consumer", good[:cut]) == []
+    assert subscribed_topics("consumer", struct.pack(">hi", 0, 1 << 30)) == []  # claims too many
+    assert subscribed_topics("consumer", struct.pack(">hih", 0, 1, -1)) == []
+    assert subscribed_topics("consumer", struct.pack(">hih", 0, 1, 2) + b"\xff\xfe") == []

@@ -8,7 +8,10 @@ producer id from InitProducerId and the gateway checks their sequences per parti
 of :data:`PRODUCER_WINDOW` batches, like a broker): a retried batch is answered with the offset
 of the first copy, never stored twice. Consumer groups: the gateway runs Kafka's classic group
 protocol (:mod:`sbpstream.kafka.groups`) and keeps committed offsets as the sbpstream group's
-(group G's offset of T partition p is G's committed offset of stream ``T.p``). See docs/kafka.md.
+(group G's offset of T partition p is G's committed offset of stream ``T.p``); while a Kafka
+group has members here, the gateway is a member of the sbpstream group holding the subscribed
+topics' streams, so the PM hands SDK consumers of the group none of them. ListOffsets by time
+searches the batches' timestamps (:mod:`sbpstream.kafka.bytime`). See docs/kafka.md.
 
 Requests of a connection are read in order, Produce requests are queued in that order, and
 responses are written in request order. A frame that cannot be decoded, an unknown API or an
@@ -32,8 +35,8 @@ from typing import Any, Final
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.producer import AsyncProducer, Offsets
-from sbpstream.client.types import Record
 from sbpstream.kafka import errors as E
+from sbpstream.kafka.bytime import ProbeLimitError, offset_for_time
 from sbpstream.kafka.codec import (
     INT32,
     MAX_REQUEST_BYTES,
@@ -44,7 +47,7 @@ from sbpstream.kafka.codec import (
     encode_response,
     peek_header,
 )
-from sbpstream.kafka.groups import COMPLETING, PREPARING, KafkaGroups
+from sbpstream.kafka.groups import COMPLETING, PREPARING, KafkaGroups, group_topics
 from sbpstream.kafka.records import (
     KafkaBatch,
     UnsupportedBatchError,
@@ -73,7 +76,14 @@ from sbpstream.kafka.schemas import (
     SUPPORTED,
     SYNC_GROUP,
 )
-from sbpstream.protocol.errors import SbpError, StreamNotFoundError
+from sbpstream.protocol import messages as m
+from sbpstream.protocol.errors import (
+    IllegalGenerationError,
+    RequestTimeoutError,
+    SbpError,
+    StreamNotFoundError,
+    UnknownMemberError,
+)
 from sbpstream.protocol.names import MAX_STREAM_NAME_LEN, validate_group_name
 from sbpstream.records import RecordTooLargeError
 
@@ -102,8 +112,17 @@ NOT_REQUESTED: Final = -2147483648
 GROUP_TICK_S: Final = 0.1
 """How often group session timeouts and rebalance deadlines are checked."""
 KEY_TYPE_GROUP: Final = 0
+PM_SESSION_TIMEOUT_MS: Final = 10_000
+"""Session timeout of the gateway's member in the sbpstream group of a Kafka group live here:
+how long a dead gateway keeps SDK consumers of that group from its streams."""
+PM_HEARTBEAT_S: Final = 2.0
+"""How often that member heartbeats (and the memberships are brought in line with the Kafka
+groups: joined for a new one, left for one without members)."""
+PM_CLIENT_ID: Final = "kafka-gateway"
 TIMESTAMP_LATEST: Final = -1
 TIMESTAMP_EARLIEST: Final = -2
+PROBE_BYTES: Final = 64 * 1024
+"""Data-node fetch size of one probe of a lookup by time (a probe needs one batch)."""
 
 _TOPIC_CHARS: Final = re.compile(r"[a-zA-Z0-9._-]+")
 _PARTITION_NAME: Final = re.compile(r"(.+)\.(0|[1-9][0-9]{0,8})")
@@ -140,6 +159,14 @@ class _Sent:
 class _SeqState:
     epoch: int
     sent: deque[_Sent] = field(default_factory=deque)
+
+
+@dataclass(slots=True)
+class _PmMember:
+    """The gateway's member in the sbpstream group of a Kafka group live here."""
+    generation: int = -1  # -1: not (or no longer) joined
+    streams: tuple[int, ...] = ()
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass(slots=True)
@@ -224,6 +251,8 @@ class KafkaGateway:
         }
         self.groups = KafkaGroups(lambda: int(time.monotonic() * 1000))
         self._ticker: asyncio.Task[None] | None = None
+        self._pm_members: dict[str, _PmMember] = {}
+        self._pm_loop: asyncio.Task[None] | None = None
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -231,6 +260,13 @@ class KafkaGateway:
             h, _, p = self._advertised.rpartition(":")
             return h, int(p)
         return self.host, self.port
+
+    @property
+    def pm_member_id(self) -> str:
+        """This gateway's member id in the sbpstream groups of its live Kafka groups (the same
+        after a restart, so a restarted gateway takes its own membership back)."""
+        host, port = self.advertised
+        return f"{PM_CLIENT_ID}@{host}:{port}"
 
     @property
     def producer(self) -> AsyncProducer:
@@ -244,6 +280,7 @@ class KafkaGateway:
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
         self._ticker = asyncio.create_task(self._tick_groups())
+        self._pm_loop = asyncio.create_task(self._pm_groups_loop())
         log.info("event=kafka_gateway_listening addr=%s:%d pm=%s", self.host, self.port,
                  ",".join(self.client.pm_addresses))
 
@@ -257,15 +294,21 @@ class KafkaGateway:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(BaseException):
-                await self._ticker
+        for task in (self._ticker, self._pm_loop):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         for t in list(self._conns):
             t.cancel()
         for t in list(self._conns):
             with contextlib.suppress(BaseException):
                 await t
+        for group in list(self._pm_members):  # hand the streams back to SDK consumers now
+            with contextlib.suppress(SbpError, TimeoutError):
+                await asyncio.wait_for(self.client.group_admin.leave(group, self.pm_member_id),
+                                       5)
+        self._pm_members.clear()
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await self._producer.close()
@@ -567,9 +610,8 @@ class KafkaGateway:
                     return _dup(s.result)  # a retry: the first copy's outcome
             if state.sent and b.base_sequence != (state.sent[-1].last + 1) & 0x7FFFFFFF:
                 return _ready((E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1))
-        recs = [Record(r.value, r.key, r.headers, r.timestamp_ms) for r in b.records]
         try:
-            fut = await self.producer.send_whole(sid, recs)
+            fut = await self.producer.send_whole(sid, b.records)
         except RecordTooLargeError:
             return _ready((E.MESSAGE_TOO_LARGE, -1))
         except SbpError as exc:
@@ -681,13 +723,38 @@ class KafkaGateway:
                         r["offset"] = await self.client.start_offset(sid)
                     elif ts == TIMESTAMP_LATEST:
                         r["offset"] = await self.client.end_offset(sid)
-                    else:  # offsets by time are not indexed by sbpstream
+                    elif ts >= 0:
+                        got = await self._offset_for_time(sid, ts)
+                        if got is not None:
+                            r["offset"], r["timestamp"] = got
+                    else:  # -3 (max timestamp, v7+) and below are not served
                         r["error_code"] = E.INVALID_REQUEST
                 except SbpError as exc:
                     r["error_code"] = E.kafka_code(exc)
                 parts.append(r)
             topics.append({"name": t["name"], "partitions": parts})
         return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _offset_for_time(self, sid: int, target_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``target_ms``: a binary search
+        by the batches' largest timestamps, one FETCH per probe (:mod:`sbpstream.kafka.bytime`).
+        """
+        start = await self.client.start_offset(sid)
+        end = await self.client.end_offset(sid)
+        if start >= end:
+            return None
+        c = self.client.consumer(sid, start, subscribe=False, batch_max_bytes=PROBE_BYTES)
+
+        async def probe(offset: int) -> list[memoryview]:
+            await c.seek(offset)
+            return await c.fetch_batches(0)
+
+        try:
+            return await offset_for_time(probe, start, end, target_ms)
+        except ProbeLimitError as exc:
+            raise RequestTimeoutError(str(exc)) from exc
+        finally:
+            await c.close()
 
     # ---------------------------------------------------------------------- create, delete
 
@@ -781,8 +848,10 @@ class KafkaGateway:
                 "node_id": self.node_id, "host": host, "port": port}
 
     async def _sbp_members(self, group: str) -> int:
-        """Live members of the sbpstream group of that name (consumers of the SDK)."""
-        return len((await self.client.group_admin.describe(group)).members)
+        """Live members of the sbpstream group of that name other than this gateway's own
+        (SDK consumers, or another gateway's Kafka members)."""
+        return sum(1 for mb in (await self.client.group_admin.describe(group)).members
+                   if mb.member_id != self.pm_member_id)
 
     async def _join_group(self, conn: _Conn, version: int, req: dict[str, Any]
                           ) -> dict[str, Any]:
@@ -802,10 +871,16 @@ class KafkaGateway:
                     return error(E.INCONSISTENT_GROUP_PROTOCOL)
             except SbpError as exc:
                 return error(E.kafka_code(exc))
-        r = await self.groups.join(
+        joined = self.groups.join(
             group, req["member_id"], conn.client_id, conn.host, req["session_timeout_ms"],
             req["rebalance_timeout_ms"], req["protocol_type"],
             [(p["name"], p["metadata"]) for p in req["protocols"]])
+        if self.groups.live(group):  # the PM's group holds the (maybe new) subscription
+            try:
+                await self._pm_sync(group)
+            except SbpError as exc:  # retried every PM_HEARTBEAT_S
+                log.warning("event=kafka_group_pm_sync_failed group=%s error=%s", group, exc)
+        r = await joined
         if r.error_code != E.NONE:
             return error(r.error_code)
         return {"throttle_time_ms": 0, "error_code": 0, "generation_id": r.generation,
@@ -830,11 +905,16 @@ class KafkaGateway:
         group = req["group_id"]
         if version < 3:
             code = self.groups.leave(group, req["member_id"])
-            return {"throttle_time_ms": 0, "error_code": code}
-        members = [{"member_id": mb["member_id"], "group_instance_id": mb["group_instance_id"],
-                    "error_code": self.groups.leave(group, mb["member_id"])}
-                   for mb in req["members"]]
-        return {"throttle_time_ms": 0, "error_code": 0, "members": members}
+            out: dict[str, Any] = {"throttle_time_ms": 0, "error_code": code}
+        else:
+            out = {"throttle_time_ms": 0, "error_code": 0, "members": [
+                {"member_id": mb["member_id"], "group_instance_id": mb["group_instance_id"],
+                 "error_code": self.groups.leave(group, mb["member_id"])}
+                for mb in req["members"]]}
+        if group in self._pm_members and not self.groups.live(group):
+            with contextlib.suppress(SbpError):  # the last one left: so does the PM member
+                await self._pm_sync(group)
+        return out
 
     async def _offset_commit(self, conn: _Conn, version: int, req: dict[str, Any]
                              ) -> dict[str, Any]:
@@ -845,7 +925,7 @@ class KafkaGateway:
         code = (self.groups.check_commit(group, req["generation_id"], req["member_id"])
                 if _group_ok(group) else E.INVALID_GROUP_ID)
         codes: dict[tuple[str, int], int] = {}
-        offsets: dict[int | str, int] = {}
+        offsets: dict[int, int] = {}
         where: dict[int, tuple[str, int]] = {}
         for t in req["topics"]:
             for p in t["partitions"]:
@@ -865,15 +945,92 @@ class KafkaGateway:
                 where[sid] = key
         if offsets:
             try:
-                await self.client.commit_offsets(group, offsets)
+                errs = await self._pm_commit(group, offsets, bool(req["member_id"]))
             except SbpError as exc:
-                for key in where.values():
-                    codes[key] = E.kafka_code(exc)
+                errs = dict.fromkeys(offsets, exc)
+            for sid, err in errs.items():
+                if err is not None and sid in where:
+                    codes[where[sid]] = E.kafka_code(err)
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for (topic, part), c in codes.items():
             by_topic.setdefault(topic, []).append({"partition_index": part, "error_code": c})
         return {"throttle_time_ms": 0, "topics": [{"name": t, "partitions": ps}
                                                   for t, ps in by_topic.items()]}
+
+    async def _pm_commit(self, group: str, offsets: dict[int, int], as_member: bool
+                         ) -> dict[int, SbpError | None]:
+        """Store a Kafka commit as the sbpstream group's: a member's through this gateway's
+        member of that group (its generation refreshed by a heartbeat when stale), one from
+        outside the group from outside (refused while the group has live members)."""
+        admin = self.client.group_admin
+        for attempt in range(2):
+            if not as_member:
+                return await admin.commit(group, offsets)
+            pmm = self._pm_members.get(group)
+            if attempt or pmm is None or pmm.generation < 0 or not set(offsets) <= set(
+                    pmm.streams):
+                pmm = await self._pm_sync(group)
+            if pmm is None:
+                raise UnknownMemberError(f"group {group!r} has no member at this gateway")
+            try:
+                errs = await admin.commit(group, offsets, self.pm_member_id, pmm.generation)
+            except (IllegalGenerationError, UnknownMemberError):
+                if attempt:
+                    raise
+                continue
+            if attempt or not any(isinstance(e, IllegalGenerationError) for e in errs.values()):
+                return errs
+        raise AssertionError("unreachable")
+
+    async def _pm_sync(self, group: str) -> _PmMember | None:
+        """Bring this gateway's member of the sbpstream group ``group`` in line with the Kafka
+        group live here: joined with the streams of every topic its members subscribe (so the
+        PM hands none of them to SDK consumers of the group meanwhile), heartbeating, and left
+        once the Kafka group has no member. Returns the member (None: left)."""
+        pmm = self._pm_members.setdefault(group, _PmMember())
+        admin = self.client.group_admin
+        async with pmm.lock:
+            g = self.groups.get(group)
+            if g is None or not g.members:
+                if self._pm_members.get(group) is pmm:
+                    del self._pm_members[group]
+                if pmm.generation >= 0:
+                    pmm.generation = -1
+                    with contextlib.suppress(UnknownMemberError):
+                        await admin.leave(group, self.pm_member_id)
+                return None
+            sids: set[int] = set()
+            for topic in sorted(group_topics(g)):
+                with contextlib.suppress(SbpError):  # an unknown topic has no streams to hold
+                    sids.update((await self._partitions(topic)).values())
+            streams = tuple(sorted(sids))
+            for attempt in range(2):
+                try:
+                    if pmm.generation < 0 or streams != pmm.streams:
+                        joined: m.JoinGroupResponse = await admin.pm_call(
+                            m.JoinGroupRequest(0, group, self.pm_member_id, streams, (), "",
+                                               PM_SESSION_TIMEOUT_MS, PM_CLIENT_ID),
+                            m.JoinGroupResponse)
+                        pmm.generation, pmm.streams = joined.generation, streams
+                    # it holds every stream it subscribes: the PM gives SDK members none of them
+                    hb = await admin.heartbeat(group, self.pm_member_id, pmm.generation, streams)
+                    pmm.generation = hb.generation
+                    return pmm
+                except UnknownMemberError:  # a PM failover, or a missed session: join again
+                    pmm.generation = -1
+                    if attempt:
+                        raise
+            raise AssertionError("unreachable")
+
+    async def _pm_groups_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PM_HEARTBEAT_S)
+            for group in sorted(set(self._pm_members) | set(self.groups.groups)):
+                try:
+                    await self._pm_sync(group)
+                except SbpError as exc:
+                    log.warning("event=kafka_group_pm_sync_failed group=%s error=%s", group,
+                                exc)
 
     async def _offset_fetch(self, conn: _Conn, version: int, req: dict[str, Any]
                             ) -> dict[str, Any]:

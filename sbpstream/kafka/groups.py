@@ -18,6 +18,7 @@ futures, and time advances only through :meth:`KafkaGroups.tick` with the inject
 from __future__ import annotations
 
 import asyncio
+import struct
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -282,9 +283,47 @@ class KafkaGroups:
             mb.join = None
 
 
+_I16: Final = struct.Struct(">h")
+_I32: Final = struct.Struct(">i")
+CONSUMER_PROTOCOL: Final = "consumer"
+MAX_SUBSCRIBED_TOPICS: Final = 10_000
+
+
+def subscribed_topics(protocol_type: str, metadata: bytes) -> list[str]:
+    """The topics of a member's ConsumerProtocolSubscription (every version starts with int16
+    version, then the topics as an array of int16-length strings); [] for another protocol
+    type or metadata that does not parse."""
+    if protocol_type != CONSUMER_PROTOCOL:
+        return []
+    try:
+        n = _I32.unpack_from(metadata, 2)[0]
+        if not 0 <= n <= min(MAX_SUBSCRIBED_TOPICS, len(metadata)):
+            return []
+        at, out = 6, []
+        for _ in range(n):
+            size = _I16.unpack_from(metadata, at)[0]
+            if size < 0 or at + 2 + size > len(metadata):
+                return []
+            out.append(metadata[at + 2:at + 2 + size].decode())
+            at += 2 + size
+        return out
+    except (struct.error, UnicodeDecodeError):
+        return []
+
+
+def group_topics(g: KGroup) -> set[str]:
+    """Every topic a member of ``g`` subscribes (from its first protocol's metadata: every
+    assignor of the consumer protocol carries the same subscription)."""
+    out: set[str] = set()
+    for mb in g.members.values():
+        if mb.protocols:
+            out.update(subscribed_topics(mb.protocol_type, mb.protocols[0][1]))
+    return out
+
+
 def _waiting(fut: asyncio.Future[Any] | None) -> bool:
     return fut is not None and not fut.done()
 
 
 __all__ = ["COMPLETING", "EMPTY", "PREPARING", "STABLE", "JoinResult", "KGroup", "KMember",
-           "KafkaGroups"]
+           "KafkaGroups", "group_topics", "subscribed_topics"]

@@ -34,10 +34,17 @@ from sbpstream.kafka.codec import KafkaDecodeError, uvarint
 from sbpstream.records import (
     MAX_DECOMPRESSED_BYTES,
     BatchError,
-    iter_all_records_bytes,
+    Record,
     read_header,
 )
-from sbpstream.records.varint import ZIGZAG_BYTE, decode_varint
+from sbpstream.records.reader import open_batch
+from sbpstream.records.varint import (
+    SMALL_MAX,
+    SMALL_MIN,
+    VARINT_TABLE,
+    ZIGZAG_BYTE,
+    decode_varint,
+)
 from sbpstream.records.varint import encode_varint as varint
 
 KAFKA_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
@@ -71,12 +78,9 @@ class UnsupportedCompressionError(UnsupportedBatchError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaRecord:
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
+KafkaRecord = Record
+"""A decoded Kafka record is the SDK's record to produce (value, key, headers, timestamp_ms):
+the gateway hands them to the producer as they are."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +286,7 @@ def _decode_records(section: memoryview | bytes, count: int, base_ts: int,
             ts = fixed_ts if fixed_ts is not None else base_ts + ts_delta
             if ts < 0:
                 raise KafkaDecodeError(f"negative record timestamp {ts}")
-            out.append(KafkaRecord(ts, key, value, tuple(headers)))
+            out.append(Record(value, key, tuple(headers), ts))
     except IndexError:
         raise KafkaDecodeError("record runs past the end of the records section") from None
     except UnicodeDecodeError:
@@ -343,7 +347,12 @@ def encode_batch(base_offset: int, records: Sequence[KRecord]) -> bytes:
 def sbp_to_kafka(batches: list[memoryview], start_offset: int, max_bytes: int) -> tuple[bytes, int]:
     """Kafka batches for the records at and after ``start_offset`` of sbpstream ``batches``,
     one Kafka batch per sbpstream batch, stopping once ``max_bytes`` is reached (the first batch
-    always goes, as in Kafka). Returns the bytes and the offset after the last record."""
+    always goes, as in Kafka). Returns the bytes and the offset after the last record.
+
+    No record is decoded: an sbpstream record is a Kafka record without the attributes byte
+    and the offset delta (length, timestamp delta from the batch's first timestamp, then key,
+    value and headers encoded alike), so each one is copied behind a new length, a zero
+    attributes byte, its timestamp delta's bytes and its offset delta."""
     out: list[bytes] = []
     size = 0
     next_offset = start_offset
@@ -351,18 +360,56 @@ def sbp_to_kafka(batches: list[memoryview], start_offset: int, max_bytes: int) -
         h = read_header(b)
         if h.base_offset + h.record_count <= start_offset:
             continue
-        recs: list[KRecord] = [(ts, key, value, hdrs) for _o, ts, key, value, hdrs
-                               in iter_all_records_bytes(b, start_offset=start_offset)]
-        if not recs:
-            continue
+        h, section = open_batch(b, verify_crc=False)  # the data node checked it
         first = max(h.base_offset, start_offset)
-        kb = encode_batch(first, recs)
-        if out and size + len(kb) > max_bytes:
+        payload, n = _kafka_records(section.tobytes(), h.record_count, first - h.base_offset)
+        header = bytearray(KAFKA_HEADER.pack(
+            first, KAFKA_HEADER_SIZE - LENGTH_PREFIX + len(payload), -1, 2, 0, 0, n - 1,
+            h.first_timestamp, h.max_timestamp, -1, -1, -1, n))
+        crc = crc32c.crc32c(payload, crc32c.crc32c(memoryview(header)[CRC_START:]))
+        struct.pack_into(">I", header, 17, crc)
+        if out and size + len(header) + len(payload) > max_bytes:
             break
-        out.append(kb)
-        size += len(kb)
-        next_offset = first + len(recs)
+        out += (bytes(header), payload)
+        size += len(header) + len(payload)
+        next_offset = first + n
     return b"".join(out), next_offset
+
+
+def _kafka_records(buf: bytes, count: int, skip: int) -> tuple[bytes, int]:
+    """The Kafka records section of an sbpstream records section, without its first ``skip``
+    records; (bytes, records)."""
+    zz = ZIGZAG_BYTE
+    table = VARINT_TABLE
+    parts: list[bytes] = []
+    pos = 0
+    try:
+        for i in range(count):
+            c = buf[pos]
+            if c < 0x80:
+                length, pos = zz[c], pos + 1
+            elif buf[pos + 1] < 0x80:  # two bytes: records up to 8 KiB
+                u = (c & 0x7F) | (buf[pos + 1] << 7)
+                length, pos = (u >> 1) ^ -(u & 1), pos + 2
+            else:
+                length, pos = decode_varint(buf, pos)
+            end = pos + length
+            if i >= skip:
+                ts_end = pos
+                while buf[ts_end] & 0x80:
+                    ts_end += 1
+                ts_end += 1
+                od = i - skip
+                odv = table[od - SMALL_MIN] if od < SMALL_MAX else varint(od)
+                kl = length + 1 + len(odv)
+                parts += (table[kl - SMALL_MIN] if kl < SMALL_MAX else varint(kl), b"\x00",
+                          buf[pos:ts_end], odv, buf[ts_end:end])
+            pos = end
+    except IndexError:
+        raise BatchError("record runs past the end of the records section") from None
+    if pos != len(buf):
+        raise BatchError(f"{len(buf) - pos} bytes after the last record")
+    return b"".join(parts), count - skip
 
 
 __all__ = [
