@@ -34,7 +34,7 @@ from typing import Final
 
 from sbpstream.net.server import Handler, Request, Responder
 from sbpstream.pm.metadata import OffsetMeta
-from sbpstream.pm.service import PmService
+from sbpstream.pm.service import PmService, within
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     GroupNotEmptyError,
@@ -317,7 +317,8 @@ class GroupHandlers:
     async def _join(self, req: Request, resp: Responder) -> None:
         r = m.JoinGroupRequest.decode(req.header)
         try:
-            ids = await self._resolve(r)
+            async with within(r.timeout_ms, "JOIN_GROUP"):
+                ids = await self._resolve(r)
             mb, gen = self.coordinator.join(r.group, r.member_id, ids, r.session_timeout_ms,
                                             r.client_id, str(req.conn.peer))
             out = m.JoinGroupResponse(m.STATUS_OK, mb.member_id, gen, tuple(ids),
@@ -366,7 +367,9 @@ class GroupHandlers:
                 raise InvalidRequestError("committed offsets are >= 0 (RESET_OFFSETS forgets)")
             fences = self.coordinator.check_commit(r.group, r.member_id, r.generation,
                                                    [it.stream_id for it in r.items])
-            out = m.OffsetCommitResponse(items=await self._store(r.group, r.items, fences))
+            async with within(r.timeout_ms, "OFFSET_COMMIT"):
+                stored = await self._store(r.group, r.items, fences)
+            out = m.OffsetCommitResponse(items=stored)
         except SbpError as e:
             out = m.OffsetCommitResponse(Status.of(e))
         await resp.send(out.encode())
@@ -375,8 +378,9 @@ class GroupHandlers:
         r = m.OffsetFetchRequest.decode(req.header)
         try:
             validate_group_name(r.group)
-            got = {o.stream_id: o for o in await self.service.meta.fetch_offsets(
-                r.group, r.stream_ids)}
+            async with within(r.timeout_ms, "OFFSET_FETCH"):
+                got = {o.stream_id: o for o in await self.service.meta.fetch_offsets(
+                    r.group, r.stream_ids)}
             ids = r.stream_ids or tuple(sorted(got))
             items = tuple(
                 m.OffsetFetchResult(sid) if sid not in got else m.OffsetFetchResult(
@@ -389,7 +393,8 @@ class GroupHandlers:
 
     async def _describe(self, req: Request, resp: Responder) -> None:
         r = m.DescribeGroupsRequest.decode(req.header)
-        counts = await self.service.meta.offset_groups()
+        async with within(r.timeout_ms, "DESCRIBE_GROUPS"):
+            counts = await self.service.meta.offset_groups()
         items: list[m.GroupDescription] = []
         for n in r.groups:
             g = self.coordinator.describe(n.name)
@@ -406,9 +411,10 @@ class GroupHandlers:
         await resp.send(m.DescribeGroupsResponse(items=tuple(items)).encode())
 
     async def _list(self, req: Request, resp: Responder) -> None:
-        m.ListGroupsRequest.decode(req.header)
-        names = sorted(set(await self.service.meta.offset_groups())
-                       | set(self.coordinator.live_groups()))
+        r = m.ListGroupsRequest.decode(req.header)
+        async with within(r.timeout_ms, "LIST_GROUPS"):
+            stored = await self.service.meta.offset_groups()
+        names = sorted(set(stored) | set(self.coordinator.live_groups()))
         await resp.send(m.ListGroupsResponse(
             groups=tuple(m.NameItem(n) for n in names)).encode())
 
@@ -419,7 +425,8 @@ class GroupHandlers:
             try:
                 validate_group_name(n.name)
                 self.coordinator.require_empty(n.name)
-                await self.service.meta.delete_offsets(n.name)
+                async with within(r.timeout_ms, "DELETE_GROUP"):
+                    await self.service.meta.delete_offsets(n.name)
                 self.coordinator.forget(n.name)
                 items.append(m.GroupResult(n.name))
             except SbpError as e:
@@ -431,8 +438,9 @@ class GroupHandlers:
         try:
             validate_group_name(r.group)
             self.coordinator.require_empty(r.group)
-            out = m.ResetOffsetsResponse(
-                items=await self._store(r.group, r.items, [None] * len(r.items)))
+            async with within(r.timeout_ms, "RESET_OFFSETS"):
+                stored = await self._store(r.group, r.items, [None] * len(r.items))
+            out = m.ResetOffsetsResponse(items=stored)
         except SbpError as e:
             out = m.ResetOffsetsResponse(Status.of(e))
         await resp.send(out.encode())

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from sbpstream.auth.gate import PM_NODE_ONLY, PM_RULES
@@ -39,7 +39,7 @@ from sbpstream.pm.service import (
     DnSealReply,
     PmService,
     call_timeout,
-    request_deadline,
+    within,
 )
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
@@ -48,7 +48,6 @@ from sbpstream.protocol.errors import (
     InvalidRequestError,
     NotEnoughDataNodesError,
     PmNotLeaderError,
-    RequestTimeoutError,
     SbpError,
 )
 from sbpstream.protocol.messages import ClientRole, Status
@@ -74,23 +73,6 @@ RespT = TypeVar("RespT", bound=m.Message)
 
 def _ok_or(err: SbpError | None) -> Status:
     return m.STATUS_OK if err is None else Status.of(err)
-
-
-@contextlib.asynccontextmanager
-async def within(timeout_ms: int, what: str) -> AsyncIterator[None]:
-    """Honour a request's ``timeout_ms`` (<= 0: none): the work inside is cancelled at the
-    deadline and the request is answered TIMEOUT (retriable); calls to data nodes made inside
-    take their bound from the same deadline (service.call_timeout)."""
-    if timeout_ms <= 0:
-        yield
-        return
-    with request_deadline(timeout_ms):
-        try:
-            async with asyncio.timeout(timeout_ms / 1000):
-                yield
-        except TimeoutError:
-            raise RequestTimeoutError(
-                f"{what} did not finish within its timeout_ms {timeout_ms}") from None
 
 
 class WireDataNodeApi:

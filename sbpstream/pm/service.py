@@ -48,6 +48,7 @@ from sbpstream.protocol.errors import (
     OffsetOutOfRangeError,
     RangeNotFoundError,
     ReplicaUnavailableError,
+    RequestTimeoutError,
     SbpError,
     StreamDeletedError,
     StreamNotFoundError,
@@ -126,6 +127,23 @@ def request_deadline(timeout_ms: int) -> Iterator[None]:
         yield
     finally:
         _deadline.reset(token)
+
+
+@contextlib.asynccontextmanager
+async def within(timeout_ms: int, what: str) -> AsyncIterator[None]:
+    """Honour a request's ``timeout_ms`` (<= 0: none): the work inside is cancelled at the
+    deadline and the request is answered TIMEOUT (retriable); calls to data nodes made inside
+    take their bound from the same deadline (service.call_timeout)."""
+    if timeout_ms <= 0:
+        yield
+        return
+    with request_deadline(timeout_ms):
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                yield
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"{what} did not finish within its timeout_ms {timeout_ms}") from None
 
 
 def call_timeout(default_s: float = 0.0) -> float:
