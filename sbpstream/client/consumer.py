@@ -8,6 +8,13 @@ a node that refuses subscriptions (UNSUPPORTED_OPERATION, LIMIT_EXCEEDED) is lon
 one multi-stream FETCH per round instead. A multi-stream consumer with ``subscribe=False``
 long-polls every node that way.
 
+Each subscription is a **fetch session in push mode**: streams planned for a node whose
+subscription runs join it by an incremental FETCH (a stream's next range there,
+:meth:`AsyncConsumer.set_streams`, a group rebalance), and dropped streams are forgotten there, so
+one subscription per node serves the consumer's changing stream set. A refused change (a session
+error, a limit) changes nothing on the node; the streams it would have added get a full
+subscription of their own, from the consumer's positions.
+
 Those long polls run in a **fetch session** per feed (docs/protocol.md, "Fetch sessions"): the
 first FETCH is full and makes the session, each next one names only the streams whose position or
 range changed plus the ones dropped (``forgotten``), and the node answers only the streams with
@@ -805,6 +812,9 @@ class _Subscriber:
         self.pull = pull  # long polls (in fetch sessions) at every node, no subscriptions
         self.positions: dict[int, int] = {}
         self.replica: dict[int, int] = {}
+        #: stream -> (range index, offset) of the last range a node reported sealed and read
+        #: to its end, until a later range is planned
+        self.ended: dict[int, tuple[int, int]] = {}
         self.feeds: set[_Feed] = set()
         self.waiting: list[int] = []
         self.replan = asyncio.Event()
@@ -916,6 +926,7 @@ class _Subscriber:
         self.waiting = [sid for sid in self.waiting if sid not in gone]
         for sid in gone:
             self.replica.pop(sid, None)
+            self.ended.pop(sid, None)
         for feed in list(self.feeds):
             mine = [sid for sid in gone if sid in feed.ranges]
             if not mine:
@@ -992,9 +1003,18 @@ class _Subscriber:
             if self.consumer.end is not None and pos >= self.consumer.end:
                 continue
             rng = await self.consumer._range_for_stream(sid, pos)
+            ended = self.ended.get(sid)
+            if rng is not None and ended is not None and (
+                    rng.range_index == ended[0] and not rng.sealed and pos >= ended[1]):
+                # a node reported this range sealed at our position, but the PM still lists
+                # it as writable (its metadata is written after the data nodes are sealed):
+                # look again shortly rather than subscribe to an ended range over and over
+                self.consumer._routing.invalidate(sid)
+                rng = None
             if rng is None:
                 later.append(sid)
                 continue
+            self.ended.pop(sid, None)
             addrs = replica_addresses(rng)
             if not addrs:
                 raise OffsetOutOfRangeError(f"range {rng.range_index} of stream {sid} has no "
@@ -1166,6 +1186,7 @@ class _Subscriber:
                     c._routing.invalidate(sid)
                 self.replica.pop(sid, None)  # the next range: its primary first
                 self.positions[sid] = max(self.positions[sid], item.range_end_offset)
+                self.ended[sid] = (feed.ranges[sid], self.positions[sid])
                 feed.ranges.pop(sid)
                 self.release(sid)
         self.arrived.set()

@@ -25,6 +25,15 @@ closes. A stream ends on its own, its last FetchResult saying
 why: ``range_end_offset >= 0`` when its sealed range was read to the end and the next range is
 not held here (continue at that offset, at the replicas the PM lists for the next range), or an
 error status (STREAM_DELETED, OFFSET_TRIMMED with ``start_offset``, RANGE_NOT_FOUND, ...).
+
+A subscribing FETCH with ``(session_id, session_epoch) = (0, 0)`` is also a **fetch session in
+push mode** (sessions.py): the node's session cache holds it under a new id, which every frame
+carries, and an incremental FETCH ``(id, epoch)`` on the same connection changes the live
+subscription (:meth:`Subscriptions.update`): ``forgotten`` streams stop, ``items`` are added or
+replace a stream's item, under the session's epoch rules and this module's limits; it is answered
+at once with one empty END frame. Results carry their item's ``request_index``, so a client tells
+the results of a stream's earlier item (sent before the update) from the new one's. The session
+lives as long as the subscription; closing it (epoch -1, ``(id, 0)``) ends the subscription.
 """
 
 from __future__ import annotations
