@@ -46,7 +46,13 @@ from typing import TYPE_CHECKING, Final
 
 from sbpstream.datanode.limits import MAX_FETCH_ITEMS
 from sbpstream.datanode.ranges import StreamInfo
-from sbpstream.datanode.sessions import FINAL_EPOCH, INITIAL_EPOCH, FetchSession, FetchSessionCache
+from sbpstream.datanode.sessions import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    SESSION_STREAM_BYTES,
+    FetchSession,
+    FetchSessionCache,
+)
 from sbpstream.net.server import Request, Responder, ServerConnection
 from sbpstream.protocol.errors import (
     FetchSessionIdNotFoundError,
@@ -220,9 +226,13 @@ _WAKER_BYTES: Final = 72  # a _Waker (slots; sys.getsizeof on 3.11)
 def _state_bytes(sub: Subscription) -> int:
     """The node's estimate of what one open subscription holds in memory: its own objects
     (sys.getsizeof: the subscription, its event, item list and per-stream entries with their
-    FetchItem, one waiter-set slot per stream) plus _TASK_BYTES. Payload is not counted: sent
+    FetchItem, one waiter-set slot per stream; its push session's entry and SESSION_STREAM_BYTES
+    per stream) plus _TASK_BYTES. Payload is not counted: sent
     batches are views over the segment maps, unsent ones are not read yet."""
     n = sys.getsizeof(sub) + sys.getsizeof(sub.wake) + sys.getsizeof(sub.items) + _TASK_BYTES
+    if sub.session is not None:  # its push session: the cache's entry, a stream entry each
+        n += (sys.getsizeof(sub.session) + sys.getsizeof(sub.live)
+              + len(sub.live) * SESSION_STREAM_BYTES)
     if sub.items:
         st = sub.items[0]
         n += len(sub.items) * (sys.getsizeof(st) + sys.getsizeof(st.item) + 2 * 8
