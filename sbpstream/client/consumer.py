@@ -8,6 +8,13 @@ a node that refuses subscriptions (UNSUPPORTED_OPERATION, LIMIT_EXCEEDED) is lon
 one multi-stream FETCH per round instead. A multi-stream consumer with ``subscribe=False``
 long-polls every node that way.
 
+Each subscription is a **fetch session in push mode**: streams planned for a node whose
+subscription runs join it by an incremental FETCH (a stream's next range there,
+:meth:`AsyncConsumer.set_streams`, a group rebalance), and dropped streams are forgotten there, so
+one subscription per node serves the consumer's changing stream set. A refused change (a session
+error, a limit) changes nothing on the node; the streams it would have added get a full
+subscription of their own, from the consumer's positions.
+
 Those long polls run in a **fetch session** per feed (docs/protocol.md, "Fetch sessions"): the
 first FETCH is full and makes the session, each next one names only the streams whose position or
 range changed plus the ones dropped (``forgotten``), and the node answers only the streams with
@@ -29,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from sbpstream.client.retry import REFRESH_CODES, Attempts
@@ -279,6 +286,47 @@ class AsyncConsumer:
         await self._stop_subscriber()
         self._buffer.clear()
 
+    async def set_streams(self, streams: int | Sequence[int]) -> None:
+        """Read ``streams`` from now on (one id or a sequence of distinct ids), without starting
+        over: the streams kept go on from where they are, the new ones start at the consumer's
+        ``start``, and the dropped ones' buffered records are discarded. A running subscription
+        is changed in place (an incremental FETCH of its session adds and forgets streams); a
+        long-poll feed names the new streams in its next round and forgets the dropped ones."""
+        ids = (streams,) if isinstance(streams, int) else tuple(streams)
+        if not ids or len(set(ids)) != len(ids):
+            raise InvalidRequestError(f"bad streams {streams!r}: one or more distinct ids")
+        if self.end is not None and len(ids) > 1:
+            raise InvalidRequestError("end is for a single-stream consumer")
+        dropped = set(self.stream_ids) - set(ids)
+        added = [sid for sid in ids if sid not in self.stream_ids]
+        sub = self._sub
+        self._discard(dropped)
+        if sub is not None:
+            sub.drop(dropped)
+        self.stream_ids, self.stream_id = ids, ids[0]
+        if sub is None:  # not reading yet: the next read starts with these
+            if dropped:
+                self._position = None
+            return
+        if added:
+            starts = await self._resolve_starts(added)
+            if self._sub is sub:
+                sub.add(dict(zip(added, starts, strict=True)))
+        self._position = sub.positions.get(self.stream_id)
+
+    def _discard(self, dropped: set[int]) -> None:
+        """Forget the buffered records of ``dropped`` streams. What the feeds sent and the
+        application did not take is acked now (the acks count records taken in order)."""
+        if not dropped or not any(r.stream_id in dropped for r in self._buffer):
+            return
+        sub = self._sub
+        if sub is not None:
+            for _, feed, nbytes in self._marks:
+                sub.call(feed.taken, nbytes)
+        self._marks.clear()
+        self._pushed = self._taken = 0
+        self._buffer = deque(r for r in self._buffer if r.stream_id not in dropped)
+
     # ------------------------------------------- consumer groups (overridden in client/groups.py)
 
     @property
@@ -440,10 +488,10 @@ class AsyncConsumer:
         if self._buffer:  # the buffer stays; the position is its head
             self._position = self._buffer[0].offset
         else:
-            self._position = sub.positions[self.stream_id]
+            self._position = sub.positions.get(self.stream_id)
 
     async def _fill(self, wait_ms: int) -> None:
-        if self.subscribe or len(self.stream_ids) > 1:  # many streams: feeds (pull or push)
+        if self.subscribe or len(self.stream_ids) > 1 or self._sub is not None:  # feeds
             await self._fill_subscribed(wait_ms)
             return
         bufs = await self._fetch(wait_ms)
@@ -644,11 +692,35 @@ class _Feed:
         self.session_id = 0
         self.epoch = 0
         self.sent: dict[int, tuple[int, int, int]] = {}  # (offset, range index, batch bytes)
+        # request_index of each stream's item: a subscription's session may be changed while it
+        # streams (streams added, dropped, named again), and a result answers the item whose
+        # request_index it carries, so results of a stream's earlier item are told apart
+        self.indexes: dict[int, int] = {}
+        self._next_index = 0
+        self.closing = False  # takes no more streams (ending, or ended)
+        self.update_lock = asyncio.Lock()  # a push session's changes go one at a time (epochs)
         self.room = asyncio.Event()
         self.room.set()
         self._acking: asyncio.Task[None] | None = None
         self._ack_timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
+
+    def index(self, sid: int) -> int:
+        """The request_index of ``sid``'s current item (a new one by :meth:`renumber`)."""
+        i = self.indexes.get(sid)
+        return self.renumber(sid) if i is None else i
+
+    def renumber(self, sid: int) -> int:
+        i = self.indexes[sid] = self._next_index
+        self._next_index = (self._next_index + 1) & 0x7FFF_FFFF
+        return i
+
+    @property
+    def joinable(self) -> bool:
+        """Streams can be added to it as it runs: a long-poll feed (its next round names them)
+        or a subscription whose session the node made (an incremental FETCH adds them)."""
+        return (not self.closing and self.conn is not None and not self.conn.closed
+                and (self.long_poll or self.session_id != 0))
 
     def taken(self, nbytes: int) -> None:
         """The application took the records of ``nbytes`` payload bytes: ack (batched)."""
@@ -740,6 +812,9 @@ class _Subscriber:
         self.pull = pull  # long polls (in fetch sessions) at every node, no subscriptions
         self.positions: dict[int, int] = {}
         self.replica: dict[int, int] = {}
+        #: stream -> (range index, offset) of the last range a node reported sealed and read
+        #: to its end, until a later range is planned
+        self.ended: dict[int, tuple[int, int]] = {}
         self.feeds: set[_Feed] = set()
         self.waiting: list[int] = []
         self.replan = asyncio.Event()
@@ -748,6 +823,7 @@ class _Subscriber:
         self.arrived = asyncio.Event()
         self.ready = asyncio.Event()  # a first frame (or an error) arrived
         self._task: asyncio.Task[None] | None = None
+        self._changes: set[asyncio.Task[None]] = set()  # incremental FETCHes under way
         self._attempts: Attempts | None = None
         self.loop = asyncio.get_running_loop()  # created on it (by _start_subscriber)
 
@@ -773,6 +849,8 @@ class _Subscriber:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
+        for t in list(self._changes):
+            t.cancel()
         feeds = list(self.feeds)
         for f in feeds:
             await f.cancel()
@@ -799,6 +877,13 @@ class _Subscriber:
                 groups, later = await self._plan(sids)
                 self.waiting += later
                 for addr, ranges in groups.items():
+                    ranges = {sid: r for sid, r in ranges.items() if sid in self.positions}
+                    if not ranges:  # dropped meanwhile
+                        continue
+                    joined = next((f for f in self.feeds if f.addr == addr and f.joinable), None)
+                    if joined is not None:  # one feed per node: its session takes them
+                        self._join(joined, ranges)
+                        continue
                     feed = _Feed(self, addr, ranges)
                     feed.long_poll = self.pull or addr in self.long_poll_addrs
                     feed.task = asyncio.ensure_future(self._feed(feed))
@@ -825,18 +910,111 @@ class _Subscriber:
             log.debug("event=subscriber_failed streams=%s error=%r",
                       self.consumer.stream_ids, exc)
 
+    def add(self, positions: Mapping[int, int]) -> None:
+        """Read these streams too, from these positions (the consumer's stream set grew)."""
+        for sid, pos in positions.items():
+            if sid not in self.positions:
+                self.positions[sid] = pos
+                self.release(sid)
+
+    def drop(self, sids: Iterable[int]) -> None:
+        """Stop reading these streams: a feed holding one forgets it (an incremental FETCH of
+        its session, or its next long poll's ``forgotten``); a feed left without streams ends."""
+        gone = {sid for sid in sids if self.positions.pop(sid, None) is not None}
+        if not gone:
+            return
+        self.waiting = [sid for sid in self.waiting if sid not in gone]
+        for sid in gone:
+            self.replica.pop(sid, None)
+            self.ended.pop(sid, None)
+        for feed in list(self.feeds):
+            mine = [sid for sid in gone if sid in feed.ranges]
+            if not mine:
+                continue
+            for sid in mine:
+                feed.ranges.pop(sid)
+                feed.ends.pop(sid, None)
+            if feed.long_poll:
+                continue  # the next round's request forgets them
+            if not feed.ranges:
+                feed.closing = True
+                self._spawn(feed.cancel())
+            elif feed.session_id:
+                self._spawn(self._change(feed, {}, tuple(mine)))
+
+    def _join(self, feed: _Feed, ranges: dict[int, tuple[int, int]]) -> None:
+        """Add streams to a running feed: named from the next round on (long polls), or at once
+        by an incremental FETCH of the subscription's session."""
+        for sid, (idx, end) in ranges.items():
+            feed.ranges[sid] = idx
+            if end >= 0:
+                feed.ends[sid] = end
+            feed.renumber(sid)  # results of an earlier item of the stream are not its
+        if not feed.long_poll:
+            self._spawn(self._change(feed, ranges, ()))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._changes.add(task)
+        task.add_done_callback(self._changes.discard)
+
+    async def _change(self, feed: _Feed, added: Mapping[int, tuple[int, int]],
+                      forgotten: tuple[int, ...]) -> None:
+        """One incremental FETCH of a subscription's session. Refused (the session is gone or
+        out of step: FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH; a limit; a lost
+        connection), it changed nothing: the added streams are planned again from the consumer's
+        own positions, in a new full subscription, and the feed takes no more changes. So
+        nothing is skipped or read twice: a result the node sends for a stream the feed does not
+        hold under that request_index is dropped (and acked)."""
+        async with feed.update_lock:
+            mine = {sid: feed.ranges[sid] for sid in added if sid in feed.ranges}
+            if feed.closing or feed.conn is None or not feed.session_id:
+                self._give_back(feed, mine)
+                return
+            req = FetchRequest(
+                session_id=feed.session_id, session_epoch=feed.epoch, forgotten=forgotten,
+                items=tuple(self._item(feed, sid, idx) for sid, idx in mine.items()))
+            try:
+                frame = await feed.conn.request_one(
+                    req.OPCODE, req.encode(),
+                    timeout_s=self.consumer._routing.request_timeout_ms / 1000)
+                FetchResponse.decode(frame.header).status.raise_for_error()
+            except (SbpError, OSError) as exc:
+                log.debug("event=subscription_change_refused addr=%s error=%s", feed.addr, exc)
+                feed.session_id = 0  # no more changes: the next streams get a feed of their own
+                self._give_back(feed, mine)
+                return
+            feed.epoch = 1 if feed.epoch >= 2**31 - 1 else feed.epoch + 1
+
+    def _give_back(self, feed: _Feed, ranges: Mapping[int, int]) -> None:
+        for sid, idx in ranges.items():
+            if feed.ranges.get(sid) == idx:
+                feed.ranges.pop(sid)
+                self.release(sid)
+
     async def _plan(self, sids: list[int],
                     ) -> tuple[dict[str, dict[int, tuple[int, int]]], list[int]]:
         groups: dict[str, dict[int, tuple[int, int]]] = {}
         later: list[int] = []
         for sid in sids:
-            pos = self.positions[sid]
+            pos = self.positions.get(sid)
+            if pos is None:  # dropped
+                continue
             if self.consumer.end is not None and pos >= self.consumer.end:
                 continue
             rng = await self.consumer._range_for_stream(sid, pos)
+            ended = self.ended.get(sid)
+            if rng is not None and ended is not None and (
+                    rng.range_index == ended[0] and not rng.sealed and pos >= ended[1]):
+                # a node reported this range sealed at our position, but the PM still lists
+                # it as writable (its metadata is written after the data nodes are sealed):
+                # look again shortly rather than subscribe to an ended range over and over
+                self.consumer._routing.invalidate(sid)
+                rng = None
             if rng is None:
                 later.append(sid)
                 continue
+            self.ended.pop(sid, None)
             addrs = replica_addresses(rng)
             if not addrs:
                 raise OffsetOutOfRangeError(f"range {rng.range_index} of stream {sid} has no "
@@ -855,10 +1033,12 @@ class _Subscriber:
                     await self._long_poll_round(feed)
                 else:
                     await self._subscription(feed)
+            feed.closing = True
             self._attempts = None
-            if feed.session_id:
+            if feed.session_id and feed.long_poll:
                 await feed.close_session()
         except SbpError as exc:
+            feed.closing = True
             if exc.code in SUBSCRIBE_FALLBACK_CODES and not feed.long_poll:
                 log.info("event=subscribe_refused addr=%s code=%d: long polls instead",
                          feed.addr, exc.code)
@@ -877,16 +1057,22 @@ class _Subscriber:
             for sid in list(feed.ranges):
                 feed.ranges.pop(sid)
                 self.release(sid)
+        finally:
+            feed.closing = True
 
     def _items(self, feed: _Feed) -> tuple[FetchItem, ...]:
-        return tuple(FetchItem(stream_id=sid, request_index=i, fetch_offset=self.positions[sid],
-                               batch_max_bytes=self.consumer.batch_max_bytes, range_index=ri)
-                     for i, (sid, ri) in enumerate(feed.ranges.items()))
+        return tuple(self._item(feed, sid, ri) for sid, ri in feed.ranges.items())
+
+    def _item(self, feed: _Feed, sid: int, ri: int) -> FetchItem:
+        return FetchItem(stream_id=sid, request_index=feed.index(sid),
+                         fetch_offset=self.positions[sid],
+                         batch_max_bytes=self.consumer.batch_max_bytes, range_index=ri)
 
     async def _subscription(self, feed: _Feed) -> None:
         assert feed.conn is not None
+        # a session in push mode (epoch 0): streams can then be added and dropped as it runs
         req = FetchRequest(max_wait_ms=0, min_bytes=0, window_bytes=self.window,
-                           items=self._items(feed))
+                           items=self._items(feed), session_id=0, session_epoch=0)
         rs = await feed.conn.stream(req.OPCODE, req.encode(), timeout_s=None)
         feed.request_id = rs.request_id
         feed.unacked = feed.to_ack = 0
@@ -895,8 +1081,11 @@ class _Subscriber:
                 self.consumer._routing.note_throttle(feed.addr, Opcode.FETCH, frame.header)
                 resp = FetchResponse.decode(frame.header)
                 resp.status.raise_for_error()
+                if feed.epoch == 0 and resp.session_id:  # its first frame names the session
+                    feed.session_id, feed.epoch = resp.session_id, 1
                 await self._take_frame(feed, resp, frame.payload, count=True)
                 if not feed.ranges:
+                    feed.closing = True
                     await feed.cancel()
                     return
         if feed.ranges:  # ended (node closing): re-plan what is left, elsewhere if need be
@@ -959,9 +1148,11 @@ class _Subscriber:
     async def _take_frame(self, feed: _Feed, resp: FetchResponse,
                           payload: bytes | bytearray | memoryview, *, count: bool) -> None:
         c = self.consumer
+        push = not feed.long_poll
         for item, chunk in resp.chunks(payload):
             sid = item.stream_id
-            if sid not in feed.ranges:
+            if sid not in feed.ranges or (push and item.request_index != feed.indexes.get(sid)):
+                # not ours any more, or an earlier item of the stream (sent before an update)
                 if count and item.batch_length:
                     feed.unacked += item.batch_length
                     feed.taken(item.batch_length)  # not ours any more: release at once
@@ -995,6 +1186,7 @@ class _Subscriber:
                     c._routing.invalidate(sid)
                 self.replica.pop(sid, None)  # the next range: its primary first
                 self.positions[sid] = max(self.positions[sid], item.range_end_offset)
+                self.ended[sid] = (feed.ranges[sid], self.positions[sid])
                 feed.ranges.pop(sid)
                 self.release(sid)
         self.arrived.set()

@@ -432,7 +432,7 @@ class GroupConsumer(AsyncConsumer):
             refused = await self._commit_streams(revoked) if self.auto_commit else set()
             self._emit("lost", sorted(refused))
             self._emit("revoked", sorted(revoked - refused))
-        if self._inner is not None:
+        if self._inner is not None and not target:
             await self._inner.close()
             self._inner = None
         for sid in revoked:
@@ -450,7 +450,14 @@ class GroupConsumer(AsyncConsumer):
                     ends = await asyncio.gather(*(self._client.end_offset(s) for s in chunk))
                     self._positions.update(zip(chunk, ends, strict=True))
         self._owned = target
-        if target:
+        if target and self._inner is not None:
+            # the streams kept go on where they are, in the same subscriptions: the added
+            # ones join them (an incremental FETCH of each node's session), the revoked ones
+            # are forgotten there and their buffered records discarded
+            self._inner.starts.update(
+                {sid: self._positions[sid] for sid in added if sid in self._positions})
+            await self._inner.set_streams(sorted(target))
+        elif target:
             self._inner = _Assigned(self._client, sorted(target), self._start,
                                     self._positions, **self._inner_kwargs)
         self._emit("assigned", sorted(added))

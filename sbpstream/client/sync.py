@@ -547,6 +547,15 @@ class Consumer(ConsumerBase):
         self._runner.run(self._async.close())
         self._after_close()
 
+    def set_streams(self, streams: int | Sequence[int]) -> None:
+        """Read ``streams`` from now on (one id or a sequence of distinct ids), without starting
+        over: the streams kept go on from where they are, the new ones start at the consumer's
+        ``start``, and the dropped ones' buffered records are discarded. A running subscription
+        is changed in place (an incremental FETCH of its session adds and forgets streams); a
+        long-poll feed names the new streams in its next round and forgets the dropped ones.
+        """
+        self._runner.run(self._async.set_streams(streams))
+
     @property
     def group(self) -> str | None:
         """The consumer group (``group=`` of :meth:`AsyncClient.consumer`); None without one."""

@@ -118,16 +118,20 @@ class FramePacker:
 class FetchHandler:
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
-        #: FETCHes with a window (subscriptions) and BUFFER_ACK (see subscribe.py)
-        self.subscriptions = Subscriptions(ctx)
         #: fetch sessions (sessions.py); a connection's die with it
         self.sessions = FetchSessionCache(alive=_alive)
+        #: FETCHes with a window (subscriptions: sessions in push mode when they ask for one)
+        #: and BUFFER_ACK (see subscribe.py)
+        self.subscriptions = Subscriptions(ctx, self.sessions)
         self._reapers: set[asyncio.Task[None]] = set()
 
     async def __call__(self, req: Request, resp: Responder) -> None:
         ctx = self.ctx
         t0 = time.monotonic()
         m = FetchRequest.decode(req.header)
+        if self.subscriptions.serves(m):  # changes a live subscription's streams
+            await self.subscriptions.update(req, resp, m)
+            return
         if m.window_bytes > 0:
             await self.subscriptions.serve(req, resp, m,
                                            FramePacker(resp, ctx.config.fetch_frame_bytes))

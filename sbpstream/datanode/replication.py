@@ -16,6 +16,9 @@ cuts it at the minimum end over the reachable replicas, so unacknowledged tails 
 acknowledged record survives). Each successful round raises the range's ``replicated_offset``
 (every secondary holds everything below it); the seal answers it as this node's end, so batches
 written here but never replicated are cut by the seal instead of leaving the secondaries short.
+For the same reason a round still out when the range is closed here (the seal's stop) acknowledges
+nothing, even if every secondary answers it: the stop has already answered its end, and
+committing those batches afterwards let writers and readers see records the seal then cut.
 A secondary learns the committed offset with the next round, or the sealed end at seal time.
 
 **Deadlines.** Each batch carries the deadline of the APPEND that wrote it (its ``timeout_ms``).
@@ -268,6 +271,12 @@ class _Channel:
                 failed = {rep: err for rep, _ in round_}
             for rep, taken in round_:
                 why = failed.get(rep)
+                if why is None and rep.broken is not None:
+                    # closed while the round was out (a seal's stop, a delete, re-adoption):
+                    # the stop already answered its end from replicated_offset, so these
+                    # batches are past that end and must not be acknowledged (the seal cuts
+                    # them), nor committed (a reader would get records the seal then drops)
+                    why = rep.broken
                 if why is not None:
                     rep.fail(taken, why)
                     continue

@@ -43,6 +43,11 @@ bounded by its stream count. A new session that does not fit evicts, in this ord
    slot, so they are the ones worth keeping, and a flood of small sessions cannot push out the
    consumers of thousands of streams that used them recently.
 
+A session in **push mode** is a subscription's (subscribe.py): the same id, epochs and
+incremental FETCHes, but its streams are served by the live subscription, which pushes records
+as they are committed; an incremental FETCH adds or drops streams of it without starting over.
+It is never evicted nor expired while it streams, and it is closed when the subscription ends.
+
 If nothing may be evicted, no session is made (response ``session_id`` 0) and the consumer
 keeps sending full FETCHes, correct but larger. The protocol and records layers do no I/O; this
 module is pure state plus the clock it is given.
@@ -166,6 +171,12 @@ class FetchSession:
     dirty: set[int] = field(default_factory=set)
     wake: asyncio.Event | None = None  # the parked FETCH's event, while one is parked
     closed: bool = False  # out of the cache: its wakers are unregistered and stay so
+    #: push mode: the session is served by a subscription (subscribe.py) for as long as it
+    #: streams; ``busy`` stays set (never evicted nor expired while it streams), incremental
+    #: FETCHes change the live subscription's streams, and ``on_close`` ends it when the
+    #: session is closed (epoch -1, replaced by ``(id, 0)``, or a refused update)
+    push: bool = False
+    on_close: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         for sid, st in self.streams.items():
@@ -196,6 +207,9 @@ class FetchSession:
         self.closed = True
         for st in self.streams.values():
             st.unwatch()
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,9 +282,9 @@ class FetchSessionCache:
             raise FetchSessionIdNotFoundError(
                 f"fetch session {session_id} is not on this node (closed, evicted, expired, or "
                 "made on another connection)")
-        if epoch != s.epoch or s.busy:
+        if epoch != s.epoch or (s.busy and not s.push):
             self.bad_epoch += 1
-            why = "is being served" if s.busy else f"expects epoch {s.epoch}"
+            why = "is being served" if epoch == s.epoch else f"expects epoch {s.epoch}"
             raise InvalidFetchSessionEpochError(
                 f"fetch session {session_id} {why}; the request carries epoch {epoch}")
         s.epoch = next_epoch(epoch)

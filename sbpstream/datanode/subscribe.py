@@ -25,6 +25,15 @@ closes. A stream ends on its own, its last FetchResult saying
 why: ``range_end_offset >= 0`` when its sealed range was read to the end and the next range is
 not held here (continue at that offset, at the replicas the PM lists for the next range), or an
 error status (STREAM_DELETED, OFFSET_TRIMMED with ``start_offset``, RANGE_NOT_FOUND, ...).
+
+A subscribing FETCH with ``(session_id, session_epoch) = (0, 0)`` is also a **fetch session in
+push mode** (sessions.py): the node's session cache holds it under a new id, which every frame
+carries, and an incremental FETCH ``(id, epoch)`` on the same connection changes the live
+subscription (:meth:`Subscriptions.update`): ``forgotten`` streams stop, ``items`` are added or
+replace a stream's item, under the session's epoch rules and this module's limits; it is answered
+at once with one empty END frame. Results carry their item's ``request_index``, so a client tells
+the results of a stream's earlier item (sent before the update) from the new one's. The session
+lives as long as the subscription; closing it (epoch -1, ``(id, 0)``) ends the subscription.
 """
 
 from __future__ import annotations
@@ -37,9 +46,18 @@ from typing import TYPE_CHECKING, Final
 
 from sbpstream.datanode.limits import MAX_FETCH_ITEMS
 from sbpstream.datanode.ranges import StreamInfo
+from sbpstream.datanode.sessions import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    SESSION_STREAM_BYTES,
+    FetchSession,
+    FetchSessionCache,
+)
 from sbpstream.net.server import Request, Responder, ServerConnection
 from sbpstream.protocol.errors import (
+    FetchSessionIdNotFoundError,
     InternalError,
+    InvalidFetchSessionEpochError,
     InvalidRequestError,
     LimitExceededError,
     OffsetOutOfRangeError,
@@ -54,6 +72,7 @@ from sbpstream.protocol.messages import (
     BufferAckResponse,
     FetchItem,
     FetchRequest,
+    FetchResponse,
     FetchResult,
     Status,
 )
@@ -101,6 +120,14 @@ class _Item:
     info: StreamInfo | None = None  # the stream's entry its waker is registered with
     waker: _Waker | None = None
 
+    def retire(self) -> None:
+        """Out of its subscription (forgotten, or replaced by an update): nothing more is sent
+        for it (a batch already being sent still goes, under its old ``request_index``)."""
+        self.done = True
+        if self.info is not None and self.waker is not None:
+            self.info.waiters.discard(self.waker)
+        self.info = None
+
 
 class _Waker(asyncio.Event):
     """Stands in a stream's waiters for one subscribed stream: a commit (a seal, a delete, the
@@ -138,6 +165,35 @@ class Subscription:
     cancelled: bool = False
     started: float = field(default_factory=time.monotonic)
     round_left: int | None = None  # fetch quota: bytes this round may still push (None: no cap)
+    #: its fetch session in push mode (0: none, its streams are fixed): the live streams by id,
+    #: which an incremental FETCH changes
+    session: FetchSession | None = None
+    live: dict[int, _Item] = field(default_factory=dict)
+    #: items not yet answered: each reports its state once, even with nothing to read yet
+    fresh: list[_Item] = field(default_factory=list)
+
+    def apply(self, items: tuple[FetchItem, ...], forgotten: tuple[int, ...]) -> int:
+        """An incremental FETCH of its session: drop ``forgotten``, then add ``items`` (a
+        stream already here is replaced: it continues at the item's offset and range, under
+        the item's request_index). Returns the change in its stream count."""
+        before = len(self.live)
+        for sid in forgotten:
+            st = self.live.pop(sid, None)
+            if st is not None:
+                st.retire()
+        for it in items:
+            old = self.live.pop(it.stream_id, None)
+            if old is not None:
+                old.retire()
+            st = self.live[it.stream_id] = _Item(it, it.fetch_offset)
+            self.fresh.append(st)
+        self.items = list(self.live.values())  # a new list: a pass in progress keeps its own
+        self.wake.set()
+        return len(self.live) - before
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.wake.set()
 
     @property
     def free(self) -> int:
@@ -170,9 +226,13 @@ _WAKER_BYTES: Final = 72  # a _Waker (slots; sys.getsizeof on 3.11)
 def _state_bytes(sub: Subscription) -> int:
     """The node's estimate of what one open subscription holds in memory: its own objects
     (sys.getsizeof: the subscription, its event, item list and per-stream entries with their
-    FetchItem, one waiter-set slot per stream) plus _TASK_BYTES. Payload is not counted: sent
+    FetchItem, one waiter-set slot per stream; its push session's entry and SESSION_STREAM_BYTES
+    per stream) plus _TASK_BYTES. Payload is not counted: sent
     batches are views over the segment maps, unsent ones are not read yet."""
     n = sys.getsizeof(sub) + sys.getsizeof(sub.wake) + sys.getsizeof(sub.items) + _TASK_BYTES
+    if sub.session is not None:  # its push session: the cache's entry, a stream entry each
+        n += (sys.getsizeof(sub.session) + sys.getsizeof(sub.live)
+              + len(sub.live) * SESSION_STREAM_BYTES)
     if sub.items:
         st = sub.items[0]
         n += len(sub.items) * (sys.getsizeof(st) + sys.getsizeof(st.item) + 2 * 8
@@ -183,8 +243,13 @@ def _state_bytes(sub: Subscription) -> int:
 class Subscriptions:
     """Every open subscription of a node; serves subscribing FETCHes and BUFFER_ACK."""
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: NodeContext, sessions: FetchSessionCache | None = None) -> None:
         self.ctx = ctx
+        #: the node's fetch sessions: a subscription asking for one (epoch 0) is a session
+        #: in push mode there, changed by incremental FETCHes (see :meth:`update`)
+        self.sessions = sessions if sessions is not None else FetchSessionCache()
+        self.by_session: dict[int, Subscription] = {}
+        self.updates = 0
         self.by_conn: dict[ServerConnection, dict[int, Subscription]] = {}
         self.count = 0
         self.streams = 0
@@ -237,6 +302,42 @@ class Subscriptions:
         sub.acked_bytes += m.bytes_acked
         sub.wake.set()
 
+    # ------------------------------------------------------------------ push sessions
+
+    def serves(self, m: FetchRequest) -> bool:
+        """True when ``m`` is an incremental FETCH of a live subscription's session."""
+        return m.session_epoch > 0 and m.session_id in self.by_session
+
+    async def update(self, req: Request, resp: Responder, m: FetchRequest) -> None:
+        """An incremental FETCH ``(id, epoch)`` of a subscription's session: drop its
+        ``forgotten`` streams and add (or replace) its ``items`` on the live subscription, under
+        the session's epoch rules; answered at once with one empty END frame (OK, the session
+        id). The streams' records come on the subscription. A refused update changes nothing
+        (the epoch included), but one the session cache cannot hold closes the session and so
+        ends the subscription, as a pull session is closed."""
+        sub = self.by_session[m.session_id]
+        if len(m.items) > MAX_SUBSCRIPTION_STREAMS or len(m.forgotten) > MAX_SUBSCRIPTION_STREAMS:
+            raise LimitExceededError(f"{len(m.items)} streams and {len(m.forgotten)} forgotten "
+                                     f"in one FETCH; at most {MAX_SUBSCRIPTION_STREAMS} each")
+        if sub.conn is req.conn:  # (another connection's gets FETCH_SESSION_ID_NOT_FOUND)
+            after = (sub.live.keys() - set(m.forgotten)) | {it.stream_id for it in m.items}
+            grown = len(after) - len(sub.live)
+            if len(after) > MAX_SUBSCRIPTION_STREAMS:
+                raise LimitExceededError(f"subscription {sub.request_id} would hold "
+                                         f"{len(after)} streams; at most "
+                                         f"{MAX_SUBSCRIPTION_STREAMS}")
+            if grown > 0 and self.streams + grown > MAX_SUBSCRIBED_STREAMS_PER_NODE:
+                raise LimitExceededError(
+                    f"{self.streams} streams subscribed on this node; {grown} more would pass "
+                    f"the {MAX_SUBSCRIBED_STREAMS_PER_NODE} limit")
+        session = self.sessions.get(req.conn, m.session_id, m.session_epoch)  # epoch rules
+        self.sessions.update(session, m.items, m.forgotten)  # closes it (and sub) if too big
+        self.streams += sub.apply(m.items, m.forgotten)
+        self.updates += 1
+        self.ctx.metrics.c.fetch_requests += 1
+        self.ctx.metrics.c.fetch_items += len(m.items)
+        await resp.send(FetchResponse(session_id=m.session_id).encode())
+
     # ------------------------------------------------------------------ the subscription
 
     async def serve(self, req: Request, resp: Responder, m: FetchRequest,
@@ -259,8 +360,34 @@ class Subscriptions:
             raise LimitExceededError(
                 f"{self.streams} streams subscribed on this node; {len(m.items)} more would "
                 f"pass the {MAX_SUBSCRIBED_STREAMS_PER_NODE} limit")
-        sub = Subscription(req.conn, req.request_id, m.window_bytes,
-                           [_Item(it, it.fetch_offset) for it in m.items])
+        if m.session_epoch < FINAL_EPOCH or (m.session_epoch > 0 and not m.session_id):
+            raise InvalidFetchSessionEpochError(
+                f"fetch session epoch {m.session_epoch} with session id {m.session_id}: a "
+                "subscription makes a session with epoch 0 and changes it with epoch > 0")
+        if m.session_epoch > 0:  # incremental, but not of a live subscription's session
+            if self.sessions.sessions.get(m.session_id) is not None:
+                raise InvalidRequestError(
+                    f"fetch session {m.session_id} is a long-poll session: a subscription "
+                    "makes its own (epoch 0)")
+            self.sessions.not_found += 1
+            raise FetchSessionIdNotFoundError(
+                f"fetch session {m.session_id} is not on this node (its subscription ended, "
+                "or it was closed, evicted or never made)")
+        if m.session_id:  # (id, 0) replaces session id, (id, -1) closes it
+            self.sessions.close_owned(req.conn, m.session_id)
+        items = [_Item(it, it.fetch_offset) for it in m.items]
+        sub = Subscription(req.conn, req.request_id, m.window_bytes, items)
+        if m.session_epoch == INITIAL_EPOCH:
+            session = self.sessions.create(req.conn, m.items)
+            if session is not None:  # else no room: a subscription whose streams are fixed
+                session.push = session.busy = True
+                session.on_close = sub.cancel
+                sub.session = session
+                sub.live = {st.item.stream_id: st for st in items}
+                sub.items = list(sub.live.values())  # the last item of a stream wins
+                self.by_session[session.session_id] = sub
+                out.session_id = session.session_id
+        sub.fresh = list(sub.items)
         self.by_conn.setdefault(req.conn, {})[req.request_id] = sub
         self.count += 1
         self.streams += len(sub.items)
@@ -281,6 +408,11 @@ class Subscriptions:
                     st.info.waiters.discard(st.waker)
             self.count -= 1
             self.streams -= len(sub.items)
+            if sub.session is not None:
+                self.by_session.pop(sub.session.session_id, None)
+                sub.session.on_close = None
+                if self.sessions.sessions.get(sub.session.session_id) is sub.session:
+                    self.sessions.close(sub.session.session_id)
             d = self.by_conn.get(req.conn)
             if d is not None:
                 d.pop(req.request_id, None)
@@ -289,12 +421,6 @@ class Subscriptions:
 
     async def _run(self, sub: Subscription, out: FramePacker) -> Status:
         ctx = self.ctx
-        for st in sub.items:
-            it = st.item
-            if it.range_index >= 0 and ctx.table.get(it.stream_id, it.range_index) is None:
-                await self._fail(st, out, RangeNotFoundError(
-                    f"range {it.stream_id}/{it.range_index} is not on this node"))
-        first = True
         charged: dict[int, int] = {}  # bytes per stream already charged to the fetch quota
         while True:
             # Register before reading, so a commit landing between the read and the wait still
@@ -332,11 +458,11 @@ class Subscriptions:
                         progressed = True
             cut = sub.round_left is not None and sub.round_left <= 0
             sub.round_left = None
-            if first:  # every stream reports its state once, even with nothing to read yet
-                first = False
-                for st in sub.items:
-                    if not st.answered:
-                        await out.add(self._result(st, 0))
+            if sub.fresh:  # a new stream reports its state once, even with nothing to read
+                fresh, sub.fresh = sub.fresh, []
+                for st in fresh:
+                    if not st.answered and not st.done:
+                        await self._report(st, out)
             await out.flush(end=False)
             throttle_ms = self._charge(sub, out, charged)
             if all(st.done for st in sub.items):
@@ -359,6 +485,16 @@ class Subscriptions:
         ms = self.ctx.quotas.charge(sub.conn, FETCH, sum(delta.values()), delta)
         out.throttle_ms = ms
         return ms
+
+    async def _report(self, st: _Item, out: FramePacker) -> None:
+        """A new stream's first result when it had nothing to send: its state, or why its
+        named range cannot be served here."""
+        it = st.item
+        if it.range_index >= 0 and self.ctx.table.get(it.stream_id, it.range_index) is None:
+            await self._fail(st, out, RangeNotFoundError(
+                f"range {it.stream_id}/{it.range_index} is not on this node"))
+        else:
+            await out.add(self._result(st, 0))
 
     def _result(self, st: _Item, batch_length: int, *, status: Status | None = None,
                 start: int = -1, range_end: int = -1) -> FetchResult:
@@ -405,6 +541,9 @@ class Subscriptions:
         try:
             if st.offset < 0:
                 raise OffsetOutOfRangeError(f"fetch offset {st.offset} is negative")
+            if st.item.range_index >= 0 and ctx.table.get(sid, st.item.range_index) is None:
+                raise RangeNotFoundError(
+                    f"range {sid}/{st.item.range_index} is not on this node")
             limit = max(ctx.table.high_watermark(sid), 0)
             end = -1
             if st.item.range_index >= 0:
