@@ -13,6 +13,7 @@ secondary whose answer is held until the range was stopped.
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -58,6 +59,11 @@ class _HeldSecondary:
                       header=AppendResponse(items=ok).encode(), payload=b"")]
 
 
+def _deadline() -> float:
+    """A batch's deadline (monotonic), far enough out that it never decides these tests."""
+    return time.monotonic() + 30.0
+
+
 def _range() -> RangeInfo:
     rng = RangeInfo(stream_id=7, range_index=0, committed_offset=0)
     rng.replicas = (ReplicaNode(DataNode(PRIMARY, "127.0.0.1:1"), True),
@@ -72,13 +78,13 @@ async def test_round_answered_after_the_stop_acknowledges_nothing() -> None:
     reps = Replicators(ctx)
     rng = _range()
     batch = build_batch([Record(value=b"v%d" % i) for i in range(10)])
-    before = reps.get(rng).submit(memoryview(batch), 0)
+    before = reps.get(rng).submit(memoryview(batch), 0, _deadline())
     secondary.release.set()
     await before  # a round answered before any stop: acknowledged
     assert rng.replicated_offset == 10
     secondary.release.clear()
     secondary.arrived.clear()
-    late = reps.get(rng).submit(memoryview(batch), 10)
+    late = reps.get(rng).submit(memoryview(batch), 10, _deadline())
     await asyncio.wait_for(secondary.arrived.wait(), 10)  # the round is out
     reps.drop(rng.stream_id, rng.range_index)  # the seal's stop (control.seal)
     stop_end = rng.replicated_offset  # what the stop answers as this node's end
@@ -96,7 +102,8 @@ async def test_round_answered_before_the_stop_is_below_its_end() -> None:
     reps = Replicators(ctx)
     rng = _range()
     secondary.release.set()
-    fut = reps.get(rng).submit(memoryview(build_batch([Record(value=b"x")] * 3)), 0)
+    fut = reps.get(rng).submit(memoryview(build_batch([Record(value=b"x")] * 3)), 0,
+                                _deadline())
     await asyncio.wait_for(fut, 10)
     reps.drop(rng.stream_id, rng.range_index)
     assert rng.replicated_offset == 3
