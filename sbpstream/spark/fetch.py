@@ -1,5 +1,8 @@
 """Executor-side read of one partition: records [from, until) of one range, as Arrow batches.
 
+Each FETCH answer is decoded straight into Arrow's buffer layout
+(:func:`sbpstream.records.decode_column_buffers`), so no Python object is made per record.
+
 Everything comes from the partition itself (replica addresses, range, offsets), so a read costs
 no PM round trip: FETCH goes straight to the range's replicas, the primary first, another
 replica after an error. The PM is asked only when every replica failed or the range ended
@@ -24,9 +27,10 @@ from sbpstream.net.client import ConnectionPool
 from sbpstream.net.loop import new_event_loop
 from sbpstream.protocol.errors import ErrorCode, SbpError
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse
-from sbpstream.records import Columns, decode_columns
+from sbpstream.records import ColumnBuffers, decode_column_buffers
 from sbpstream.spark.meta import replica_addresses
 from sbpstream.spark.options import SecurityOptions
+from sbpstream.spark.schema import US_PER_MS
 
 log = logging.getLogger("sbpstream.spark")
 
@@ -92,7 +96,7 @@ class SpanReader:
         if self._client is not None:
             await self._client.close()
 
-    async def next_columns(self) -> Columns | None:
+    async def next_columns(self) -> ColumnBuffers | None:
         """The next records of the span (possibly none yet), or None at its end."""
         req = self.req
         deadline = time.monotonic() + req.timeout_ms / 1000
@@ -168,8 +172,8 @@ class SpanReader:
         log.warning("%s; skipped (failOnDataLoss=false)", msg.removeprefix("failOnDataLoss: "))
         self.pos = max(self.pos, hi)
 
-    async def _fetch_once(self) -> Columns | None:
-        """One FETCH round; Columns (maybe empty) when it advanced, None to try again."""
+    async def _fetch_once(self) -> ColumnBuffers | None:
+        """One FETCH round; columns (maybe empty) when it advanced, None to try again."""
         req = self.req
         if not self.replicas:
             await self._locate()
@@ -220,27 +224,21 @@ class SpanReader:
             raise
         if loss is not None:
             await self._on_loss(*loss)
-            return Columns()
+            return _EMPTY
         if chunks:
             buf = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            cols = decode_columns(buf, start_offset=self.pos)
-            _truncate(cols, req.until_offset)
-            if len(cols):
-                self.pos = cols.offsets[-1] + 1
+            cols = decode_column_buffers(buf, start_offset=self.pos,
+                                         until_offset=req.until_offset, ts_scale=US_PER_MS)
+            if cols.rows:
+                self.pos = int.from_bytes(cols.offsets[-8:], "little") + 1
                 return cols
         if range_end >= 0 and self.pos >= range_end:
             await self._locate()  # sealed before `until`: the rest is in the next range
-            return Columns()
+            return _EMPTY
         return None
 
 
-def _truncate(cols: Columns, until: int) -> None:
-    n = len(cols)
-    while n and cols.offsets[n - 1] >= until:
-        n -= 1
-    if n < len(cols):
-        for lst in (cols.offsets, cols.timestamps, cols.keys, cols.values, cols.headers):
-            del lst[n:]
+_EMPTY = decode_column_buffers(b"")
 
 
 def read_span(req: SpanRequest, to_batch: Any) -> Iterator[Any]:
@@ -252,7 +250,7 @@ def read_span(req: SpanRequest, to_batch: Any) -> Iterator[Any]:
             cols = loop.run_until_complete(reader.next_columns())
             if cols is None:
                 return
-            if len(cols):
+            if cols.rows:
                 yield to_batch(cols)
     finally:
         try:
