@@ -181,6 +181,24 @@ class Bench:
         got = sum(p["numInputRows"] for p in q.recentProgress)
         assert got == self.records, got
 
+    def empty_read(self) -> None:
+        """A batch read of no rows: the fixed cost of a query (planning, tasks, workers)."""
+        self.spark.read.format("sbpstream").option("pm", self.pm).option(
+            "streams", ",".join(map(str, self.sids))).option("startingOffsets", "latest").load(
+        ).write.format("noop").mode("overwrite").save()
+
+    def empty_available_now(self) -> None:
+        """availableNow with nothing to read: a streaming query's fixed cost."""
+        q = (
+            self.spark.readStream.format("sbpstream").option("pm", self.pm)
+            .option("streams", ",".join(map(str, self.sids)))
+            .option("startingOffsets", "latest").load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(self.tmp / f"ck{self._next()}"))
+            .trigger(availableNow=True).start()
+        )
+        q.awaitTermination()
+
     def write_parquet(self) -> None:
         self._source().write.parquet(str(self.parquet))
         count = self.spark.read.parquet(str(self.parquet)).count()
@@ -188,6 +206,40 @@ class Bench:
 
     def parquet_read(self) -> None:
         self.spark.read.parquet(str(self.parquet)).write.format("noop").mode("overwrite").save()
+
+
+def _tree_cpu() -> dict[str, float]:
+    """CPU seconds (user + system, reaped children included) of this process's descendants,
+    by role: the Spark JVM, PySpark's Python workers and runners, the data nodes, the PM. A
+    process that ended since the last call takes its CPU with it (its parent may count it)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    info: dict[int, tuple[str, float]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(d.name)] = int(fields[1])
+        info[int(d.name)] = (cmd, sum(int(x) for x in fields[11:15]) / tick)
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        more = {p for p, pp in parents.items() if pp in mine} - mine
+        grew = bool(more)
+        mine |= more
+    out: dict[str, float] = {}
+    for p in mine - {os.getpid()}:
+        cmd, cpu = info[p]
+        role = ("spark JVM" if "java" in cmd.split(" ")[0] else "pyspark workers"
+                if "pyspark" in cmd else "data nodes" if "sbpstream.datanode" in cmd
+                else "PM" if "sbpstream.pm" in cmd else "other")
+        out[role] = out.get(role, 0.0) + cpu
+    return out
 
 
 def report_profile(where: Path, kind: str, top: int = 18) -> None:
@@ -233,10 +285,19 @@ def main(argv: list[str] | None = None) -> None:
             if args.profile is not None:
                 for f in args.profile.glob("*.prof"):
                     f.unlink()
-                for name, fn in cases:
+                for name, fn in [*cases, ("empty batch read", b.empty_read),
+                                 ("empty availableNow", b.empty_available_now)]:
+                    fn()  # warm: the workers already imported everything
+                    for f in args.profile.glob("*.prof"):
+                        f.unlink()
+                    cpu0 = _tree_cpu()
                     t0 = time.perf_counter()
                     fn()
-                    print(f"\n== {name}: one profiled run, {time.perf_counter() - t0:.2f}s wall")
+                    wall = time.perf_counter() - t0
+                    cpu1 = _tree_cpu()
+                    used = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
+                    print(f"\n== {name}: one profiled run, {wall:.2f}s wall; CPU seconds: "
+                          + ", ".join(f"{k} {v:.2f}" for k, v in sorted(used.items())))
                     report_profile(args.profile, "write" if "write" in name else "read")
                 spark.stop()
                 return

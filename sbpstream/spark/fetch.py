@@ -23,11 +23,12 @@ from typing import Any
 
 from sbpstream.auth.client import client_security
 from sbpstream.client import AsyncClient
-from sbpstream.net.client import ConnectionPool
+from sbpstream.net.client import ConnectionPool, ResponseStream
 from sbpstream.net.loop import new_event_loop
 from sbpstream.protocol.errors import ErrorCode, SbpError
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse
-from sbpstream.records import ColumnBuffers, decode_column_buffers
+from sbpstream.records import ColumnBuffers, decode_column_buffers, iter_batches, read_header
+from sbpstream.records.reader import Buffer
 from sbpstream.spark.meta import replica_addresses
 from sbpstream.spark.options import SecurityOptions
 from sbpstream.spark.schema import US_PER_MS
@@ -90,8 +91,12 @@ class SpanReader:
         self._pool = ConnectionPool(connect_timeout_s=min(req.timeout_ms, 5000) / 1000,
                                     ssl_context=ssl_context, authenticator=creds)
         self._client: AsyncClient | None = None
+        self._ahead: tuple[int, int, str, ResponseStream] | None = None
+        """A FETCH sent before the last answer was handed over: (pos, range, replica, its
+        response). The data node prepares it while Spark consumes the batch before it."""
 
     async def close(self) -> None:
+        await self._drop_ahead()
         await self._pool.close()
         if self._client is not None:
             await self._client.close()
@@ -172,6 +177,30 @@ class SpanReader:
         log.warning("%s; skipped (failOnDataLoss=false)", msg.removeprefix("failOnDataLoss: "))
         self.pos = max(self.pos, hi)
 
+    async def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            await self._ahead[3].aclose()
+            self._ahead = None
+
+    async def _send(self, addr: str, pos: int) -> ResponseStream:
+        req = self.req
+        fetch = FetchRequest(
+            max_wait_ms=FETCH_MAX_WAIT_MS,
+            min_bytes=1,
+            items=(
+                FetchItem(
+                    stream_id=req.stream_id,
+                    request_index=0,
+                    fetch_offset=pos,
+                    batch_max_bytes=req.fetch_max_bytes,
+                    range_index=self.range_index,
+                ),
+            ),
+        )
+        conn = await self._pool.get(addr)
+        timeout_s = FETCH_MAX_WAIT_MS / 1000 + req.timeout_ms / 1000 + FETCH_FRAME_MARGIN_S
+        return await conn.stream(fetch.OPCODE, fetch.encode(), timeout_s=timeout_s)
+
     async def _fetch_once(self) -> ColumnBuffers | None:
         """One FETCH round; columns (maybe empty) when it advanced, None to try again."""
         req = self.req
@@ -180,26 +209,17 @@ class SpanReader:
             if not self.replicas:
                 raise _Retry(f"stream {req.stream_id} range {self.range_index} has no replica")
         addr = self.replicas[self._replica % len(self.replicas)]
-        fetch = FetchRequest(
-            max_wait_ms=FETCH_MAX_WAIT_MS,
-            min_bytes=1,
-            items=(
-                FetchItem(
-                    stream_id=req.stream_id,
-                    request_index=0,
-                    fetch_offset=self.pos,
-                    batch_max_bytes=req.fetch_max_bytes,
-                    range_index=self.range_index,
-                ),
-            ),
-        )
-        conn = await self._pool.get(addr)
-        timeout_s = FETCH_MAX_WAIT_MS / 1000 + req.timeout_ms / 1000 + FETCH_FRAME_MARGIN_S
+        ahead, self._ahead = self._ahead, None
         chunks: list[memoryview] = []
         range_end = -1
         loss: tuple[int, int] | None = None  # (code, the stream's start as the node reports it)
         try:
-            rs = await conn.stream(fetch.OPCODE, fetch.encode(), timeout_s=timeout_s)
+            if ahead is not None and ahead[:3] == (self.pos, self.range_index, addr):
+                rs = ahead[3]
+            else:
+                if ahead is not None:
+                    await ahead[3].aclose()
+                rs = await self._send(addr, self.pos)
             async with rs:
                 async for frame in rs:
                     resp = FetchResponse.decode(frame.header)
@@ -227,6 +247,7 @@ class SpanReader:
             return _EMPTY
         if chunks:
             buf = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            await self._fetch_ahead(addr, buf, range_end)
             cols = decode_column_buffers(buf, start_offset=self.pos,
                                          until_offset=req.until_offset, ts_scale=US_PER_MS)
             if cols.rows:
@@ -236,6 +257,20 @@ class SpanReader:
             await self._locate()  # sealed before `until`: the rest is in the next range
             return _EMPTY
         return None
+
+    async def _fetch_ahead(self, addr: str, buf: Buffer, range_end: int) -> None:
+        """Send the next FETCH now (from the end of the last whole batch in ``buf``), before
+        this answer is decoded and handed to Spark, unless the span or the range ends here.
+        An error sending it is left to the round that would use it (it sends again)."""
+        nxt = -1
+        for batch in iter_batches(buf, allow_partial_tail=True):
+            nxt = read_header(batch).next_offset
+        if nxt <= self.pos or nxt >= self.req.until_offset or 0 <= range_end <= nxt:
+            return
+        try:
+            self._ahead = (nxt, self.range_index, addr, await self._send(addr, nxt))
+        except (SbpError, OSError) as exc:
+            log.debug("event=spark_fetch_ahead_failed addr=%s error=%r", addr, exc)
 
 
 _EMPTY = decode_column_buffers(b"")
