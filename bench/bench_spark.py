@@ -8,8 +8,9 @@ streams (default 300,000 over 2), a 12-byte key ``key-%08d`` and a value of B by
 case runs once as a warm-up, then 3 timed runs; each line gives the median rows/s with the
 spread [min .. max]:
 
-- ``sdk append``: the SDK's batching idempotent producer (``Client.producer().send_many``) appends
-  the same records (prebuilt ``Record`` objects, not timed), one producer, streams in turn;
+- ``sdk append``: the SDK's batching idempotent producer appends the same records through its
+  bulk path (``Client.producer().send_batch`` of prebuilt ``Record`` objects, not timed; one
+  future per 10,000), one producer, streams in turn;
 - ``sdk append, no keys``: for reference, the SDK's bulk path (``send_batch`` of bare values,
   one future per call);
 - ``spark batch write``: ``df.write.format("sbpstream")`` of ``spark.range`` rows made into the
@@ -119,7 +120,7 @@ class Bench:
         with self.client.producer() as p:
             for sid, rs in zip(sids, recs, strict=True):
                 for i in range(0, len(rs), 10_000):
-                    p.send_many(sid, rs[i : i + 10_000])
+                    p.send_batch(sid, rs[i : i + 10_000])
             p.flush()
         elapsed = time.perf_counter() - t0
         self._check(sids)
