@@ -4,8 +4,10 @@ Exactly once for streaming writes rests on the data node's idempotent-producer c
 task appends with its own producer id, ``hash(query id, partition id, batch id)`` (all three
 read from the TaskContext: Spark keeps the query id in the checkpoint, so a restarted query
 replays batch N with the same ids), epoch 0 and sequences from 0. Batches are cut by size
-from the rows alone (one timestamp per task unless the rows carry one), so a replay rebuilds the
-same batches with the same sequences, and sends them one at a time. The data node answers a
+from the rows alone (one timestamp per task unless the rows carry one), encoded in bulk from
+Spark's Arrow buffers (``BatchBuilder.add_columns``: the same bytes and cuts as row by row), so a
+replay rebuilds the same batches with the same sequences; up to ``SINK_IN_FLIGHT`` of them are in
+flight (``Appender.append_window`` says why that stays exact). The data node answers a
 duplicate among a producer's last 5 batches with its original offset, and an older one with
 OUT_OF_ORDER_SEQUENCE, which this writer reads as "already stored" (its sequences have no
 gaps). Across seals: before writing, the task asks the PM for the producer states stored with
@@ -213,7 +215,7 @@ def iter_records(batch: Any, default_ts_ms: int) -> Iterator[tuple[Any, ...]]:
 
 
 class Appender:
-    """Appends one producer's batches to one stream, one at a time, deduplicated on replay."""
+    """Appends one producer's batches to one stream, deduplicated on replay."""
 
     def __init__(self, opts: SinkOptions, producer_id: int, stream_id: int,
                  client: AsyncClient, pool: ConnectionPool) -> None:
