@@ -13,7 +13,13 @@ import pytest
 pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
-from sbpstream.records import Columns  # noqa: E402
+from sbpstream.records import (  # noqa: E402
+    ColumnBuffers,
+    Record,
+    build_batch,
+    decode_column_buffers,
+    patch_base_offset,
+)
 from sbpstream.spark.offsets import (  # noqa: E402
     RangeInfo,
     Span,
@@ -30,7 +36,12 @@ from sbpstream.spark.options import (  # noqa: E402
     parse_sink_options,
     parse_source_options,
 )
-from sbpstream.spark.schema import SOURCE_SCHEMA, arrow_schema, columns_to_batch  # noqa: E402
+from sbpstream.spark.schema import (  # noqa: E402
+    SOURCE_SCHEMA,
+    US_PER_MS,
+    arrow_schema,
+    buffers_to_batch,
+)
 
 PM = "127.0.0.1:1"
 
@@ -189,27 +200,34 @@ def test_spans_follow_ranges_and_split() -> None:
 # ------------------------------------------------------------------------------- Arrow batch
 
 
-def test_columns_to_batch_matches_spark_schema() -> None:
+def _buffers(recs: list[Record], base: int) -> ColumnBuffers:
+    batch = bytearray(build_batch(recs)) if recs else bytearray()
+    if recs:
+        patch_base_offset(batch, base)
+    return decode_column_buffers(bytes(batch), ts_scale=US_PER_MS)
+
+
+def test_buffers_to_batch_matches_spark_schema() -> None:
     schema = arrow_schema(SOURCE_SCHEMA)
-    cols = Columns(
-        offsets=[5, 6, 7],
-        timestamps=[1000, 2000, 3000],
-        keys=[None, b"k", b""],
-        values=[b"a", None, b"c"],
-        headers=[(), (("h", b"1"), ("i", b"")), ()],
-    )
-    batch = columns_to_batch(9, cols, schema)
+    recs = [Record(value=b"a", key=None, timestamp_ms=1000),
+            Record(value=None, key=b"k", headers=(("h", b"1"), ("i", b"")), timestamp_ms=2000),
+            Record(value=b"c", key=b"", timestamp_ms=3000)]
+    batch = buffers_to_batch(9, _buffers(recs, 5), schema)
     assert batch.schema.equals(schema)
+    batch.validate(full=True)
     rows = batch.to_pylist()
     assert [r["stream_id"] for r in rows] == [9, 9, 9]
     assert [r["offset"] for r in rows] == [5, 6, 7]
+    assert [(r["key"], r["value"]) for r in rows] == [(None, b"a"), (b"k", None), (b"", b"c")]
     assert rows[1]["headers"] == [{"key": "h", "value": b"1"}, {"key": "i", "value": b""}]
     assert rows[0]["headers"] == []
     assert rows[0]["timestamp"].timestamp() == 1.0
-    empty = columns_to_batch(9, Columns(), schema)
+    empty = buffers_to_batch(9, _buffers([], 0), schema)
     assert empty.num_rows == 0 and empty.schema.equals(schema)
-    no_headers = columns_to_batch(9, Columns([1], [1], [None], [b"x"], [()]), schema)
+    no_headers = buffers_to_batch(9, _buffers([Record(value=b"x", timestamp_ms=1)], 1), schema)
     assert no_headers.schema.equals(schema)
+    no_headers.validate(full=True)
+    assert no_headers.to_pylist()[0]["headers"] == []
 
 
 @pytest.mark.parametrize(("options", "typo", "meant"), [

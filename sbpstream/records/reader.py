@@ -12,6 +12,8 @@ own exception; decompression is bounded by MAX_DECOMPRESSED_BYTES.
 from __future__ import annotations
 
 import os
+import sys
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, cast
@@ -35,14 +37,18 @@ Buffer = bytes | bytearray | memoryview
 
 _Accelerated = Callable[..., "list[tuple[Any, ...]] | None"]
 _compiled: _Accelerated | None
+_compiled_sink: Callable[[int], Any] | None
 try:  # the compiled decode loop (_speedups.pyx), when it was built
     from sbpstream.records import _speedups
 
     _compiled = _speedups.decode_section
+    _compiled_sink = _speedups.ColumnSink
 except ImportError:  # pragma: no cover - a build without a C compiler
-    _compiled = None
-_accelerated: _Accelerated | None = (
-    None if os.environ.get("SBPSTREAM_PURE_PYTHON") else _compiled)
+    _compiled = _compiled_sink = None
+_pure = bool(os.environ.get("SBPSTREAM_PURE_PYTHON"))
+_accelerated: _Accelerated | None = None if _pure else _compiled
+# Arrow buffers are little-endian; the compiled sink writes native integers.
+_column_sink = None if _pure or sys.byteorder != "little" else _compiled_sink
 """The compiled ``bytes`` decode loop used by ``iter_all_records_bytes``, ``stream_records`` and
 ``decode_columns``, or None: the pure-Python loop (no C compiler at install time, or
 ``SBPSTREAM_PURE_PYTHON=1``). Both give the same records and the same errors."""
@@ -206,6 +212,103 @@ def decode_columns(buf: Buffer, *, start_offset: int = 0) -> Columns:
                 values.append(value)
                 headers.append(hdrs)
     return cols
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnBuffers:
+    """Records in Arrow's memory layout (little-endian), ready for ``pyarrow.Array.from_buffers``
+    with no Python object per record: what the Spark source yields. Keys and values are Arrow
+    ``binary`` columns: int32 offsets (rows + 1), the bytes back to back, and a validity bitmap
+    (bit set = not null; None when no row is null)."""
+
+    rows: int
+    offsets: bytes  # int64 per row
+    timestamps: bytes  # int64 per row: timestamp_ms * ts_scale
+    key_offsets: bytes
+    key_data: bytes
+    key_validity: bytes | None
+    key_nulls: int
+    value_offsets: bytes
+    value_data: bytes
+    value_validity: bytes | None
+    value_nulls: int
+    headers: list[tuple[int, tuple[tuple[str, bytes], ...]]]
+    """(row, headers) for the rows that have headers (the others have none)."""
+
+
+def decode_column_buffers(buf: Buffer, *, start_offset: int = 0, until_offset: int | None = None,
+                          ts_scale: int = 1) -> ColumnBuffers:
+    """Decode a buffer of batches (CRC-checked) into :class:`ColumnBuffers`, keeping offsets in
+    [start_offset, until_offset). Compiled when built; otherwise (or with
+    SBPSTREAM_PURE_PYTHON=1) through :func:`decode_columns`, with the same result."""
+    hi = (1 << 63) - 1 if until_offset is None else until_offset
+    if _column_sink is None:
+        return _pure_column_buffers(buf, start_offset, hi, ts_scale)
+    sink = _column_sink(ts_scale)
+    for batch in iter_batches(buf):
+        h = read_header(batch)
+        if h.base_offset + h.record_count <= start_offset or h.base_offset >= hi:
+            continue
+        h, section = open_batch(batch)
+        data = section.tobytes()
+        if not sink.add_section(data, h.record_count, h.base_offset, h.first_timestamp,
+                                start_offset, hi, _decode_headers):
+            for _ in _decode_section(data, h.record_count, h.base_offset, h.first_timestamp):
+                pass  # raises the BatchError the compiled loop found
+            raise BatchError("malformed records section")  # pragma: no cover - loops agree
+    (offsets, stamps, koffs, kdata, kvalid, voffs, vdata, vvalid) = sink.buffers()
+    return ColumnBuffers(sink.rows, offsets, stamps, koffs, kdata,
+                         kvalid if sink.key_nulls else None, sink.key_nulls, voffs, vdata,
+                         vvalid if sink.value_nulls else None, sink.value_nulls,
+                         [(row, _bytes_headers(hs)) for row, hs in sink.headers])
+
+
+def _bytes_headers(hs: Sequence[tuple[str, Any]]) -> tuple[tuple[str, bytes], ...]:
+    return tuple((k, bytes(v)) for k, v in hs)
+
+
+def _binary_column(items: Sequence[bytes | None]) -> tuple[bytes, bytes, bytes | None, int]:
+    """Arrow binary buffers (offsets, data, validity or None, null count) of ``items``."""
+    ends = array("i", [0])
+    validity = bytearray((len(items) + 7) // 8)
+    nulls = total = 0
+    for i, item in enumerate(items):
+        if item is None:
+            nulls += 1
+        else:
+            total += len(item)
+            validity[i >> 3] |= 1 << (i & 7)
+        ends.append(total)
+    if sys.byteorder != "little":
+        ends.byteswap()
+    data = b"".join(x for x in items if x is not None)
+    return ends.tobytes(), data, bytes(validity) if nulls else None, nulls
+
+
+def _pure_column_buffers(buf: Buffer, lo: int, hi: int, ts_scale: int) -> ColumnBuffers:
+    cols = Columns()
+    for batch in iter_batches(buf):
+        h = read_header(batch)
+        if h.base_offset + h.record_count <= lo or h.base_offset >= hi:
+            continue
+        h, section = open_batch(batch)
+        for offset, ts, key, value, hdrs in _decode_bytes(
+                section.tobytes(), h.record_count, h.base_offset, h.first_timestamp, tuple, None):
+            if lo <= offset < hi:
+                cols.offsets.append(offset)
+                cols.timestamps.append(ts * ts_scale)
+                cols.keys.append(key)
+                cols.values.append(value)
+                cols.headers.append(hdrs)
+    offsets = array("q", cols.offsets)
+    stamps = array("q", cols.timestamps)
+    if sys.byteorder != "little":
+        offsets.byteswap()
+        stamps.byteswap()
+    keys = _binary_column(cols.keys)
+    values = _binary_column(cols.values)
+    headers = [(i, _bytes_headers(h)) for i, h in enumerate(cols.headers) if h]
+    return ColumnBuffers(len(cols), offsets.tobytes(), stamps.tobytes(), *keys, *values, headers)
 
 
 def _decode_section(

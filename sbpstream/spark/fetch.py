@@ -1,5 +1,8 @@
 """Executor-side read of one partition: records [from, until) of one range, as Arrow batches.
 
+Each FETCH answer is decoded straight into Arrow's buffer layout
+(:func:`sbpstream.records.decode_column_buffers`), so no Python object is made per record.
+
 Everything comes from the partition itself (replica addresses, range, offsets), so a read costs
 no PM round trip: FETCH goes straight to the range's replicas, the primary first, another
 replica after an error. The PM is asked only when every replica failed or the range ended
@@ -20,13 +23,15 @@ from typing import Any
 
 from sbpstream.auth.client import client_security
 from sbpstream.client import AsyncClient
-from sbpstream.net.client import ConnectionPool
+from sbpstream.net.client import ConnectionPool, ResponseStream
 from sbpstream.net.loop import new_event_loop
 from sbpstream.protocol.errors import ErrorCode, SbpError
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse
-from sbpstream.records import Columns, decode_columns
+from sbpstream.records import ColumnBuffers, decode_column_buffers, iter_batches, read_header
+from sbpstream.records.reader import Buffer
 from sbpstream.spark.meta import replica_addresses
 from sbpstream.spark.options import SecurityOptions
+from sbpstream.spark.schema import US_PER_MS
 
 log = logging.getLogger("sbpstream.spark")
 
@@ -86,13 +91,17 @@ class SpanReader:
         self._pool = ConnectionPool(connect_timeout_s=min(req.timeout_ms, 5000) / 1000,
                                     ssl_context=ssl_context, authenticator=creds)
         self._client: AsyncClient | None = None
+        self._ahead: tuple[int, int, str, ResponseStream] | None = None
+        """A FETCH sent before the last answer was handed over: (pos, range, replica, its
+        response). The data node prepares it while Spark consumes the batch before it."""
 
     async def close(self) -> None:
+        await self._drop_ahead()
         await self._pool.close()
         if self._client is not None:
             await self._client.close()
 
-    async def next_columns(self) -> Columns | None:
+    async def next_columns(self) -> ColumnBuffers | None:
         """The next records of the span (possibly none yet), or None at its end."""
         req = self.req
         deadline = time.monotonic() + req.timeout_ms / 1000
@@ -168,14 +177,13 @@ class SpanReader:
         log.warning("%s; skipped (failOnDataLoss=false)", msg.removeprefix("failOnDataLoss: "))
         self.pos = max(self.pos, hi)
 
-    async def _fetch_once(self) -> Columns | None:
-        """One FETCH round; Columns (maybe empty) when it advanced, None to try again."""
+    async def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            await self._ahead[3].aclose()
+            self._ahead = None
+
+    async def _send(self, addr: str, pos: int) -> ResponseStream:
         req = self.req
-        if not self.replicas:
-            await self._locate()
-            if not self.replicas:
-                raise _Retry(f"stream {req.stream_id} range {self.range_index} has no replica")
-        addr = self.replicas[self._replica % len(self.replicas)]
         fetch = FetchRequest(
             max_wait_ms=FETCH_MAX_WAIT_MS,
             min_bytes=1,
@@ -183,7 +191,7 @@ class SpanReader:
                 FetchItem(
                     stream_id=req.stream_id,
                     request_index=0,
-                    fetch_offset=self.pos,
+                    fetch_offset=pos,
                     batch_max_bytes=req.fetch_max_bytes,
                     range_index=self.range_index,
                 ),
@@ -191,11 +199,27 @@ class SpanReader:
         )
         conn = await self._pool.get(addr)
         timeout_s = FETCH_MAX_WAIT_MS / 1000 + req.timeout_ms / 1000 + FETCH_FRAME_MARGIN_S
+        return await conn.stream(fetch.OPCODE, fetch.encode(), timeout_s=timeout_s)
+
+    async def _fetch_once(self) -> ColumnBuffers | None:
+        """One FETCH round; columns (maybe empty) when it advanced, None to try again."""
+        req = self.req
+        if not self.replicas:
+            await self._locate()
+            if not self.replicas:
+                raise _Retry(f"stream {req.stream_id} range {self.range_index} has no replica")
+        addr = self.replicas[self._replica % len(self.replicas)]
+        ahead, self._ahead = self._ahead, None
         chunks: list[memoryview] = []
         range_end = -1
         loss: tuple[int, int] | None = None  # (code, the stream's start as the node reports it)
         try:
-            rs = await conn.stream(fetch.OPCODE, fetch.encode(), timeout_s=timeout_s)
+            if ahead is not None and ahead[:3] == (self.pos, self.range_index, addr):
+                rs = ahead[3]
+            else:
+                if ahead is not None:
+                    await ahead[3].aclose()
+                rs = await self._send(addr, self.pos)
             async with rs:
                 async for frame in rs:
                     resp = FetchResponse.decode(frame.header)
@@ -220,27 +244,36 @@ class SpanReader:
             raise
         if loss is not None:
             await self._on_loss(*loss)
-            return Columns()
+            return _EMPTY
         if chunks:
             buf = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            cols = decode_columns(buf, start_offset=self.pos)
-            _truncate(cols, req.until_offset)
-            if len(cols):
-                self.pos = cols.offsets[-1] + 1
+            await self._fetch_ahead(addr, buf, range_end)
+            cols = decode_column_buffers(buf, start_offset=self.pos,
+                                         until_offset=req.until_offset, ts_scale=US_PER_MS)
+            if cols.rows:
+                self.pos = int.from_bytes(cols.offsets[-8:], "little") + 1
                 return cols
         if range_end >= 0 and self.pos >= range_end:
             await self._locate()  # sealed before `until`: the rest is in the next range
-            return Columns()
+            return _EMPTY
         return None
 
+    async def _fetch_ahead(self, addr: str, buf: Buffer, range_end: int) -> None:
+        """Send the next FETCH now (from the end of the last whole batch in ``buf``), before
+        this answer is decoded and handed to Spark, unless the span or the range ends here.
+        An error sending it is left to the round that would use it (it sends again)."""
+        nxt = -1
+        for batch in iter_batches(buf, allow_partial_tail=True):
+            nxt = read_header(batch).next_offset
+        if nxt <= self.pos or nxt >= self.req.until_offset or 0 <= range_end <= nxt:
+            return
+        try:
+            self._ahead = (nxt, self.range_index, addr, await self._send(addr, nxt))
+        except (SbpError, OSError) as exc:
+            log.debug("event=spark_fetch_ahead_failed addr=%s error=%r", addr, exc)
 
-def _truncate(cols: Columns, until: int) -> None:
-    n = len(cols)
-    while n and cols.offsets[n - 1] >= until:
-        n -= 1
-    if n < len(cols):
-        for lst in (cols.offsets, cols.timestamps, cols.keys, cols.values, cols.headers):
-            del lst[n:]
+
+_EMPTY = decode_column_buffers(b"")
 
 
 def read_span(req: SpanRequest, to_batch: Any) -> Iterator[Any]:
@@ -252,7 +285,7 @@ def read_span(req: SpanRequest, to_batch: Any) -> Iterator[Any]:
             cols = loop.run_until_complete(reader.next_columns())
             if cols is None:
                 return
-            if len(cols):
+            if cols.rows:
                 yield to_batch(cols)
     finally:
         try:

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
@@ -23,7 +22,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sbpstream.records import Columns
+from sbpstream.records import ColumnBuffers
 
 HEADER_TYPE = StructType(
     [StructField("key", StringType(), False), StructField("value", BinaryType(), True)]
@@ -64,8 +63,8 @@ def check_source_schema(schema: StructType) -> None:
 
 
 def empty_headers(n: int, list_type: Any) -> Any:
-    """``n`` empty header lists."""
-    offsets = pa.array([0] * (n + 1), pa.int32())
+    """``n`` empty header lists (one zeroed offsets buffer: no Python object per row)."""
+    offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))])
     values = pa.array([], list_type.value_type)
     return pa.ListArray.from_arrays(offsets, values, type=list_type)
 
@@ -90,18 +89,36 @@ def headers_array(headers: Sequence[Sequence[tuple[str, bytes]]], list_type: Any
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), structs, type=list_type)
 
 
-def columns_to_batch(stream_id: int, cols: Columns, schema: Any) -> Any:
-    """Decoded records of one stream as one Arrow record batch of ``schema``."""
-    n = len(cols)
-    ts_type = schema.field("timestamp").type
-    ts_ms = pa.array(cols.timestamps, pa.int64())
-    ts = pc.multiply(ts_ms, pa.scalar(1000, pa.int64())).cast(ts_type)
+US_PER_MS = 1000  # Spark's TimestampType is microseconds
+
+
+def buffers_to_batch(stream_id: int, cb: ColumnBuffers, schema: Any) -> Any:
+    """Records already in Arrow's layout (:func:`sbpstream.records.decode_column_buffers` with
+    ``ts_scale=US_PER_MS``) as one record batch of ``schema``: the buffers are wrapped, not
+    copied, and no Python object is made per record (headers aside, which are rare)."""
+    n = cb.rows
+    buf = pa.py_buffer
+
+    def binary(t: Any, offsets: bytes, data: bytes, valid: bytes | None, nulls: int) -> Any:
+        return pa.Array.from_buffers(t, n, [None if valid is None else buf(valid), buf(offsets),
+                                            buf(data)], null_count=nulls)
+
+    hdr_type = schema.field("headers").type
+    if cb.headers:
+        rows: list[tuple[tuple[str, bytes], ...]] = [()] * n
+        for i, hs in cb.headers:
+            rows[i] = hs
+        headers = headers_array(rows, hdr_type)
+    else:
+        headers = empty_headers(n, hdr_type)
     arrays = [
         pa.repeat(pa.scalar(stream_id, pa.int64()), n) if n else pa.array([], pa.int64()),
-        pa.array(cols.offsets, pa.int64()),
-        ts,
-        pa.array(cols.keys, schema.field("key").type),
-        pa.array(cols.values, schema.field("value").type),
-        headers_array(cols.headers, schema.field("headers").type),
+        pa.Array.from_buffers(pa.int64(), n, [None, buf(cb.offsets)]),
+        pa.Array.from_buffers(schema.field("timestamp").type, n, [None, buf(cb.timestamps)]),
+        binary(schema.field("key").type, cb.key_offsets, cb.key_data, cb.key_validity,
+               cb.key_nulls),
+        binary(schema.field("value").type, cb.value_offsets, cb.value_data, cb.value_validity,
+               cb.value_nulls),
+        headers,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

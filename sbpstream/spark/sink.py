@@ -4,8 +4,10 @@ Exactly once for streaming writes rests on the data node's idempotent-producer c
 task appends with its own producer id, ``hash(query id, partition id, batch id)`` (all three
 read from the TaskContext: Spark keeps the query id in the checkpoint, so a restarted query
 replays batch N with the same ids), epoch 0 and sequences from 0. Batches are cut by size
-from the rows alone (one timestamp per task unless the rows carry one), so a replay rebuilds the
-same batches with the same sequences, and sends them one at a time. The data node answers a
+from the rows alone (one timestamp per task unless the rows carry one), encoded in bulk from
+Spark's Arrow buffers (``BatchBuilder.add_columns``: the same bytes and cuts as row by row), so a
+replay rebuilds the same batches with the same sequences; up to ``SINK_IN_FLIGHT`` of them are in
+flight (``Appender.append_window`` says why that stays exact). The data node answers a
 duplicate among a producer's last 5 batches with its original offset, and an older one with
 OUT_OF_ORDER_SEQUENCE, which this writer reads as "already stored" (its sequences have no
 gaps). Across seals: before writing, the task asks the PM for the producer states stored with
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -56,9 +59,10 @@ from sbpstream.protocol.messages import (
     AppendRequest,
     AppendResponse,
 )
-from sbpstream.records import BatchBuilder
+from sbpstream.records import BatchBuilder, BinaryColumn, Int64Column
 from sbpstream.spark.meta import replica_addresses
 from sbpstream.spark.options import SinkOptions
+from sbpstream.spark.profiling import profiled
 
 log = logging.getLogger("sbpstream.spark")
 
@@ -146,11 +150,46 @@ def _b(v: Any) -> bytes | None:
     return bytes(v)
 
 
-def stream_column(batch: Any) -> list[Any]:
-    """The ``stream`` column of an Arrow record batch as Python values (names or ids)."""
+def split_by_stream(batch: Any) -> list[tuple[Any, Any]]:
+    """(stream name or id, its rows) per distinct value of the ``stream`` column, in order of
+    first appearance; each stream's rows keep their order (what a replay rebuilds)."""
     names = {n.lower(): n for n in batch.schema.names}
-    col: list[Any] = batch.column(names["stream"]).to_pylist()
-    return col
+    col = batch.column(names["stream"])
+    if col.null_count:
+        raise ValueError("column 'stream' is null in a row: every row needs a stream")
+    uniques = pc.unique(col)
+    if len(uniques) == 1:
+        return [(uniques[0].as_py(), batch)]
+    return [(u.as_py(), batch.filter(pc.equal(col, u))) for u in uniques]
+
+
+def _binary(arr: Any) -> BinaryColumn:
+    if pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type):
+        arr = arr.cast(pa.binary())
+    validity, offsets, data = arr.buffers()
+    return BinaryColumn(offsets, b"" if data is None else data,
+                        validity if arr.null_count else None, arr.offset)
+
+
+def arrow_columns(batch: Any) -> tuple[BinaryColumn, BinaryColumn | None,
+                                       Int64Column | None] | None:
+    """The value, key and timestamp columns of an Arrow record batch as raw Arrow buffers (for
+    ``BatchBuilder.add_columns``: no Python object per row), or None when a row has headers
+    (those rows take the per-row path)."""
+    names = {n.lower(): n for n in batch.schema.names}
+    if "headers" in names:
+        hs = batch.column(names["headers"])
+        if len(hs.flatten()):
+            return None
+    keys = _binary(batch.column(names["key"])) if "key" in names else None
+    stamps = None
+    if "timestamp" in names:
+        ts = batch.column(names["timestamp"])
+        if ts.type.unit != "us":
+            ts = ts.cast(pa.timestamp("us", ts.type.tz))
+        validity, values = ts.buffers()
+        stamps = Int64Column(values, validity if ts.null_count else None, ts.offset, 1000)
+    return _binary(batch.column(names["value"])), keys, stamps
 
 
 def iter_records(batch: Any, default_ts_ms: int) -> Iterator[tuple[Any, ...]]:
@@ -176,7 +215,7 @@ def iter_records(batch: Any, default_ts_ms: int) -> Iterator[tuple[Any, ...]]:
 
 
 class Appender:
-    """Appends one producer's batches to one stream, one at a time, deduplicated on replay."""
+    """Appends one producer's batches to one stream, deduplicated on replay."""
 
     def __init__(self, opts: SinkOptions, producer_id: int, stream_id: int,
                  client: AsyncClient, pool: ConnectionPool) -> None:
@@ -406,8 +445,6 @@ def write_partition(
     def stream_of(ref: Any) -> int:
         sid = refs.get(ref)
         if sid is None:
-            if ref is None:
-                raise ValueError("column 'stream' is null in a row: every row needs a stream")
             text = str(ref)
             sid = refs[ref] = loop.run_until_complete(
                 client.resolve_stream(int(text) if isinstance(ref, int) else text))
@@ -420,21 +457,40 @@ def write_partition(
             sent += len(r.window)
             r.window = []
 
+    def add_rows(r: _Route, rb: Any) -> None:
+        """Every row of ``rb`` into the route's batches, cut by size (the same cuts row by row
+        or in bulk), a full window sent before the next batch is begun."""
+        cols = arrow_columns(rb)
+        n, i = rb.num_rows, 0
+        rows = None if cols is not None else iter_records(rb, ts_ms)
+        while i < n:
+            if cols is not None:
+                i = r.builder.add_columns(*cols, ts_ms, i, n)
+            else:
+                assert rows is not None
+                for value, key, headers, ts in rows:
+                    if not r.builder.add(value, key, headers, ts):
+                        r.cut()
+                        if len(r.window) >= SINK_IN_FLIGHT:
+                            drain(r)
+                        r.builder.add(value, key, headers, ts)
+                    i += 1
+            if i < n:
+                r.cut()
+                if len(r.window) >= SINK_IN_FLIGHT:
+                    drain(r)
+
     fixed = None
     try:
         if opts.stream is not None:
             fixed = route(loop.run_until_complete(client.resolve_stream(opts.stream)))
         for rb in batches:
-            targets = ([fixed] * rb.num_rows if fixed is not None
-                       else [route(stream_of(x)) for x in stream_column(rb)])
-            for r, (value, key, headers, ts) in zip(targets, iter_records(rb, ts_ms),
-                                                    strict=True):
-                if not r.builder.add(value, key, headers, ts):
-                    r.cut()
-                    if len(r.window) >= SINK_IN_FLIGHT:
-                        drain(r)
-                    r.builder.add(value, key, headers, ts)
-                records += 1
+            if fixed is not None:
+                add_rows(fixed, rb)
+            else:
+                for ref, rows in split_by_stream(rb):
+                    add_rows(route(stream_of(ref)), rows)
+            records += rb.num_rows
         for r in routes.values():
             if len(r.builder):
                 r.cut()
@@ -460,8 +516,9 @@ class SbpstreamBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         tc = TaskContext.get()
         pid = tc.partitionId() if tc is not None else 0
-        return write_partition(self.opts, producer_id_of(self.job_id, pid), pid, iterator,
-                               (self.job_id, pid))
+        with profiled("write"):
+            return write_partition(self.opts, producer_id_of(self.job_id, pid), pid, iterator,
+                                   (self.job_id, pid))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_commit(self.opts, None, messages)
@@ -487,7 +544,8 @@ class SbpstreamStreamWriter(DataSourceStreamArrowWriter):
             )
         pid = tc.partitionId()
         producer = producer_id_of(query, pid, batch)
-        return write_partition(self.opts, producer, pid, iterator, (query, pid, batch))
+        with profiled("write"):
+            return write_partition(self.opts, producer, pid, iterator, (query, pid, batch))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_commit(self.opts, batchId, messages)

@@ -51,11 +51,12 @@ from sbpstream.spark.options import (
     parse_sink_options,
     parse_source_options,
 )
+from sbpstream.spark.profiling import profiled
 from sbpstream.spark.schema import (
     SOURCE_SCHEMA,
     arrow_schema,
+    buffers_to_batch,
     check_source_schema,
-    columns_to_batch,
 )
 
 log = logging.getLogger("sbpstream.spark")
@@ -116,7 +117,9 @@ def _read(partition: InputPartition, schema: StructType) -> Iterator[Any]:
         raise TypeError(f"not an sbpstream partition: {partition!r}")
     pa_schema = arrow_schema(schema)
     sid = partition.stream_id
-    yield from read_span(partition.request(), lambda cols: columns_to_batch(sid, cols, pa_schema))
+    with profiled("read"):
+        yield from read_span(partition.request(),
+                             lambda cols: buffers_to_batch(sid, cols, pa_schema))
 
 
 class _Planner:
