@@ -27,14 +27,49 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib.machinery
 import re
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final, Self
 
-import flatbuffers
-
 from sbpstream.protocol.errors import BadHeaderError
+
+
+def _import_flatbuffers() -> Any:
+    """Import the flatbuffers runtime without numpy.
+
+    flatbuffers imports numpy whenever it can find it (it can, beside PySpark), only for its
+    numpy helpers (``CreateNumpyVector``, ``GetVectorAsNumpy``), which this codec never calls.
+    That import took 0.3 s, more than the rest of the protocol layer, in every CLI command and
+    every Spark stream reader process. flatbuffers asks ``PathFinder.find_spec("numpy")`` whether
+    numpy exists (``flatbuffers.compat.import_numpy``); while flatbuffers is imported here, that
+    one question, asked from that one module, is answered "no". Every other lookup, and every
+    later one, is untouched. If numpy is already loaded, flatbuffers takes it as usual.
+    """
+    if "numpy" in sys.modules:
+        import flatbuffers
+
+        return flatbuffers
+    finder = importlib.machinery.PathFinder
+    real = finder.find_spec
+    descriptor = vars(finder)["find_spec"]  # the classmethod itself, put back as it was
+
+    def find_spec(name: str, path: Any = None, target: Any = None) -> Any:
+        if name == "numpy" and sys._getframe(1).f_globals.get("__name__") == "flatbuffers.compat":
+            return None
+        return real(name, path, target)
+
+    setattr(finder, "find_spec", find_spec)  # noqa: B010 (mypy refuses a plain assignment)
+    try:
+        import flatbuffers
+    finally:
+        setattr(finder, "find_spec", descriptor)  # noqa: B010
+    return flatbuffers
+
+
+flatbuffers: Final = _import_flatbuffers()
 
 __all__ = [
     "Bound", "Codec", "Field", "FixedLayout", "Kind", "Schema", "Table", "TableDef", "parse_schema",
