@@ -9,9 +9,11 @@ stream count appends ``--records`` records round-robin over fresh streams throug
   (one cross-thread future per chunk; offsets derived per record);
 - ``sync-send``: the sync ``Producer.send`` per record (one call into the loop thread each).
 
+Every mode's timing includes reading each record's offset from its future after the flush.
 Rates are medians of ``--runs`` runs with their spread, the sync/async ratio computed per run.
-With ``--profile`` each async run is profiled with cProfile (client process only: the servers
-are other processes) and the top functions by own time are printed.
+With ``--profile`` the first run of each mode is profiled with cProfile (client process only:
+the servers are other processes) and the top functions by own time are printed; a sync mode is
+profiled on both of its threads, the caller's and the client's loop thread, printed apart.
 
     .venv/bin/python -m bench.profile_append [--records 100000] [--profile] [--modes async,...]
 """
@@ -45,16 +47,19 @@ async def _async_append(pm: str, records: int, size: int, streams: int) -> float
         async with c.producer() as p:
             futs = [await p.send(ids[i % streams], value) for i in range(records)]
             await p.flush()
-        seconds = time.perf_counter() - t0
-        for f in futs:
+        for f in futs:  # read every offset inside the timing, as the sync modes do
             f.result()
+        seconds = time.perf_counter() - t0
     return records / seconds
 
 
-def _sync_append(pm: str, records: int, size: int, streams: int, mode: str, chunk: int) -> float:
+def _sync_append(pm: str, records: int, size: int, streams: int, mode: str, chunk: int,
+                 loop_prof: cProfile.Profile | None = None) -> float:
     value = os.urandom(size)
     with Client(pm) as c:
         ids = c.create_streams(streams)
+        if loop_prof is not None:  # cProfile follows one thread: enable it on the loop's too
+            c._runner.call(loop_prof.enable)
         t0 = time.perf_counter()
         p = c.producer()
         if mode == "sync-send":
@@ -79,7 +84,15 @@ def _sync_append(pm: str, records: int, size: int, streams: int, mode: str, chun
                 if got.error is not None:
                     raise got.error
         seconds = time.perf_counter() - t0
+        if loop_prof is not None:
+            c._runner.call(loop_prof.disable)
     return records / seconds
+
+
+def _stats(prof: cProfile.Profile, top: int) -> str:
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
 
 
 def _profiled(fn: Callable[[], float], top: int) -> tuple[float, str]:
@@ -89,10 +102,7 @@ def _profiled(fn: Callable[[], float], top: int) -> tuple[float, str]:
         rate = fn()
     finally:
         prof.disable()
-    out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("tottime").print_stats(top)
-    return rate, out.getvalue()
+    return rate, _stats(prof, top)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=1000, help="records per sync send_batch call")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--profile", action="store_true", help="cProfile the async runs")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the first run of each mode (sync: both threads)")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -120,18 +131,26 @@ def main(argv: list[str] | None = None) -> int:
                     rates: dict[str, list[float]] = {m: [] for m in modes}
                     for r in range(args.runs):
                         for m in modes:
+                            profile = args.profile and r == 0
+                            loop_prof = cProfile.Profile() if profile and m != "async" else None
                             if m == "async":
                                 def fn(size: int = size, streams: int = streams) -> float:
                                     return run(_async_append(pm, args.records, size, streams))
                             else:
                                 def fn(size: int = size, streams: int = streams,
-                                       m: str = m) -> float:
+                                       m: str = m, lp: cProfile.Profile | None = loop_prof
+                                       ) -> float:
                                     return _sync_append(pm, args.records, size, streams, m,
-                                                        args.chunk)
-                            if args.profile and m == "async" and r == 0:
+                                                        args.chunk, lp)
+                            if profile:
                                 rate, text = _profiled(fn, args.top)
-                                print(f"--- cProfile, async, {size} B x {streams} streams")
+                                thread = "" if loop_prof is None else ", caller thread"
+                                print(f"--- cProfile, {m}{thread}, {size} B x {streams} streams")
                                 print(text)
+                                if loop_prof is not None:
+                                    print(f"--- cProfile, {m}, loop thread, {size} B x "
+                                          f"{streams} streams")
+                                    print(_stats(loop_prof, args.top))
                             else:
                                 rate = fn()
                             rates[m].append(rate)
