@@ -338,7 +338,7 @@ class ProducerBase(SyncBase):
             # RecordTooLargeError now, as the async send raises it (exact: encode it)
             BatchBuilder(batch_bytes_max=self._batch_max).add(value, key, headers, timestamp_ms)
         with self._lock:
-            if self._runner.closed:
+            if self._runner._closed:
                 raise ClientClosedError("the client is closed")
             if self._queued_bytes + size > SYNC_QUEUE_MAX_BYTES:
                 self._wait_for_room_locked(size)
