@@ -9,7 +9,9 @@ stream count appends ``--records`` records round-robin over fresh streams throug
   (one cross-thread future per chunk; offsets derived per record);
 - ``sync-send``: the sync ``Producer.send`` per record (one call into the loop thread each).
 
-Every mode's timing includes reading each record's offset from its future after the flush.
+The client's CPU time per record (both threads of a sync run; time.process_time) is printed
+under each line. Every mode's timing includes reading each record's offset from its future
+after the flush.
 Rates are medians of ``--runs`` runs with their spread, the sync/async ratio computed per run.
 With ``--profile`` the first run of each mode is profiled with cProfile (client process only:
 the servers are other processes) and the top functions by own time are printed; a sync mode is
@@ -37,19 +39,23 @@ from sbpstream.cluster import LocalCluster
 from sbpstream.net.loop import run
 
 MODES = ("async", "sync-batch", "sync-send")
+# client CPU (all of its threads) per record of the last run, microseconds: less sensitive than
+# the rate to the other work on a shared machine
+_cpu_us = [0.0]
 
 
 async def _async_append(pm: str, records: int, size: int, streams: int) -> float:
     value = os.urandom(size)
     async with AsyncClient(pm) as c:
         ids = await c.create_streams(streams)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         async with c.producer() as p:
             futs = [await p.send(ids[i % streams], value) for i in range(records)]
             await p.flush()
         for f in futs:  # read every offset inside the timing, as the sync modes do
             f.result()
         seconds = time.perf_counter() - t0
+        _cpu_us[0] = (time.process_time() - c0) / records * 1e6
     return records / seconds
 
 
@@ -60,7 +66,7 @@ def _sync_append(pm: str, records: int, size: int, streams: int, mode: str, chun
         ids = c.create_streams(streams)
         if loop_prof is not None:  # cProfile follows one thread: enable it on the loop's too
             c._runner.call(loop_prof.enable)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         p = c.producer()
         if mode == "sync-send":
             futs = [p.send(ids[i % streams], value) for i in range(records)]
@@ -84,6 +90,7 @@ def _sync_append(pm: str, records: int, size: int, streams: int, mode: str, chun
                 if got.error is not None:
                     raise got.error
         seconds = time.perf_counter() - t0
+        _cpu_us[0] = (time.process_time() - c0) / records * 1e6
         if loop_prof is not None:
             c._runner.call(loop_prof.disable)
     return records / seconds
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             for size in (int(s) for s in args.sizes.split(",")):
                 for streams in (int(s) for s in args.streams.split(",")):
                     rates: dict[str, list[float]] = {m: [] for m in modes}
+                    cpu: dict[str, list[float]] = {m: [] for m in modes}
                     for r in range(args.runs):
                         for m in modes:
                             profile = args.profile and r == 0
@@ -154,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                             else:
                                 rate = fn()
                             rates[m].append(rate)
+                            cpu[m].append(_cpu_us[0])
                     line = [f"{size:>5} B x {streams:>4} streams:"]
                     for m in modes:
                         v = rates[m]
@@ -167,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                                 line.append(f"{m}/async x{statistics.median(ratios):.2f} "
                                             f"[{min(ratios):.2f}..{max(ratios):.2f}]")
                     print("  ".join(line), flush=True)
+                    print(" " * 24 + "client CPU us/record: " + "  ".join(
+                        f"{m} {statistics.median(cpu[m]):.2f} [{min(cpu[m]):.2f}.."
+                        f"{max(cpu[m]):.2f}]" for m in modes), flush=True)
         finally:
             cluster.stop()
     return 0
