@@ -39,6 +39,7 @@ from sbpstream.cluster import LocalCluster
 from sbpstream.net.loop import run
 
 MODES = ("async", "sync-batch", "sync-send")
+LINGER_MS = [5.0]  # the producers' linger_ms (--linger-ms; 5 is the SDK's default)
 # client CPU (all of its threads) per record of the last run, microseconds: less sensitive than
 # the rate to the other work on a shared machine
 _cpu_us = [0.0]
@@ -49,7 +50,7 @@ async def _async_append(pm: str, records: int, size: int, streams: int) -> float
     async with AsyncClient(pm) as c:
         ids = await c.create_streams(streams)
         t0, c0 = time.perf_counter(), time.process_time()
-        async with c.producer() as p:
+        async with c.producer(linger_ms=LINGER_MS[0]) as p:
             futs = [await p.send(ids[i % streams], value) for i in range(records)]
             await p.flush()
         for f in futs:  # read every offset inside the timing, as the sync modes do
@@ -67,7 +68,7 @@ def _sync_append(pm: str, records: int, size: int, streams: int, mode: str, chun
         if loop_prof is not None:  # cProfile follows one thread: enable it on the loop's too
             c._runner.call(loop_prof.enable)
         t0, c0 = time.perf_counter(), time.process_time()
-        p = c.producer()
+        p = c.producer(linger_ms=LINGER_MS[0])
         if mode == "sync-send":
             futs = [p.send(ids[i % streams], value) for i in range(records)]
             p.close()
@@ -120,11 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=1000, help="records per sync send_batch call")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--linger-ms", type=float, default=5.0, help="the producers' linger_ms")
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the first run of each mode (sync: both threads)")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
+    LINGER_MS[0] = args.linger_ms
     for m in modes:
         if m not in MODES:
             ap.error(f"unknown mode {m}")
