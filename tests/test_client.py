@@ -30,6 +30,7 @@ from sbpstream.protocol.errors import (
     NoPmReachableError,
     OffsetOutOfRangeError,
     OffsetTrimmedError,
+    ProducerClosedError,
     SbpError,
     StreamDeletedError,
     StreamNotFoundError,
@@ -224,6 +225,102 @@ def test_sync_send_is_queued_in_order(cluster: LocalCluster,
             lost.result()
         got = list(c.consumer(b, end=301))
         assert got[0].key == b"k" and got[0].timestamp_ms == 1234 and got[-1].value == b"many"
+
+
+def test_offsets_first_and_on_done() -> None:
+    seen: list[Offsets] = []
+    offs = Offsets(5, None, seen.append)
+    assert offs.first is None  # not settled yet
+    offs._acked(3, 13, 2)  # a later piece first, consecutive with the earlier one
+    offs._acked(0, 10, 3)
+    assert offs.first == 10 and seen == [offs] and list(offs) == [10, 11, 12, 13, 14]
+    gap = Offsets(2)
+    gap._acked(0, 10, 1)
+    gap._acked(1, 20, 1)  # another producer's batch between the two
+    assert gap.done and gap.first is None and list(gap) == [10, 20]
+    bad = Offsets(2)
+    bad._acked(0, 10, 1)
+    bad._failed(1, 1, StreamNotFoundError("gone"))
+    assert bad.first is None
+    empty: list[Offsets] = []
+    assert Offsets(0, None, empty.append).done and len(empty) == 1
+
+
+def test_record_future_views_its_chunk() -> None:
+    """A RecordFuture reads its chunk's outcome: waits (with a timeout) until settled, gives the
+    record's offset or its own error, and runs callbacks once, before or after settling."""
+    chunk = _sync_support._Chunk(7)
+    f0, f1 = _sync_support.RecordFuture(chunk, 0), _sync_support.RecordFuture(chunk, 1)
+    with pytest.raises(TimeoutError):
+        f1.result(timeout=0.01)
+    calls: list[int] = []
+    f1.add_done_callback(lambda f: calls.append(f.result()))
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(f0.result(timeout=60)))
+    waiter.start()
+    offs = Offsets(2, None, chunk.settle)
+    offs._acked(0, 40, 1)
+    assert not f0.done() and not calls
+    offs._failed(1, 1, StreamNotFoundError("gone"))
+    waiter.join(60)
+    assert got == [40] and f0.done() and f0.exception() is None and not f0.cancel()
+    assert isinstance(f1.exception(), StreamNotFoundError) and calls == []  # it raised
+    with pytest.raises(StreamNotFoundError):
+        f1.result()
+    late: list[BaseException | None] = []
+    f1.add_done_callback(lambda f: late.append(f.exception()))  # already done: runs at once
+    assert len(late) == 1 and isinstance(late[0], StreamNotFoundError)
+
+    whole = _sync_support._Chunk(8)  # the hand-over itself failed: every record's error
+    whole.settle(None, ProducerClosedError("stopped"))
+    whole.settle(Offsets(1), None)  # the first outcome stays
+    with pytest.raises(ProducerClosedError):
+        _sync_support.RecordFuture(whole, 0).result()
+
+
+def test_sync_send_across_streams_keeps_call_order(cluster: LocalCluster) -> None:
+    """Interleaved sends to several streams, with send_batch calls between them: each stream
+    gets its records in call order, and each future gives the record's own offset."""
+    with Client(cluster.pm_address) as c:
+        sids = c.create_streams(3)
+        sent: dict[int, list[bytes]] = {s: [] for s in sids}
+        futs: dict[int, list[Any]] = {s: [] for s in sids}
+        batches = []
+        with c.producer(batch_max_bytes=1024) as p:
+            for i in range(6000):
+                s = sids[i % 3] if i % 7 else sids[(i // 7) % 3]
+                sent[s].append(b"%d" % i)
+                futs[s].append(p.send(s, sent[s][-1]))
+                if i % 1000 == 999:
+                    batch = [b"batch-%d-%d" % (i, j) for j in range(3)]
+                    batches.append((s, len(sent[s]), p.send_batch(s, batch)))
+                    sent[s] += batch
+                    futs[s] += [None] * 3
+        for s in sids:
+            offsets = [f.result(timeout=60) for f in futs[s] if f is not None]
+            assert offsets == [i for i, f in enumerate(futs[s]) if f is not None]
+            assert [r.value for r in c.consumer(s, end=len(sent[s]))] == sent[s]
+        for _s, at, b in batches:
+            assert list(b.result()) == [at, at + 1, at + 2]
+
+
+def test_sync_send_queue_is_bounded(cluster: LocalCluster,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """send blocks while SYNC_QUEUE_MAX_BYTES wait for the hand-over: the bytes queued on the
+    caller's side never exceed the bound (one record over an empty queue at most)."""
+    bound = 2048
+    monkeypatch.setattr(_sync_support, "SYNC_QUEUE_MAX_BYTES", bound)
+    value = b"v" * 100
+    with Client(cluster.pm_address) as c:
+        sids = c.create_streams(4)
+        most = 0
+        with c.producer() as p:
+            futs = []
+            for i in range(4000):
+                futs.append(p.send(sids[i % 4], value))
+                most = max(most, p._queued_bytes)
+        assert 0 < most <= bound
+        assert sorted(f.result(timeout=60) for f in futs[::4]) == list(range(1000))
 
 
 def test_sync_send_from_two_threads(cluster: LocalCluster) -> None:

@@ -9,12 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbpstream.protocol.frame import (
+    CRC_SLICE_BYTES,
     FLAGS_SYSTEM_ERROR,
     Frame,
     FrameCorrupt,
     FrameDecoder,
     FrameDiscarded,
     FramingError,
+    _crc,
     encode_frame,
     encode_frame_parts,
 )
@@ -204,3 +206,15 @@ def test_roundtrip_whole_and_bytewise(
         for (_, _, _, _, p), e in zip(frames, evs, strict=True):
             assert isinstance(e, Frame)
             assert zlib.crc32(e.payload) == zlib.crc32(p)
+
+
+@pytest.mark.parametrize("size", [0, 1, CRC_SLICE_BYTES, CRC_SLICE_BYTES + 1,
+                                  3 * CRC_SLICE_BYTES + 17, 512 * 1024])
+def test_payload_crc_in_slices_is_the_whole_crc(size: int) -> None:
+    """Parts larger than CRC_SLICE_BYTES are checksummed in slices (keeping the GIL): the CRC is
+    zlib.crc32 of the whole payload, whatever the parts' types, and the frame decodes."""
+    data = (bytes(range(256)) * (size // 256 + 1))[:size]
+    parts = [data[: size // 3], memoryview(data)[size // 3 :], bytearray(b"tail")]
+    assert _crc(parts) == zlib.crc32(data + b"tail")
+    (got,) = decode_all(b"".join(encode_frame_parts(Opcode.PING, 1, 0, b"", parts)))
+    assert isinstance(got, Frame) and bytes(got.payload) == data + b"tail"

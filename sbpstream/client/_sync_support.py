@@ -6,13 +6,17 @@ the async client's coroutines to it and block on the result. Every sync object m
 
 The sync producer's ``send`` is the one hand-written method (the generator skips what a base
 class here defines): it does not cross threads per record. Records are queued on the caller's
-thread in *chunks* (one per stream, open until the loop thread takes it); the first record of
-a chunk schedules the loop thread's feeder with one ``call_soon_threadsafe``, and the feeder
-hands each chunk to ``AsyncProducer.send_batch`` in one call. A record's
-:class:`RecordFuture` is derived from its chunk's single future (the chunk's
-:class:`~sbpstream.client.producer.Offsets`). Every other (generated) producer method first
-waits until the feeder has handed over everything queued before it (``_before_call``), so the
-order of one thread's calls is the order of the records.
+thread in *chunks* (one per stream, open until the loop thread takes it): per record one lock,
+one dict lookup and one list append. The first record of a chunk schedules the loop thread's
+feeder with one ``call_soon_threadsafe`` (none while a wake-up is pending); the feeder takes
+every queued chunk at once and encodes each into the async producer's batches in one call
+(:func:`~sbpstream.client.producer.queue_values`, no coroutine, future or wait unless the
+buffer is full). A chunk has no future: its records' :class:`RecordFuture` objects read its
+:class:`~sbpstream.client.producer.Offsets` once settled (record ``i`` at ``first + i`` when
+the chunk went in at consecutive offsets), and only a thread that must wait makes an event.
+Every other (generated) producer method first waits until the feeder has handed over
+everything queued before it (``_before_call``), so the order of one thread's calls is the order
+of the records.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+from sbpstream.client.producer import Offsets, queue_values, send_rest
 from sbpstream.client.types import Headers, Record
 from sbpstream.net.loop import new_event_loop
 from sbpstream.protocol.errors import ClientClosedError, ProducerClosedError
@@ -32,10 +37,12 @@ from sbpstream.records import HEADER_SIZE, BatchBuilder
 
 if TYPE_CHECKING:
     from sbpstream.client.consumer import AsyncConsumer
-    from sbpstream.client.producer import AsyncProducer, Offsets
+    from sbpstream.client.producer import AsyncProducer
     from sbpstream.client.types import ConsumedRecord
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 5.0  # bound on joining the loop thread at close
 
@@ -165,22 +172,76 @@ SEND_OVERHEAD_BYTES = 16  # per record, counted against SYNC_QUEUE_MAX_BYTES
 VARINTS_MAX_BYTES = 40  # bound on a record's varints (length, timestamp, key, value, headers)
 
 
-class _Chunk:
-    """Records of one stream queued by sync ``send`` calls, handed over in one send_batch."""
+# Guards the waiting state of every chunk (its event and callbacks): taken by a thread that
+# waits on a chunk not settled yet and by the loop thread settling one; never per record.
+_WAIT_LOCK = threading.Lock()
 
-    __slots__ = ("future", "nbytes", "records", "stream_id")
+
+class _Chunk:
+    """Records of one stream queued by sync ``send`` calls, handed over in one go, and their
+    outcome once settled. No future of its own: a waiter makes an event only if it must wait.
+    """
+
+    __slots__ = ("callbacks", "done", "error", "event", "first", "offsets", "plain", "records",
+                 "stream_id")
 
     def __init__(self, stream_id: int) -> None:
         self.stream_id = stream_id
         self.records: list[bytes | Record] = []
-        self.nbytes = 0
-        self.future: concurrent.futures.Future[Offsets] = concurrent.futures.Future()
+        self.plain = True  # no Record among the records (values only)
+        self.done = False
+        self.first = -1  # once done: record 0's offset when all are at consecutive offsets
+        self.offsets: Offsets | None = None
+        self.error: BaseException | None = None  # the hand-over failed: every record's error
+        self.event: threading.Event | None = None
+        self.callbacks: list[Callable[[], object]] | None = None
+
+    def settle(self, offsets: Offsets | None, error: BaseException | None = None) -> None:
+        """Record the outcome (first call wins), wake the waiters, run the callbacks."""
+        if self.done:
+            return
+        if offsets is not None and error is None:
+            first = offsets.first
+            if first is not None:
+                self.first = first
+        self.offsets, self.error = offsets, error
+        with _WAIT_LOCK:
+            self.done = True
+            event, callbacks, self.callbacks = self.event, self.callbacks, None
+        if event is not None:
+            event.set()
+        for cb in callbacks or ():
+            try:
+                cb()
+            except Exception:
+                log.exception("event=record_future_callback_failed")
+
+    def wait(self, timeout: float | None) -> None:
+        """Until settled; TimeoutError after ``timeout`` seconds."""
+        with _WAIT_LOCK:
+            if self.done:
+                return
+            if self.event is None:
+                self.event = threading.Event()
+            event = self.event
+        if not event.wait(timeout):
+            raise TimeoutError(f"the record is not settled after {timeout} s")
+
+    def add_callback(self, cb: Callable[[], object]) -> None:
+        with _WAIT_LOCK:
+            if not self.done:
+                if self.callbacks is None:
+                    self.callbacks = []
+                self.callbacks.append(cb)
+                return
+        cb()
 
 
 class RecordFuture:
-    """The offset of one record sent by the sync ``Producer.send``: a view of its chunk's one
-    future (a :class:`concurrent.futures.Future` of the chunk's Offsets), not a future of its
-    own. ``result()`` returns the offset or raises the record's error."""
+    """The offset of one record sent by the sync ``Producer.send``: a view of the record's place
+    in its chunk (made per record; it holds no lock, event or future of its own). ``result()``
+    returns the offset or raises the record's error; a callback runs on the client's loop
+    thread, or at once on the caller's when the record is already settled."""
 
     __slots__ = ("_chunk", "_index")
 
@@ -189,20 +250,28 @@ class RecordFuture:
         self._index = index
 
     def result(self, timeout: float | None = None) -> int:
-        return self._chunk.future.result(timeout)[self._index]
+        c = self._chunk
+        if not c.done:
+            c.wait(timeout)
+        if c.first >= 0:
+            return c.first + self._index
+        if c.error is not None:
+            raise c.error
+        assert c.offsets is not None
+        return c.offsets[self._index]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        exc = self._chunk.future.exception(timeout)
-        if exc is not None:
-            return exc
+        c = self._chunk
+        if not c.done:
+            c.wait(timeout)
         try:
-            self._chunk.future.result()[self._index]
+            self.result()
         except Exception as e:
             return e
         return None
 
     def done(self) -> bool:
-        return self._chunk.future.done()
+        return self._chunk.done
 
     def cancelled(self) -> bool:
         return False
@@ -212,7 +281,7 @@ class RecordFuture:
         return False
 
     def add_done_callback(self, fn: Callable[[RecordFuture], object]) -> None:
-        self._chunk.future.add_done_callback(lambda _f: fn(self))
+        self._chunk.add_callback(lambda: fn(self))
 
 
 class ProducerBase(SyncBase):
@@ -224,8 +293,8 @@ class ProducerBase(SyncBase):
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # signalled when queued bytes drop
         self._open: dict[int, _Chunk] = {}  # stream -> its chunk still taking records
-        self._queue: deque[_Chunk] = deque()  # chunks not yet taken by the feeder
-        self._queued_bytes = 0
+        self._queue: list[_Chunk] = []  # chunks not yet taken by the feeder (= _open's values)
+        self._queued_bytes = 0  # of records not yet handed over (taken by the feeder or not)
         self._kicked = False  # a feeder wake-up is scheduled and has not run yet
         self._feeding = 0  # chunks taken by the feeder and not yet handed over
         self._wake: asyncio.Event | None = None  # loop side, made by the feeder
@@ -247,38 +316,51 @@ class ProducerBase(SyncBase):
     ) -> RecordFuture:
         """Queue one record; return a future of its offset (a :class:`RecordFuture`).
 
-        Does not wait for the loop thread: records are handed over in chunks, one
-        ``send_batch`` per stream per hand-over. Blocks while more than SYNC_QUEUE_MAX_BYTES
-        wait for the hand-over. A record too large for an empty batch raises
-        RecordTooLargeError here. ``timestamp_ms`` 0 means "now", as for :class:`Record`.
+        Does not wait for the loop thread: records are handed over in chunks, one per stream
+        per hand-over. Blocks while more than SYNC_QUEUE_MAX_BYTES wait for the hand-over. A
+        record too large for an empty batch raises RecordTooLargeError here. ``timestamp_ms`` 0
+        means "now", as for :class:`Record`.
         """
-        size = SEND_OVERHEAD_BYTES + (len(value) if value is not None else 0)
-        plain = key is None and not headers and timestamp_ms is None and value is not None
-        if not plain:
+        # the per-record hot path of the sync SDK: one lock, one dict lookup, one append
+        if key is None and timestamp_ms is None and not headers and value is not None:
+            size = SEND_OVERHEAD_BYTES + len(value)
+            item: bytes | Record = value
+            plain = True
+        else:
+            size = SEND_OVERHEAD_BYTES + (len(value) if value is not None else 0)
             if key is not None:
                 size += len(key)
             if headers:
                 size += sum(len(k) + len(v) for k, v in headers)
+            item = Record(value, key, headers, timestamp_ms or 0)
+            plain = False
         if size > self._surely_fits:
             # RecordTooLargeError now, as the async send raises it (exact: encode it)
             BatchBuilder(batch_bytes_max=self._batch_max).add(value, key, headers, timestamp_ms)
         with self._lock:
             if self._runner._closed:
                 raise ClientClosedError("the client is closed")
-            while self._queued_bytes and self._queued_bytes + size > SYNC_QUEUE_MAX_BYTES:
-                self._kick_locked()
-                self._room.wait()
+            if self._queued_bytes + size > SYNC_QUEUE_MAX_BYTES:
+                self._wait_for_room_locked(size)
             chunk = self._open.get(stream_id)
             if chunk is None:
                 chunk = self._open[stream_id] = _Chunk(stream_id)
                 self._queue.append(chunk)
-                self._kick_locked()
+                if not self._kicked:
+                    self._kick_locked()
+            if not plain:
+                chunk.plain = False
             records = chunk.records
-            records.append(value if plain else  # type: ignore[arg-type]
-                           Record(value, key, headers, timestamp_ms or 0))
-            chunk.nbytes += size
+            records.append(item)
             self._queued_bytes += size
             return RecordFuture(chunk, len(records) - 1)
+
+    def _wait_for_room_locked(self, size: int) -> None:
+        while self._queued_bytes and self._queued_bytes + size > SYNC_QUEUE_MAX_BYTES:
+            self._kick_locked()
+            self._room.wait()
+            if self._runner.closed:
+                raise ClientClosedError("the client is closed")
 
     def _kick_locked(self) -> None:
         if not self._kicked:
@@ -295,32 +377,40 @@ class ProducerBase(SyncBase):
         self._wake.set()
 
     async def _feed(self) -> None:
-        """Hand the queued chunks over, in order, one send_batch each."""
+        """Hand everything queued over, chunk by chunk in queue order, then wait for more."""
         assert self._wake is not None and self._idle is not None
+        producer = self._async
         while True:
             await self._wake.wait()
             self._wake.clear()
             with self._lock:
                 self._kicked = False
-                chunks = list(self._queue)
-                self._queue.clear()
-                for c in chunks:
-                    if self._open.get(c.stream_id) is c:
-                        del self._open[c.stream_id]
-                self._feeding += len(chunks)
-            for c in chunks:
-                try:
-                    fut = await self._async.send_batch(c.stream_id, c.records)
-                    fut.add_done_callback(_settle(c))
-                except BaseException as exc:
-                    c.future.set_exception(exc)
-                    if isinstance(exc, asyncio.CancelledError):
+                chunks, self._queue, self._open = self._queue, [], {}
+                taken = self._queued_bytes  # nothing else taken is still being handed over
+                self._feeding = len(chunks)
+            try:
+                for i, c in enumerate(chunks):
+                    records = c.records
+                    offsets = Offsets(len(records), None, c.settle)
+                    try:
+                        if not c.plain:
+                            await send_rest(producer, c.stream_id, records, offsets, False)
+                        elif (k := queue_values(producer, c.stream_id,
+                                                records,  # type: ignore[arg-type]  # plain
+                                                offsets)) < len(records):
+                            await send_rest(producer, c.stream_id, records, offsets, True, k)
+                    except asyncio.CancelledError:
+                        closed = ProducerClosedError("the sync producer stopped")
+                        for rest in chunks[i:]:
+                            rest.settle(None, closed)
                         raise
-                finally:
-                    with self._lock:
-                        self._feeding -= 1
-                        self._queued_bytes -= c.nbytes
-                        self._room.notify_all()
+                    except BaseException as exc:
+                        c.settle(None, exc)
+            finally:
+                with self._lock:
+                    self._feeding = 0
+                    self._queued_bytes -= taken
+                    self._room.notify_all()
             self._idle.set()  # a round is over: _handed_over checks again
 
     async def _handed_over(self) -> None:
@@ -346,6 +436,8 @@ class ProducerBase(SyncBase):
         feeder = self._feeder
         if feeder is not None and not self._runner.closed:
             self._runner.call(feeder.cancel)
+        with self._lock:
+            self._room.notify_all()
 
     def __enter__(self) -> Self:
         return self
@@ -353,18 +445,6 @@ class ProducerBase(SyncBase):
     def __exit__(self, *exc: object) -> None:
         close: Callable[[], None] = getattr(self, "close")  # noqa: B009 - generated method
         close()
-
-
-def _settle(chunk: _Chunk) -> Callable[[asyncio.Future[Offsets]], None]:
-    def done(f: asyncio.Future[Offsets]) -> None:
-        if f.cancelled():
-            chunk.future.cancel()
-        elif (exc := f.exception()) is not None:
-            chunk.future.set_exception(exc)
-        else:
-            chunk.future.set_result(f.result())
-
-    return done
 
 
 class ConsumerBase(SyncBase):

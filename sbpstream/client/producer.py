@@ -39,7 +39,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, overload
 
@@ -114,17 +114,21 @@ class Offsets(Sequence[int]):
     and :attr:`failed` counts the records that were not.
     """
 
-    __slots__ = ("_count", "_errors", "_future", "_pending", "_runs", "_sorted")
+    __slots__ = ("_count", "_errors", "_future", "_on_done", "_pending", "_runs", "_sorted")
 
-    def __init__(self, count: int, future: asyncio.Future[Offsets] | None = None) -> None:
+    def __init__(self, count: int, future: asyncio.Future[Offsets] | None = None,
+                 on_done: Callable[[Offsets], object] | None = None) -> None:
+        """``future`` gets the offsets as its result and ``on_done`` is called with them, once
+        every record is settled (on the producer's loop)."""
         self._count = count
         self._runs: list[tuple[int, int, int]] = []  # (first index, first offset, records)
         self._errors: list[tuple[int, int, SbpError]] = []  # (first index, records, error)
         self._pending = count
         self._future = future
+        self._on_done = on_done
         self._sorted = True
-        if not count and future is not None and not future.done():
-            future.set_result(self)
+        if not count:
+            self._settled(0)
 
     def __len__(self) -> int:
         return self._count
@@ -169,6 +173,22 @@ class Offsets(Sequence[int]):
         """The error of the first failed record (in call order), None if none failed."""
         return min(self._errors, key=lambda e: e[0])[2] if self._errors else None
 
+    @property
+    def first(self) -> int | None:
+        """Once done: the offset of record 0 when every record was acknowledged at consecutive
+        offsets (record ``i`` is then at ``first + i``), else None."""
+        if self._pending or self._errors or not self._count:
+            return None
+        runs = self._runs
+        if not self._sorted:
+            runs.sort()
+            self._sorted = True
+        first = runs[0][1]
+        for start, offset, _ in runs:
+            if offset != first + start:
+                return None
+        return first
+
     def _acked(self, start: int, offset: int, n: int) -> None:
         runs = self._runs
         if runs and runs[-1][0] > start:
@@ -182,9 +202,14 @@ class Offsets(Sequence[int]):
 
     def _settled(self, n: int) -> None:
         self._pending -= n
+        if self._pending:
+            return
         fut = self._future
-        if not self._pending and fut is not None and not fut.done():
+        if fut is not None and not fut.done():
             fut.set_result(self)
+        if self._on_done is not None:
+            on_done, self._on_done = self._on_done, None
+            on_done(self)
 
 
 class _Piece:
@@ -382,28 +407,44 @@ class AsyncProducer:
         """
         loop = self._loop_or_start()
         fut: asyncio.Future[Offsets] = loop.create_future()
+        await self._send_into(stream_id, records, key, Offsets(len(records), fut))
+        return fut
+
+    async def _send_into(self, stream_id: int, records: Sequence[bytes | Record],
+                         key: bytes | None, offsets: Offsets, plain: bool | None = None,
+                         start: int = 0) -> None:
+        """send_batch's work: queue ``records[start:]`` for ``offsets`` (``plain``: no Record
+        among them, when the caller knows; ``start`` > 0 only for plain values)."""
         n = len(records)
-        offsets = Offsets(n, fut)
-        if not n:
-            return fut
+        if start >= n:
+            return
         st = self._streams.get(stream_id)
         if st is None:
             st = self._streams[stream_id] = _Stream(stream_id)
-        if any(isinstance(r, Record) for r in records):
+        if plain is None:
+            plain = not any(isinstance(r, Record) for r in records)
+        if not plain:
             await self._send_records(st, records, key, offsets)
-            return fut
+            return
         values: Sequence[bytes] = records  # type: ignore[assignment]  # checked just above
         ts = time.time_ns() // 1_000_000
-        piece = i = 0
+        i = self._queue_values(st, values, start, key, ts, offsets)
+        while i < n:  # the buffer is full
+            await self._wait_for_space(RECORD_OVERHEAD_BYTES)
+            if self._closed:
+                offsets._failed(i, n - i, ProducerClosedError("the producer is closed"))
+                return
+            i = self._queue_values(st, values, i, key, ts, offsets)
+
+    def _queue_values(self, st: _Stream, values: Sequence[bytes], i: int, key: bytes | None,
+                      ts: int, offsets: Offsets) -> int:
+        """Encode ``values[i:]`` into the stream's batches while the buffer has room (one piece
+        of ``offsets`` per batch); return the index reached."""
+        n = len(values)
+        piece = i
         while i < n:
             if self._buffered + RECORD_OVERHEAD_BYTES > self.buffer_max_bytes:
-                if i > piece:
-                    st.futures.append(_Piece(offsets, piece, i - piece))
-                    piece = i
-                await self._wait_for_space(RECORD_OVERHEAD_BYTES)
-                if self._closed:
-                    offsets._failed(i, n - i, ProducerClosedError("the producer is closed"))
-                    return fut
+                break
             b = st.builder
             if b is None:
                 b = self._open_builder(st)
@@ -424,8 +465,9 @@ class AsyncProducer:
             st.pending_bytes += added
             self._buffered += added
             i = j
-        st.futures.append(_Piece(offsets, piece, n - piece))
-        return fut
+        if i > piece:
+            st.futures.append(_Piece(offsets, piece, i - piece))
+        return i
 
     async def send_whole(self, stream_id: int, records: Sequence[Record]
                          ) -> asyncio.Future[Offsets]:
@@ -1016,6 +1058,27 @@ class AsyncProducer:
     @staticmethod
     def _fail_futures(batch: _Batch, exc: SbpError) -> None:
         _fail_waiters(batch.futures, exc)
+
+
+def queue_values(producer: AsyncProducer, stream_id: int, values: Sequence[bytes],
+                 offsets: Offsets) -> int:
+    """Queue plain ``values`` of one stream for ``offsets`` without awaiting (what
+    :meth:`AsyncProducer.send_batch` does, minus its future and its wait for buffer space):
+    as many as the buffer has room for. Returns how many were queued; :func:`send_rest` queues
+    the others. Call on the producer's loop. Raises ProducerClosedError once it is closed."""
+    producer._loop_or_start()
+    st = producer._streams.get(stream_id)
+    if st is None:
+        st = producer._streams[stream_id] = _Stream(stream_id)
+    return producer._queue_values(st, values, 0, None, time.time_ns() // 1_000_000, offsets)
+
+
+async def send_rest(producer: AsyncProducer, stream_id: int, records: Sequence[bytes | Record],
+                    offsets: Offsets, plain: bool, start: int = 0) -> None:
+    """Queue ``records[start:]`` for ``offsets``, awaiting buffer space as
+    :meth:`AsyncProducer.send_batch` does (``start`` > 0 only when ``plain``)."""
+    producer._loop_or_start()
+    await producer._send_into(stream_id, records, None, offsets, plain, start)
 
 
 def _fail_waiters(waiters: list[Waiter], exc: SbpError) -> None:

@@ -111,10 +111,23 @@ class FrameCorrupt:
 Event = Frame | FrameDiscarded | FrameCorrupt
 
 
+# zlib.crc32 releases the GIL for more than 5 KiB; a thread that releases it waits up to a switch
+# interval (5 ms) to get it back while another thread runs (the sync client's loop thread behind
+# the caller's sends): larger parts go in slices of this size, under the GIL
+CRC_SLICE_BYTES = 5 * 1024
+
+
 def _crc(parts: Iterable[Buffer]) -> int:
     crc = 0
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        mv = memoryview(p)
+        n = mv.nbytes
+        if n <= CRC_SLICE_BYTES:
+            crc = zlib.crc32(mv, crc)
+        else:
+            mv = mv.cast("B")
+            for i in range(0, n, CRC_SLICE_BYTES):
+                crc = zlib.crc32(mv[i : i + CRC_SLICE_BYTES], crc)
     return crc
 
 
