@@ -46,6 +46,11 @@ RETURN_MAP: dict[str, tuple[str, str]] = {
     # send_batch: one cross-thread future per call, whatever its record count
     "asyncio.Future[Offsets]": ("concurrent.futures.Future[Offsets]", "to_cf({})"),
 }
+# public async members with no sync twin, and why
+ASYNC_ONLY: dict[str, str] = {
+    "group_admin": "the group opcodes as awaitables, for async servers such as the Kafka "
+                   "gateway; sync code uses the consumer's group methods",
+}
 # names annotations may use, and where they come from
 NAME_SOURCES = [collections.abc, client_types, client_producer]
 
@@ -183,7 +188,7 @@ def render() -> str:
         hand_written = {n for n in vars(base_cls) if not n.startswith("_")}
         before = "_before_call" in vars(base_cls)
         for name, member in public_members(cls):
-            if name in hand_written:
+            if name in hand_written or name in ASYNC_ONLY:
                 continue
             if isinstance(member, property):
                 lines += _property(name, member)

@@ -192,7 +192,9 @@ class Client(ClientBase):
         return self._runner.run(self._async.set_quota(quota))
 
     def delete_quota(self, kind: QuotaKind, name: str = "", user: str = "") -> QuotaSpec:
-        """Delete the quota of a client id, a stream (``name`` = its id) or the default."""
+        """Delete the quota of a client id, a stream (``name`` = its id), the default, a user
+        (``user``) or a user's client id (CLIENT with ``name`` and ``user``).
+        """
         return self._runner.run(self._async.delete_quota(kind, name, user))
 
     def list_quotas(self) -> list[QuotaSpec]:

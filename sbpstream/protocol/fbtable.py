@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib.machinery
+import inspect
 import re
 import struct
 import sys
@@ -57,7 +58,10 @@ def _import_flatbuffers() -> Any:
     descriptor = vars(finder)["find_spec"]  # the classmethod itself, put back as it was
 
     def find_spec(name: str, path: Any = None, target: Any = None) -> Any:
-        if name == "numpy" and sys._getframe(1).f_globals.get("__name__") == "flatbuffers.compat":
+        here = inspect.currentframe()
+        caller = here.f_back if here is not None else None
+        if name == "numpy" and caller is not None and \
+                caller.f_globals.get("__name__") == "flatbuffers.compat":
             return None
         return real(name, path, target)
 
