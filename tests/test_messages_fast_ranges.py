@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import functools
 import random
+import struct
 from typing import Any
 
 import flatbuffers
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from sbpstream.protocol import fbtable, rangelist
 from sbpstream.protocol import messages as m
-from sbpstream.protocol import rangelist
+from sbpstream.protocol.errors import BadHeaderError
 from sbpstream.protocol.fbtable import put_tables
+
+_DECODE_ERRORS = (struct.error, IndexError, ValueError, TypeError, OverflowError)
 
 _BUILD = m.ListRangesResult.SCHEMA.build
 _FALLBACK = functools.partial(put_tables, build=_BUILD)
@@ -76,3 +82,60 @@ def test_a_whole_node_listing_round_trips() -> None:
     items = tuple(r for _ in range(50) for r in _results(rnd))
     resp = m.ListRangesResponse(items=items)
     assert m.ListRangesResponse.decode(resp.encode()) == resp
+
+
+# ------------------------------------------------------------------------- the fast reader
+
+_READ_GENERIC = m.ListRangesResult.SCHEMA.read
+
+
+def _generic(buf: bytes) -> tuple[m.ListRangesResult, ...]:
+    """The generic reader's vector of a ListRangesResponse (its third slot)."""
+    root = fbtable._U32(buf, 0)[0]
+    at = root + fbtable._slots(buf, root, 3)[2]
+    return fbtable._read_tables(buf, at, _READ_GENERIC, None)
+
+
+def _fast_read(buf: bytes) -> tuple[m.ListRangesResult, ...]:
+    root = fbtable._U32(buf, 0)[0]
+    at = root + fbtable._slots(buf, root, 3)[2]
+    return READER.read(buf, at, None)
+
+
+READER = rangelist.ResultsReader(m.ListRangesResult, m.Range, m.ReplicaNode, m.DataNode,
+                                 m.Status.SCHEMA.read)
+
+
+def _outcome(read: Any, buf: bytes) -> Any:
+    try:
+        return read(buf)
+    except (BadHeaderError, *_DECODE_ERRORS) as exc:
+        return type(exc) if isinstance(exc, BadHeaderError) else "error"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), failed=st.booleans())
+def test_the_fast_reader_gives_the_generic_readers_objects(seed: int, failed: bool) -> None:
+    rnd = random.Random(seed)
+    items = _results(rnd)
+    if failed:
+        items = (m.ListRangesResult(9, m.Status(7, "gone", b"d")), *items)
+    buf = m.ListRangesResponse(items=items).encode()
+    assert _fast_read(buf) == _generic(buf) == items
+    assert m.ListRangesResponse.decode(buf).items == items
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), flips=st.lists(
+    st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
+    cut=st.integers(0, 10**6))
+def test_on_damaged_bytes_the_fast_reader_fails_where_the_generic_one_does(
+    seed: int, flips: list[tuple[int, int]], cut: int
+) -> None:
+    buf = bytearray(m.ListRangesResponse(items=_results(random.Random(seed))).encode())
+    for at, value in flips:
+        buf[4 + at % (len(buf) - 4)] = value  # the root offset kept: the vector is reached
+    data = bytes(buf[: max(8, len(buf) - cut % 16)])
+    want = _outcome(_generic, data)
+    got = _outcome(_fast_read, data)
+    assert got == want

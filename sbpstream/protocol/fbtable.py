@@ -396,6 +396,8 @@ class Bound:
     fixed: FixedLayout | None = None
     source: str = ""  # the compiled writer and reader, for a curious reader
     put: Callable[[Any, Sequence[Any]], int] | None = None  # see Codec.vector_writer
+    get: Callable[[Any, int, Callable[[int], None] | None], tuple[Any, ...]] | None = None
+    """See Codec.vector_reader."""
 
 
 class Table:
@@ -468,6 +470,18 @@ class Codec:
         """Have vectors of ``cls`` written by ``put(builder, items) -> offset`` in the tables
         bound from now on: a hand-written fast path, which must write the builder's bytes."""
         bound = dataclasses.replace(cls.SCHEMA, put=put)
+        cls.SCHEMA = bound
+        self.bound[bound.table.name] = bound
+
+    def vector_reader(
+        self,
+        cls: type[Table],
+        get: Callable[[Any, int, Callable[[int], None] | None], tuple[Any, ...]],
+    ) -> None:
+        """Have vectors of ``cls`` read by ``get(buf, at, limit) -> items`` (``at``: the
+        position of the vector's uoffset) in the tables bound from now on: a hand-written fast
+        path, which must give what the generic reader gives and raise where it raises."""
+        bound = dataclasses.replace(cls.SCHEMA, get=get)
         cls.SCHEMA = bound
         self.bound[bound.table.name] = bound
 
@@ -582,7 +596,10 @@ class Codec:
             fast = None if elem is None else elem.put or (elem.fixed.put if elem.fixed else None)
             env[f"x{i}"] = fast
             put = f"x{i}(b, {v})" if fast is not None else f"put_tables(b, {v}, w{i})"
-            return f"tables(buf, {at}, r{i}, limit)", f"{put} if {v} else 0"
+            env[f"g{i}"] = None if elem is None else elem.get
+            get = f"tables(buf, {at}, r{i}, limit)" if env[f"g{i}"] is None else \
+                f"g{i}(buf, {at}, limit)"
+            return get, f"{put} if {v} else 0"
         raise TypeError(f"{f.name}: a {f.kind.value} field is supported only as a vector's element")
 
     def _element(self, name: str) -> tuple[Callable[[Any, Any], int], Callable[[Any, int], Any]]:
