@@ -96,14 +96,20 @@ def _generic(buf: bytes) -> tuple[m.ListRangesResult, ...]:
     return fbtable._read_tables(buf, at, _READ_GENERIC, None)
 
 
-def _fast_read(buf: bytes) -> tuple[m.ListRangesResult, ...]:
-    root = fbtable._U32(buf, 0)[0]
-    at = root + fbtable._slots(buf, root, 3)[2]
-    return READER.read(buf, at, None)
-
-
 READER = rangelist.ResultsReader(m.ListRangesResult, m.Range, m.ReplicaNode, m.DataNode,
                                  m.Status.SCHEMA.read)
+READERS = {"python": READER.read_python}
+"""The pure-Python reader always; the compiled one (which falls back to it on malformed
+bytes) where it was built, even under SBPSTREAM_PURE_PYTHON=1."""
+if rangelist._compiled is not None:
+    READER.compiled = rangelist._compiled
+    READERS["compiled"] = READER.read
+
+
+def _fast_read(buf: bytes, kind: str = "python") -> tuple[m.ListRangesResult, ...]:
+    root = fbtable._U32(buf, 0)[0]
+    at = root + fbtable._slots(buf, root, 3)[2]
+    return READERS[kind](buf, at, None)
 
 
 def _outcome(read: Any, buf: bytes) -> Any:
@@ -114,28 +120,30 @@ def _outcome(read: Any, buf: bytes) -> Any:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32), failed=st.booleans())
-def test_the_fast_reader_gives_the_generic_readers_objects(seed: int, failed: bool) -> None:
+@given(seed=st.integers(0, 2**32), failed=st.booleans(), kind=st.sampled_from(sorted(READERS)))
+def test_the_fast_reader_gives_the_generic_readers_objects(
+    seed: int, failed: bool, kind: str
+) -> None:
     rnd = random.Random(seed)
     items = _results(rnd)
     if failed:
         items = (m.ListRangesResult(9, m.Status(7, "gone", b"d")), *items)
     buf = m.ListRangesResponse(items=items).encode()
-    assert _fast_read(buf) == _generic(buf) == items
+    assert _fast_read(buf, kind) == _generic(buf) == items
     assert m.ListRangesResponse.decode(buf).items == items
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32), flips=st.lists(
     st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
-    cut=st.integers(0, 10**6))
+    cut=st.integers(0, 10**6), kind=st.sampled_from(sorted(READERS)))
 def test_on_damaged_bytes_the_fast_reader_fails_where_the_generic_one_does(
-    seed: int, flips: list[tuple[int, int]], cut: int
+    seed: int, flips: list[tuple[int, int]], cut: int, kind: str
 ) -> None:
     buf = bytearray(m.ListRangesResponse(items=_results(random.Random(seed))).encode())
     for at, value in flips:
         buf[4 + at % (len(buf) - 4)] = value  # the root offset kept: the vector is reached
     data = bytes(buf[: max(8, len(buf) - cut % 16)])
     want = _outcome(_generic, data)
-    got = _outcome(_fast_read, data)
+    got = _outcome(lambda b: _fast_read(b, kind), data)
     assert got == want

@@ -15,11 +15,25 @@ answer LIST_RANGES by stream, never the hot whole-node listing). No I/O.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from sbpstream.protocol.errors import BadHeaderError
+
+_compiled: Callable[..., tuple[Any, ...] | None] | None
+try:  # the compiled reader (_rangelist.pyx), when it was built
+    from sbpstream.protocol import _rangelist
+
+    _compiled = _rangelist.read_results
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _compiled = None
+_accelerated: Callable[..., tuple[Any, ...] | None] | None = (
+    None if os.environ.get("SBPSTREAM_PURE_PYTHON") else _compiled)
+"""The compiled reader used by :class:`ResultsReader`, or None: the pure-Python one (no C
+compiler at install time, or ``SBPSTREAM_PURE_PYTHON=1``). Both give the same objects; on a
+malformed buffer the compiled one gives up and the pure one raises the error."""
 
 __all__ = ["ResultsReader", "put_results"]
 
@@ -341,9 +355,24 @@ class ResultsReader:
         self._default_node = node()
         self._read_status = read_status
         self._ok = result().status
+        self._result_cls, self._range_cls, self._replica_cls, self._node_cls = (
+            result, rng, replica, node)
+        self.compiled = _accelerated
+        """The compiled reader :meth:`read` tries first (None: the pure-Python one only)."""
 
     def read(self, buf: Any, at: int, limit: Callable[[int], None] | None) -> tuple[Any, ...]:
         """The vector whose uoffset is at ``at`` (``limit(n)`` for each vector's length)."""
+        if self.compiled is not None and limit is None:
+            got = self.compiled(buf, at, self._result_cls, self._range_cls, self._replica_cls,
+                                self._node_cls, self._default_node, self._read_status, buf,
+                                self._ok)
+            if got is not None:
+                return got
+        return self.read_python(buf, at, limit)
+
+    def read_python(self, buf: Any, at: int, limit: Callable[[int], None] | None
+                    ) -> tuple[Any, ...]:
+        """:meth:`read` without the compiled reader."""
         result_at = _layouts(3, "qII", (0, 0, 0))
         range_at = _layouts(6, "qiqqqI", (0, 0, 0, 0, -1, 0))
         replica_at = _layouts(2, "I?", (0, False))
