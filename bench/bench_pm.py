@@ -114,8 +114,11 @@ class FakeNode:
 def start_pm(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     log = open(directory / "pm.log", "wb")  # noqa: SIM115 - handed to the child
+    # SBPSTREAM_BENCH_PROFILE=FILE: the PM runs under cProfile, its stats written to FILE at exit
+    profile = os.environ.get("SBPSTREAM_BENCH_PROFILE")
+    prefix = ["-m", "cProfile", "-o", profile] if profile else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sbpstream.pm", "--port", str(port),
+        [sys.executable, *prefix, "-m", "sbpstream.pm", "--port", str(port),
          "--metadata", f"sqlite:{directory / 'pm.sqlite'}",
          "--heartbeat-interval-ms", str(HEARTBEAT_MS),
          # generous: a PM busy with 1,000-item creates must not declare the fake nodes dead
