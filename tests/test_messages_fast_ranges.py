@@ -13,6 +13,7 @@ import struct
 from typing import Any
 
 import flatbuffers
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -61,7 +62,18 @@ def _fast(b: Any, items: Any) -> int:
     return rangelist.put_results(b, items, is_ok=m._status_omitted, fallback=_FALLBACK)
 
 
-def test_fast_path_writes_the_builders_bytes() -> None:
+WRITERS = ["python"] + (["compiled"] if rangelist._compiled_writer is not None else [])
+
+
+@pytest.fixture(params=WRITERS)
+def writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with the pure-Python writer and, where it was built, the compiled one."""
+    compiled = rangelist._compiled_writer if request.param == "compiled" else None
+    monkeypatch.setitem(rangelist.WRITER, "compiled", compiled)
+    return str(request.param)
+
+
+def test_fast_path_writes_the_builders_bytes(writer: str) -> None:
     rnd = random.Random(18)
     for _ in range(400):
         vectors = [_results(rnd) for _ in range(rnd.randrange(1, 4))]
@@ -69,7 +81,7 @@ def test_fast_path_writes_the_builders_bytes() -> None:
         assert _write(_fast, before, vectors) == _write(_FALLBACK, before, vectors)
 
 
-def test_a_failed_status_takes_the_builder_path_and_round_trips() -> None:
+def test_a_failed_status_takes_the_builder_path_and_round_trips(writer: str) -> None:
     items = (m.ListRangesResult(5, m.Status(7, "gone")),
              m.ListRangesResult(6, m.STATUS_OK, (m.Range(6, 0),)))
     assert _write(_fast, "", [items]) == _write(_FALLBACK, "", [items])
@@ -77,7 +89,7 @@ def test_a_failed_status_takes_the_builder_path_and_round_trips() -> None:
     assert m.ListRangesResponse.decode(resp.encode()) == resp
 
 
-def test_a_whole_node_listing_round_trips() -> None:
+def test_a_whole_node_listing_round_trips(writer: str) -> None:
     rnd = random.Random(1)
     items = tuple(r for _ in range(50) for r in _results(rnd))
     resp = m.ListRangesResponse(items=items)

@@ -1,4 +1,4 @@
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 def read_results(
@@ -13,3 +13,6 @@ def read_results(
     buf: Any,
     ok: Any,
 ) -> tuple[Any, ...] | None: ...
+def write_results(
+    items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int]
+) -> tuple[bytes, int, bool]: ...

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The LIST_RANGES result-vector reader of rangelist.py compiled (optional: rangelist.py uses it
+"""The LIST_RANGES result-vector reader and writer of rangelist.py compiled (optional: rangelist.py uses it
 when it is built and falls back to its own pure-Python reader otherwise, or with
 SBPSTREAM_PURE_PYTHON=1).
 
@@ -20,8 +20,8 @@ from cpython.object cimport PyObject_GenericSetAttr
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF, PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
-from libc.string cimport memcpy
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
@@ -273,3 +273,315 @@ def read_results(const unsigned char[::1] data, Py_ssize_t at, object result_cls
         Py_INCREF(item)
         PyTuple_SET_ITEM(out, i, item)
     return out
+
+
+# ------------------------------------------------------------------------------------- writing
+#
+# rangelist.put_results's pure-Python writer, compiled: the same decisions in the same order
+# (children first, fields in slot order, alignment, zero padding, vtables deduplicated through
+# the builder's ``vtables`` dict), written backwards into one C buffer as the builder writes.
+
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+
+DEF KEY_MAX = 8  # entries of a vtable key: at most six slots, then the object size
+DEF CACHED_VTABLES = 32
+
+
+cdef struct _W:
+    unsigned char* buf
+    Py_ssize_t cap
+    Py_ssize_t head  # the bytes written are buf[head:cap]
+    Py_ssize_t off0  # the builder's offset when the block started
+    bint wrote64
+
+
+cdef struct _VKey:
+    int n
+    Py_ssize_t key[KEY_MAX]
+    Py_ssize_t found
+
+
+cdef struct _Cache:
+    int n
+    _VKey keys[CACHED_VTABLES]
+
+
+cdef inline Py_ssize_t _off(_W* w) noexcept:
+    return w.off0 + w.cap - w.head
+
+
+cdef int _room(_W* w, Py_ssize_t n) except -1:
+    cdef Py_ssize_t used, cap
+    cdef unsigned char* grown
+    if w.head >= n:
+        return 0
+    used = w.cap - w.head
+    cap = w.cap * 2
+    while cap - used < n:
+        cap *= 2
+    grown = <unsigned char*>PyMem_Realloc(w.buf, cap)
+    if grown == NULL:
+        raise MemoryError()
+    memcpy(grown + cap - used, grown + w.head, used)  # realloc kept the bytes at the front
+    w.buf, w.cap, w.head = grown, cap, cap - used
+    return 0
+
+
+cdef int _put(_W* w, const void* p, Py_ssize_t n) except -1:
+    _room(w, n)
+    w.head -= n
+    memcpy(w.buf + w.head, p, n)
+    return 0
+
+
+cdef int _zeros(_W* w, Py_ssize_t n) except -1:
+    cdef Py_ssize_t k
+    _room(w, n)
+    for k in range(n):
+        w.head -= 1
+        w.buf[w.head] = 0
+    return 0
+
+
+cdef int _put_u32(_W* w, uint32_t v) except -1:
+    cdef unsigned char b[4]
+    b[0] = v & 0xFF
+    b[1] = (v >> 8) & 0xFF
+    b[2] = (v >> 16) & 0xFF
+    b[3] = (v >> 24) & 0xFF
+    return _put(w, b, 4)
+
+
+cdef int _put_u64(_W* w, uint64_t v) except -1:
+    cdef unsigned char b[8]
+    cdef int k
+    for k in range(8):
+        b[k] = (v >> (8 * k)) & 0xFF
+    return _put(w, b, 8)
+
+
+cdef Py_ssize_t _align(_W* w, int to) except -1:
+    cdef Py_ssize_t pad = (-_off(w)) & (to - 1)
+    if pad:
+        _zeros(w, pad)
+    return _off(w)
+
+
+cdef Py_ssize_t _int64_slot(_W* w, int64_t v) except -1:
+    _align(w, 8)
+    _put_u64(w, <uint64_t>v)
+    w.wrote64 = True
+    return _off(w)
+
+
+cdef Py_ssize_t _int32_slot(_W* w, int32_t v) except -1:
+    _align(w, 4)
+    _put_u32(w, <uint32_t>v)
+    return _off(w)
+
+
+cdef Py_ssize_t _uoffset_slot(_W* w, Py_ssize_t target) except -1:
+    cdef Py_ssize_t off = _align(w, 4) + 4
+    _put_u32(w, <uint32_t>(off - target))
+    return off
+
+
+cdef Py_ssize_t _vector_of(_W* w, Py_ssize_t* offsets, Py_ssize_t n) except -1:
+    cdef Py_ssize_t pad = (-(_off(w) + 4 * n)) & 3
+    cdef Py_ssize_t k
+    if pad:
+        _zeros(w, pad)
+    for k in range(n - 1, -1, -1):
+        _put_u32(w, <uint32_t>(_off(w) + 4 - offsets[k]))
+    _put_u32(w, <uint32_t>n)
+    return _off(w)
+
+
+cdef Py_ssize_t _end(_W* w, dict vtables, _Cache* cache, Py_ssize_t* slots, int nslots,
+                     Py_ssize_t object_end) except -1:
+    """Builder.EndObject: the object's offset (its vtable written unless an equal one was)."""
+    cdef Py_ssize_t obj = _align(w, 4) + 4
+    cdef Py_ssize_t key[KEY_MAX]
+    cdef int n = 0, i, c
+    cdef bint trim = True
+    cdef Py_ssize_t e, found = -1, size
+    cdef unsigned char vt[2 * (KEY_MAX + 1)]
+    for i in range(nslots - 1, -1, -1):
+        e = slots[i]
+        if e == 0:
+            if trim:
+                continue
+        else:
+            e = obj - e
+            trim = False
+        key[n] = e
+        n += 1
+    key[n] = obj - object_end
+    n += 1
+    for c in range(cache.n):
+        if cache.keys[c].n == n and memcmp(cache.keys[c].key, key, n * sizeof(Py_ssize_t)) == 0:
+            found = cache.keys[c].found
+            break
+    else:
+        t = tuple([key[i] for i in range(n)])
+        got = vtables.get(t)
+        if got is not None:
+            found = got
+        else:
+            size = 2 * (n + 1)
+            _put_u32(w, <uint32_t>size)
+            vt[0] = size & 0xFF
+            vt[1] = size >> 8
+            for i in range(n):  # the vtable holds the key reversed
+                vt[2 + 2 * i] = key[n - 1 - i] & 0xFF
+                vt[3 + 2 * i] = (key[n - 1 - i] >> 8) & 0xFF
+            _put(w, vt, size)
+            found = obj + size
+            vtables[t] = found
+        if cache.n < CACHED_VTABLES:
+            cache.keys[cache.n].n = n
+            memcpy(cache.keys[cache.n].key, key, n * sizeof(Py_ssize_t))
+            cache.keys[cache.n].found = found
+            cache.n += 1
+        if got is None:
+            return obj
+    _put_u32(w, <uint32_t>(found - obj))
+    return obj
+
+
+cdef Py_ssize_t _data_node(_W* w, dict vtables, _Cache* cache, object node) except -1:
+    cdef Py_ssize_t addr = 0, n = 0, start, pad
+    cdef const char* p
+    cdef Py_ssize_t slots[2]
+    cdef int32_t node_id
+    text = node.advertise_addr
+    if text:
+        p = PyUnicode_AsUTF8AndSize(text, &n)
+        pad = (-(_off(w) + n + 1)) & 3
+        if pad:
+            _zeros(w, pad)
+        _zeros(w, 1)
+        _put(w, p, n)
+        _put_u32(w, <uint32_t>n)
+        addr = _off(w)
+    start = _off(w)
+    slots[0] = slots[1] = 0
+    node_id = node.node_id
+    if node_id != 0:
+        slots[0] = _int32_slot(w, node_id)
+    if addr:
+        slots[1] = _uoffset_slot(w, addr)
+    return _end(w, vtables, cache, slots, 2, start)
+
+
+cdef Py_ssize_t _replica(_W* w, dict vtables, _Cache* cache, object rep) except -1:
+    cdef Py_ssize_t node = 0, start
+    cdef Py_ssize_t slots[2]
+    cdef unsigned char one = 1
+    data_node = rep.data_node
+    if data_node is not None:
+        node = _data_node(w, vtables, cache, data_node)
+    start = _off(w)
+    slots[0] = slots[1] = 0
+    if node:
+        slots[0] = _uoffset_slot(w, node)
+    if rep.is_primary:
+        _put(w, &one, 1)
+        slots[1] = _off(w)
+    return _end(w, vtables, cache, slots, 2, start)
+
+
+cdef Py_ssize_t _range(_W* w, dict vtables, _Cache* cache, object r) except -1:
+    cdef Py_ssize_t reps = 0, start, k, n
+    cdef Py_ssize_t slots[6]
+    cdef Py_ssize_t* offsets
+    cdef int64_t v
+    cdef int32_t idx
+    replicas = r.replica_nodes
+    if replicas:
+        n = len(replicas)
+        offsets = <Py_ssize_t*>PyMem_Malloc(n * sizeof(Py_ssize_t))
+        if offsets == NULL:
+            raise MemoryError()
+        try:
+            for k in range(n):
+                offsets[k] = _replica(w, vtables, cache, replicas[k])
+            reps = _vector_of(w, offsets, n)
+        finally:
+            PyMem_Free(offsets)
+    start = _off(w)
+    for k in range(6):
+        slots[k] = 0
+    v = r.stream_id
+    if v != 0:
+        slots[0] = _int64_slot(w, v)
+    idx = r.range_index
+    if idx != 0:
+        slots[1] = _int32_slot(w, idx)
+    v = r.start_offset
+    if v != 0:
+        slots[2] = _int64_slot(w, v)
+    v = r.next_offset
+    if v != 0:
+        slots[3] = _int64_slot(w, v)
+    v = r.end_offset
+    if v != -1:
+        slots[4] = _int64_slot(w, v)
+    if reps:
+        slots[5] = _uoffset_slot(w, reps)
+    return _end(w, vtables, cache, slots, 6, start)
+
+
+def write_results(object items, Py_ssize_t off0, dict vtables):
+    """The block ``put_results`` writes for ``items`` (every status OK) at builder offset
+    ``off0``: (its bytes, the vector's offset, whether an int64 field was written)."""
+    cdef _W w
+    cdef _Cache cache
+    cdef Py_ssize_t n = len(items), i, j, nr, ranges, start
+    cdef Py_ssize_t* results
+    cdef Py_ssize_t* offsets
+    cdef Py_ssize_t slots[3]
+    cdef Py_ssize_t end
+    cdef int64_t sid
+    cache.n = 0
+    w.cap = 1 << 16
+    w.head = w.cap
+    w.off0 = off0
+    w.wrote64 = False
+    w.buf = <unsigned char*>PyMem_Malloc(w.cap)
+    results = <Py_ssize_t*>PyMem_Malloc((n + 1) * sizeof(Py_ssize_t))
+    if w.buf == NULL or results == NULL:
+        PyMem_Free(w.buf)
+        PyMem_Free(results)
+        raise MemoryError()
+    try:
+        for i in range(n):
+            it = items[i]
+            ranges = 0
+            rs = it.ranges
+            if rs:
+                nr = len(rs)
+                offsets = <Py_ssize_t*>PyMem_Malloc(nr * sizeof(Py_ssize_t))
+                if offsets == NULL:
+                    raise MemoryError()
+                try:
+                    for j in range(nr):
+                        offsets[j] = _range(&w, vtables, &cache, rs[j])
+                    ranges = _vector_of(&w, offsets, nr)
+                finally:
+                    PyMem_Free(offsets)
+            start = _off(&w)
+            slots[0] = slots[1] = slots[2] = 0
+            sid = it.stream_id
+            if sid != 0:
+                slots[0] = _int64_slot(&w, sid)
+            if ranges:
+                slots[2] = _uoffset_slot(&w, ranges)
+            results[i] = _end(&w, vtables, &cache, slots, 3, start)
+        end = _vector_of(&w, results, n)
+        block = PyBytes_FromStringAndSize(<char*>w.buf + w.head, w.cap - w.head)
+        return block, end, w.wrote64
+    finally:
+        PyMem_Free(results)
+        PyMem_Free(w.buf)

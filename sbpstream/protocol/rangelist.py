@@ -22,18 +22,23 @@ from typing import Any, Final
 
 from sbpstream.protocol.errors import BadHeaderError
 
+_Written = tuple[bytes, int, bool]
 _compiled: Callable[..., tuple[Any, ...] | None] | None
-try:  # the compiled reader (_rangelist.pyx), when it was built
+_compiled_writer: Callable[[Sequence[Any], int, dict[tuple[int, ...], int]], _Written] | None
+try:  # the compiled reader and writer (_rangelist.pyx), when they were built
     from sbpstream.protocol import _rangelist
 
-    _compiled = _rangelist.read_results
+    _compiled, _compiled_writer = _rangelist.read_results, _rangelist.write_results
 except ImportError:  # pragma: no cover - a build without a C compiler
-    _compiled = None
-_accelerated: Callable[..., tuple[Any, ...] | None] | None = (
-    None if os.environ.get("SBPSTREAM_PURE_PYTHON") else _compiled)
+    _compiled = _compiled_writer = None
+_PURE: Final = bool(os.environ.get("SBPSTREAM_PURE_PYTHON"))
+_accelerated: Callable[..., tuple[Any, ...] | None] | None = None if _PURE else _compiled
 """The compiled reader used by :class:`ResultsReader`, or None: the pure-Python one (no C
 compiler at install time, or ``SBPSTREAM_PURE_PYTHON=1``). Both give the same objects; on a
 malformed buffer the compiled one gives up and the pure one raises the error."""
+WRITER: dict[str, Any] = {"compiled": None if _PURE else _compiled_writer}
+"""``WRITER["compiled"]``: the compiled writer :func:`put_results` uses, or None (the
+pure-Python one; same conditions as the reader). Both write the same bytes."""
 
 __all__ = ["ResultsReader", "put_results"]
 
@@ -196,7 +201,30 @@ def put_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
         return fallback(b, items)
     b.assertNotNested()
     vtables: dict[tuple[int, ...], int] = b.vtables
-    off0 = off = b.Offset()
+    off0 = b.Offset()
+    compiled = WRITER["compiled"]
+    if compiled is not None:
+        block, off, wrote_int64 = compiled(items, off0, vtables)
+    else:
+        block, off, wrote_int64 = _write(items, off0, vtables)
+    total = off - off0
+    assert len(block) == total
+    while b.head < total:
+        size = len(b.Bytes)
+        b.GrowByteBuffer()
+        b.head += len(b.Bytes) - size
+    b.Bytes[b.head - total : b.head] = block
+    b.head -= total
+    # Prep's record of the widest alignment: 8 if any int64 was written (the block's padding
+    # then follows it), else 4 (every table ends 4-aligned)
+    b.minalign = max(b.minalign, 8 if wrote_int64 else 4)
+    return int(off)
+
+
+def _write(items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int]) -> _Written:
+    """The block of ``items`` written at builder offset ``off0``: (its bytes, the vector's
+    offset, whether an int64 field was written). Pure Python."""
+    off = off0
     parts: list[bytes] = []
     results: list[int] = []
     for it in items:
@@ -216,19 +244,7 @@ def put_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
         o, off = _end(parts, off, vtables, (s0, 0, s2), start)
         results.append(o)
     off = _vector(parts, off, results)
-    block = b"".join(reversed(parts))
-    total = off - off0
-    assert len(block) == total
-    while b.head < total:
-        size = len(b.Bytes)
-        b.GrowByteBuffer()
-        b.head += len(b.Bytes) - size
-    b.Bytes[b.head - total : b.head] = block
-    b.head -= total
-    # Prep's record of the widest alignment: 8 if any int64 was written (the block's padding
-    # then follows it), else 4 (every table ends 4-aligned)
-    b.minalign = max(b.minalign, 8 if _wrote_int64(items) else 4)
-    return off
+    return b"".join(reversed(parts)), off, _wrote_int64(items)
 
 
 def _wrote_int64(items: Sequence[Any]) -> bool:
