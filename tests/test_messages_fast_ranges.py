@@ -159,3 +159,29 @@ def test_on_damaged_bytes_the_fast_reader_fails_where_the_generic_one_does(
     want = _outcome(_generic, data)
     got = _outcome(lambda b: _fast_read(b, kind), data)
     assert got == want
+
+
+def test_maker_makes_what_the_dataclass_makes() -> None:
+    rnd = random.Random(3)
+    for r in (_range(rnd) for _ in range(50)):
+        values = (r.stream_id, r.range_index, r.start_offset, r.next_offset, r.end_offset,
+                  r.replica_nodes)
+        made = fbtable.maker(m.Range)(*values)
+        assert made == m.Range(*values) and hash(made) == hash(m.Range(*values))
+        assert type(made) is m.Range
+    with pytest.raises(TypeError):
+        fbtable.maker(m.Range)(1, 2)  # every field is given
+
+
+def test_maker_refuses_a_class_with_post_init() -> None:
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        x: int = 0
+
+        def __post_init__(self) -> None:
+            raise AssertionError("never made")
+
+    with pytest.raises(TypeError, match="__post_init__"):
+        fbtable.maker(Checked)

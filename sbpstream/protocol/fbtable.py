@@ -30,16 +30,18 @@ import enum
 import re
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Self, TypeVar
 
 import flatbuffers
 
 from sbpstream.protocol.errors import BadHeaderError
 
 __all__ = [
-    "Bound", "Codec", "Field", "FixedLayout", "Kind", "Schema", "Table", "TableDef", "parse_schema",
-    "put_tables",
+    "Bound", "Codec", "Field", "FixedLayout", "Kind", "Schema", "Table", "TableDef", "maker",
+    "parse_schema", "put_tables",
 ]  # fmt: skip
+
+_T = TypeVar("_T")
 
 # struct format of each scalar type, and the builder method that writes it into a slot.
 _SCALARS: Final = {
@@ -367,6 +369,28 @@ class FixedLayout:
         b.Bytes[head : b.head] = block
         b.head = head
         return int(b.Offset())
+
+
+def maker(cls: type[_T]) -> Callable[..., _T]:
+    """``make(*values)``: an instance of the frozen, slotted dataclass ``cls``, every field given
+    in order, equal to ``cls(*values)`` but made without its ``__init__``: ``object.__new__``,
+    then each slot set through its member descriptor. A frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__``, several times slower; this is for hot paths that make
+    hundreds of thousands (a node's LIST_RANGES). No check is skipped: the dataclasses here have
+    no ``__post_init__``."""
+    if getattr(cls, "__post_init__", None) is not None:
+        raise TypeError(f"{cls.__name__} has a __post_init__: make it with its __init__")
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    env: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    lines = []
+    for k, name in enumerate(names):
+        env[f"s{k}"] = getattr(cls, name).__set__  # the slot's member descriptor
+        lines.append(f"s{k}(o, v{k})")
+    args = ", ".join(f"v{k}" for k in range(len(names)))
+    body = "\n    ".join(lines)
+    exec(f"def make({args}):\n    o = new(cls)\n    {body}\n    return o\n", env)
+    make: Callable[..., _T] = env["make"]
+    return make
 
 
 # ------------------------------------------------------------------------------------ the codec

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from sbpstream.protocol.errors import BadHeaderError
+from sbpstream.protocol.fbtable import maker
 
 _Written = tuple[bytes, int, bool]
 _compiled: Callable[..., tuple[Any, ...] | None] | None
@@ -342,32 +343,14 @@ def _layouts(count: int, fmts: str, defaults: tuple[Any, ...]
     return layout_at
 
 
-def _setters(cls: type[Any], names: Sequence[str]) -> Callable[..., Any]:
-    """``make(*values)``: an instance of the frozen, slotted dataclass ``cls`` with ``names`` set
-    (every field), made without its ``__init__``: equal to ``cls(*values)``."""
-    env: dict[str, Any] = {"new": object.__new__, "cls": cls}
-    lines = []
-    for k, name in enumerate(names):
-        env[f"s{k}"] = getattr(cls, name).__set__  # the slot's member descriptor
-        lines.append(f"s{k}(o, v{k})")
-    args = ", ".join(f"v{k}" for k in range(len(names)))
-    body = "\n    ".join(lines)
-    exec(f"def make({args}):\n    o = new(cls)\n    {body}\n    return o\n", env)
-    make: Callable[..., Any] = env["make"]
-    return make
-
-
 class ResultsReader:
     """Reads vectors of ``ListRangesResult``: :meth:`read` is what the generic reader of the
     vector gives, faster. Built from the bound classes (their fields in schema order)."""
 
     def __init__(self, result: type[Any], rng: type[Any], replica: type[Any], node: type[Any],
                  read_status: Callable[[Any, int], Any]) -> None:
-        self._result = _setters(result, ("stream_id", "status", "ranges"))
-        self._range = _setters(rng, ("stream_id", "range_index", "start_offset", "next_offset",
-                                     "end_offset", "replica_nodes"))
-        self._replica = _setters(replica, ("data_node", "is_primary"))
-        self._node = _setters(node, ("node_id", "advertise_addr"))
+        self._result, self._range = maker(result), maker(rng)
+        self._replica, self._node = maker(replica), maker(node)
         self._default_node = node()
         self._read_status = read_status
         self._ok = result().status
