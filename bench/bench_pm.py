@@ -19,6 +19,8 @@ random stream, the clock starting at the process start) and the end of its backg
 
     python -m bench.bench_pm [--streams 100000] [--runs 3] [--samples 5]
     python -m bench.bench_pm --restart [--streams 333000] [--samples 1]
+
+``SBPSTREAM_BENCH_PROFILE=FILE`` runs the PM under cProfile (stats written to FILE when it stops).
 """
 
 from __future__ import annotations
