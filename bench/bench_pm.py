@@ -286,15 +286,18 @@ async def restart_run(streams: int, samples: int) -> None:
             node_id = int((d / "dn" / "node_id").read_text().split(":")[1].strip(" }"))
             owner = (m.DataNode(node_id, ""),)
             for _ in range(samples):
-                t0 = time.perf_counter()
+                t0, pm0, me0 = time.perf_counter(), cpu_s(pm.pid), time.process_time()
                 frames = await conn.request(Opcode.LIST_RANGES,
                                             m.ListRangesRequest(items=owner).encode(),
                                             timeout_s=CALL_TIMEOUT_S)
-                t1 = time.perf_counter()
+                t1, pm1, me1 = time.perf_counter(), cpu_s(pm.pid), time.process_time()
                 n = sum(len(it.ranges) for f in frames
                         for it in m.ListRangesResponse.decode(f.header).items)
                 print(f"  LIST_RANGES of the node: {n} ranges, {len(frames)} frames received "
-                      f"in {t1 - t0:.2f} s, decoded in {time.perf_counter() - t1:.2f} s")
+                      f"in {t1 - t0:.2f} s (PM CPU {pm1 - pm0:.2f} s, receiver CPU "
+                      f"{me1 - me0:.2f} s), decoded in {time.perf_counter() - t1:.2f} s "
+                      f"(CPU {time.process_time() - me1:.2f} s; load average "
+                      f"{os.getloadavg()[0]:.1f})")
             dn.terminate()
             dn.wait(120)
             t0 = time.perf_counter()
