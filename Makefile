@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 .PHONY: run test install sysdeps lint typecheck unit tier bench clean dist
 
-$(STAMP): pyproject.toml sbpstream/records/_speedups.pyx
+$(STAMP): pyproject.toml setup.py $(wildcard sbpstream/*/*.pyx)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sbpstream needs Python >= 3.11"'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
 	  echo "python venv missing: installing python3-venv"; apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }

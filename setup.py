@@ -1,7 +1,8 @@
-"""Build hook for the optional compiled record decoder (sbpstream/records/_speedups.pyx).
+"""Build hook for the optional compiled decoders (sbpstream/records/_speedups.pyx, the record
+decode loop; sbpstream/protocol/_rangelist.pyx, the LIST_RANGES result reader).
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler the build
-goes on without it and sbpstream uses its pure-Python decoder (the same results, slower).
+goes on without it and sbpstream uses its pure-Python decoders (the same results, slower).
 """
 
 from setuptools import Extension, setup
@@ -13,6 +14,8 @@ except ImportError:  # no Cython in the build environment: pure Python only
 else:
     ext_modules = cythonize(
         [Extension("sbpstream.records._speedups", ["sbpstream/records/_speedups.pyx"],
+                   optional=True),
+         Extension("sbpstream.protocol._rangelist", ["sbpstream/protocol/_rangelist.pyx"],
                    optional=True)],
         compiler_directives={"language_level": "3"},
         quiet=True,

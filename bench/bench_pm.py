@@ -19,6 +19,8 @@ random stream, the clock starting at the process start) and the end of its backg
 
     python -m bench.bench_pm [--streams 100000] [--runs 3] [--samples 5]
     python -m bench.bench_pm --restart [--streams 333000] [--samples 1]
+
+``SBPSTREAM_BENCH_PROFILE=FILE`` runs the PM under cProfile (stats written to FILE when it stops).
 """
 
 from __future__ import annotations
@@ -114,8 +116,11 @@ class FakeNode:
 def start_pm(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     log = open(directory / "pm.log", "wb")  # noqa: SIM115 - handed to the child
+    # SBPSTREAM_BENCH_PROFILE=FILE: the PM runs under cProfile, its stats written to FILE at exit
+    profile = os.environ.get("SBPSTREAM_BENCH_PROFILE")
+    prefix = ["-m", "cProfile", "-o", profile] if profile else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sbpstream.pm", "--port", str(port),
+        [sys.executable, *prefix, "-m", "sbpstream.pm", "--port", str(port),
          "--metadata", f"sqlite:{directory / 'pm.sqlite'}",
          "--heartbeat-interval-ms", str(HEARTBEAT_MS),
          # generous: a PM busy with 1,000-item creates must not declare the fake nodes dead
@@ -281,15 +286,18 @@ async def restart_run(streams: int, samples: int) -> None:
             node_id = int((d / "dn" / "node_id").read_text().split(":")[1].strip(" }"))
             owner = (m.DataNode(node_id, ""),)
             for _ in range(samples):
-                t0 = time.perf_counter()
+                t0, pm0, me0 = time.perf_counter(), cpu_s(pm.pid), time.process_time()
                 frames = await conn.request(Opcode.LIST_RANGES,
                                             m.ListRangesRequest(items=owner).encode(),
                                             timeout_s=CALL_TIMEOUT_S)
-                t1 = time.perf_counter()
+                t1, pm1, me1 = time.perf_counter(), cpu_s(pm.pid), time.process_time()
                 n = sum(len(it.ranges) for f in frames
                         for it in m.ListRangesResponse.decode(f.header).items)
                 print(f"  LIST_RANGES of the node: {n} ranges, {len(frames)} frames received "
-                      f"in {t1 - t0:.2f} s, decoded in {time.perf_counter() - t1:.2f} s")
+                      f"in {t1 - t0:.2f} s (PM CPU {pm1 - pm0:.2f} s, receiver CPU "
+                      f"{me1 - me0:.2f} s), decoded in {time.perf_counter() - t1:.2f} s "
+                      f"(CPU {time.process_time() - me1:.2f} s; load average "
+                      f"{os.getloadavg()[0]:.1f})")
             dn.terminate()
             dn.wait(120)
             t0 = time.perf_counter()

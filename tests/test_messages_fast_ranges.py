@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import functools
 import random
+import struct
 from typing import Any
 
 import flatbuffers
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from sbpstream.protocol import fbtable, rangelist
 from sbpstream.protocol import messages as m
-from sbpstream.protocol import rangelist
+from sbpstream.protocol.errors import BadHeaderError
 from sbpstream.protocol.fbtable import put_tables
+
+_DECODE_ERRORS = (struct.error, IndexError, ValueError, TypeError, OverflowError)
 
 _BUILD = m.ListRangesResult.SCHEMA.build
 _FALLBACK = functools.partial(put_tables, build=_BUILD)
@@ -55,7 +62,18 @@ def _fast(b: Any, items: Any) -> int:
     return rangelist.put_results(b, items, is_ok=m._status_omitted, fallback=_FALLBACK)
 
 
-def test_fast_path_writes_the_builders_bytes() -> None:
+WRITERS = ["python"] + (["compiled"] if rangelist._compiled_writer is not None else [])
+
+
+@pytest.fixture(params=WRITERS)
+def writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with the pure-Python writer and, where it was built, the compiled one."""
+    compiled = rangelist._compiled_writer if request.param == "compiled" else None
+    monkeypatch.setitem(rangelist.WRITER, "compiled", compiled)
+    return str(request.param)
+
+
+def test_fast_path_writes_the_builders_bytes(writer: str) -> None:
     rnd = random.Random(18)
     for _ in range(400):
         vectors = [_results(rnd) for _ in range(rnd.randrange(1, 4))]
@@ -63,7 +81,7 @@ def test_fast_path_writes_the_builders_bytes() -> None:
         assert _write(_fast, before, vectors) == _write(_FALLBACK, before, vectors)
 
 
-def test_a_failed_status_takes_the_builder_path_and_round_trips() -> None:
+def test_a_failed_status_takes_the_builder_path_and_round_trips(writer: str) -> None:
     items = (m.ListRangesResult(5, m.Status(7, "gone")),
              m.ListRangesResult(6, m.STATUS_OK, (m.Range(6, 0),)))
     assert _write(_fast, "", [items]) == _write(_FALLBACK, "", [items])
@@ -71,8 +89,99 @@ def test_a_failed_status_takes_the_builder_path_and_round_trips() -> None:
     assert m.ListRangesResponse.decode(resp.encode()) == resp
 
 
-def test_a_whole_node_listing_round_trips() -> None:
+def test_a_whole_node_listing_round_trips(writer: str) -> None:
     rnd = random.Random(1)
     items = tuple(r for _ in range(50) for r in _results(rnd))
     resp = m.ListRangesResponse(items=items)
     assert m.ListRangesResponse.decode(resp.encode()) == resp
+
+
+# ------------------------------------------------------------------------- the fast reader
+
+_READ_GENERIC = m.ListRangesResult.SCHEMA.read
+
+
+def _generic(buf: bytes) -> tuple[m.ListRangesResult, ...]:
+    """The generic reader's vector of a ListRangesResponse (its third slot)."""
+    root = fbtable._U32(buf, 0)[0]
+    at = root + fbtable._slots(buf, root, 3)[2]
+    return fbtable._read_tables(buf, at, _READ_GENERIC, None)
+
+
+READER = rangelist.ResultsReader(m.ListRangesResult, m.Range, m.ReplicaNode, m.DataNode,
+                                 m.Status.SCHEMA.read)
+READERS = {"python": READER.read_python}
+"""The pure-Python reader always; the compiled one (which falls back to it on malformed
+bytes) where it was built, even under SBPSTREAM_PURE_PYTHON=1."""
+if rangelist._compiled is not None:
+    READER.compiled = rangelist._compiled
+    READERS["compiled"] = READER.read
+
+
+def _fast_read(buf: bytes, kind: str = "python") -> tuple[m.ListRangesResult, ...]:
+    root = fbtable._U32(buf, 0)[0]
+    at = root + fbtable._slots(buf, root, 3)[2]
+    return READERS[kind](buf, at, None)
+
+
+def _outcome(read: Any, buf: bytes) -> Any:
+    try:
+        return read(buf)
+    except (BadHeaderError, *_DECODE_ERRORS) as exc:
+        return type(exc) if isinstance(exc, BadHeaderError) else "error"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), failed=st.booleans(), kind=st.sampled_from(sorted(READERS)))
+def test_the_fast_reader_gives_the_generic_readers_objects(
+    seed: int, failed: bool, kind: str
+) -> None:
+    rnd = random.Random(seed)
+    items = _results(rnd)
+    if failed:
+        items = (m.ListRangesResult(9, m.Status(7, "gone", b"d")), *items)
+    buf = m.ListRangesResponse(items=items).encode()
+    assert _fast_read(buf, kind) == _generic(buf) == items
+    assert m.ListRangesResponse.decode(buf).items == items
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), flips=st.lists(
+    st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
+    cut=st.integers(0, 10**6), kind=st.sampled_from(sorted(READERS)))
+def test_on_damaged_bytes_the_fast_reader_fails_where_the_generic_one_does(
+    seed: int, flips: list[tuple[int, int]], cut: int, kind: str
+) -> None:
+    buf = bytearray(m.ListRangesResponse(items=_results(random.Random(seed))).encode())
+    for at, value in flips:
+        buf[4 + at % (len(buf) - 4)] = value  # the root offset kept: the vector is reached
+    data = bytes(buf[: max(8, len(buf) - cut % 16)])
+    want = _outcome(_generic, data)
+    got = _outcome(lambda b: _fast_read(b, kind), data)
+    assert got == want
+
+
+def test_maker_makes_what_the_dataclass_makes() -> None:
+    rnd = random.Random(3)
+    for r in (_range(rnd) for _ in range(50)):
+        values = (r.stream_id, r.range_index, r.start_offset, r.next_offset, r.end_offset,
+                  r.replica_nodes)
+        made = fbtable.maker(m.Range)(*values)
+        assert made == m.Range(*values) and hash(made) == hash(m.Range(*values))
+        assert type(made) is m.Range
+    with pytest.raises(TypeError):
+        fbtable.maker(m.Range)(1, 2)  # every field is given
+
+
+def test_maker_refuses_a_class_with_post_init() -> None:
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        x: int = 0
+
+        def __post_init__(self) -> None:
+            raise AssertionError("never made")
+
+    with pytest.raises(TypeError, match="__post_init__"):
+        fbtable.maker(Checked)

@@ -50,6 +50,7 @@ from sbpstream.protocol.errors import (
     PmNotLeaderError,
     SbpError,
 )
+from sbpstream.protocol.fbtable import maker
 from sbpstream.protocol.messages import ClientRole, Status
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.quota.model import QuotaSpec, validate_entity
@@ -98,8 +99,8 @@ class WireDataNodeApi:
             )
             if replicas is not None:
                 replicas[r.replicas] = reps
-        return m.Range(r.stream_id, r.range_index, r.start_offset, r.next_offset, r.end_offset,
-                       reps)
+        return _new_range(r.stream_id, r.range_index, r.start_offset, r.next_offset,
+                          r.end_offset, reps)
 
     async def _call(self, node: NodeState, req: m.Message, resp_cls: type[RespT]) -> RespT:
         conn = await self.pool.get(node.advertise_addr)
@@ -637,6 +638,12 @@ class PmServer:
         await sender.finish()
 
 
+_new_range: Final = maker(m.Range)
+_new_result: Final = maker(m.ListRangesResult)
+"""m.Range(...) and m.ListRangesResult(...) without the frozen __init__: a node's listing makes
+hundreds of thousands."""
+
+
 class _FramedResults:
     """Packs LIST_RANGES results into response frames of bounded size."""
 
@@ -654,7 +661,7 @@ class _FramedResults:
     async def add_ranges(self, stream_id: int, ranges: Sequence[m.Range]) -> None:
         for i in range(0, max(1, len(ranges)), LIST_RANGES_FRAME_MAX):
             part = tuple(ranges[i : i + LIST_RANGES_FRAME_MAX])
-            await self.add(m.ListRangesResult(stream_id, m.STATUS_OK, part), len(part))
+            await self.add(_new_result(stream_id, m.STATUS_OK, part), len(part))
 
     async def _flush(self, end: bool) -> None:
         await self._resp.send(m.ListRangesResponse(items=tuple(self._items)).encode(), end=end)

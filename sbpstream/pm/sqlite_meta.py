@@ -48,6 +48,7 @@ from sbpstream.pm.metadata import (
 from sbpstream.pm.rules import COUNTER_NODE, COUNTER_STREAM, MetaTxn
 from sbpstream.pm.staging import NAME_DROPPED, Layer, StagedTxn
 from sbpstream.protocol.errors import MetadataError, SbpError
+from sbpstream.protocol.fbtable import maker
 from sbpstream.protocol.names import prefix_upper_bound
 from sbpstream.quota.model import QuotaKind, QuotaSpec
 
@@ -186,31 +187,40 @@ def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
 def _group_ranges(rows: Sequence[tuple[int, ...]]) -> list[RangeMeta]:
     """Rows of ``_RANGE_COLS`` ordered by (stream, index) -> one RangeMeta per range.
 
-    Hot for LIST_RANGES of a whole data node (hundreds of thousands of rows): one pass, and the
-    replica sort only when a range has several."""
+    Hot for LIST_RANGES of a whole data node (hundreds of thousands of rows): one pass; a node's
+    ranges repeat a few replica sets, so each set's sorted ReplicaMeta tuple is made once per call
+    (equal sets are the same tuple), and RangeMeta is made without its frozen ``__init__``."""
     out: list[RangeMeta] = []
     append = out.append
+    sets: dict[tuple[tuple[int, int], ...], tuple[ReplicaMeta, ...]] = {}
     cur_sid = cur_idx = -1
     head: tuple[int, ...] = ()
-    replicas: list[ReplicaMeta] = []
+    replicas: list[tuple[int, int]] = []
     for row in rows:
         sid, idx = row[0], row[1]
         if sid != cur_sid or idx != cur_idx:
             if head:
-                append(_range(head, replicas))
+                append(_range(head, replicas, sets))
             cur_sid, cur_idx, head, replicas = sid, idx, row, []
         if row[5] is not None:
-            replicas.append(ReplicaMeta(row[5], bool(row[6])))
+            replicas.append((row[5], row[6]))
     if head:
-        append(_range(head, replicas))
+        append(_range(head, replicas, sets))
     return out
 
 
-def _range(head: tuple[int, ...], replicas: list[ReplicaMeta]) -> RangeMeta:
-    # Primary first, then by node id: a stable order for clients and tests.
-    if len(replicas) > 1:
-        replicas.sort(key=lambda r: (not r.is_primary, r.node_id))
-    return RangeMeta(head[0], head[1], head[2], head[3], head[4], tuple(replicas))
+def _range(head: tuple[int, ...], replicas: list[tuple[int, int]],
+           sets: dict[tuple[tuple[int, int], ...], tuple[ReplicaMeta, ...]]) -> RangeMeta:
+    key = tuple(replicas)
+    reps = sets.get(key)
+    if reps is None:
+        # Primary first, then by node id: a stable order for clients and tests.
+        reps = sets[key] = tuple(sorted((ReplicaMeta(n, bool(p)) for n, p in replicas),
+                                        key=lambda r: (not r.is_primary, r.node_id)))
+    return _new_range_meta(head[0], head[1], head[2], head[3], head[4], reps)
+
+
+_new_range_meta: Final = maker(RangeMeta)
 
 
 def _stream(row: Sequence[Any]) -> StreamMeta:

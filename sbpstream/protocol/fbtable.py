@@ -33,7 +33,7 @@ import re
 import struct
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Self, TypeVar
 
 from sbpstream.protocol.errors import BadHeaderError
 
@@ -76,9 +76,11 @@ def _import_flatbuffers() -> Any:
 flatbuffers: Final = _import_flatbuffers()
 
 __all__ = [
-    "Bound", "Codec", "Field", "FixedLayout", "Kind", "Schema", "Table", "TableDef", "parse_schema",
-    "put_tables",
+    "Bound", "Codec", "Field", "FixedLayout", "Kind", "Schema", "Table", "TableDef", "maker",
+    "parse_schema", "put_tables",
 ]  # fmt: skip
+
+_T = TypeVar("_T")
 
 # struct format of each scalar type, and the builder method that writes it into a slot.
 _SCALARS: Final = {
@@ -408,6 +410,28 @@ class FixedLayout:
         return int(b.Offset())
 
 
+def maker(cls: type[_T]) -> Callable[..., _T]:
+    """``make(*values)``: an instance of the frozen, slotted dataclass ``cls``, every field given
+    in order, equal to ``cls(*values)`` but made without its ``__init__``: ``object.__new__``,
+    then each slot set through its member descriptor. A frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__``, several times slower; this is for hot paths that make
+    hundreds of thousands (a node's LIST_RANGES). No check is skipped: the dataclasses here have
+    no ``__post_init__``."""
+    if getattr(cls, "__post_init__", None) is not None:
+        raise TypeError(f"{cls.__name__} has a __post_init__: make it with its __init__")
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    env: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    lines = []
+    for k, name in enumerate(names):
+        env[f"s{k}"] = getattr(cls, name).__set__  # the slot's member descriptor
+        lines.append(f"s{k}(o, v{k})")
+    args = ", ".join(f"v{k}" for k in range(len(names)))
+    body = "\n    ".join(lines)
+    exec(f"def make({args}):\n    o = new(cls)\n    {body}\n    return o\n", env)
+    make: Callable[..., _T] = env["make"]
+    return make
+
+
 # ------------------------------------------------------------------------------------ the codec
 
 _INITIAL_BUILDER_BYTES: Final = 1024  # most headers fit; the builder doubles when they do not
@@ -435,6 +459,8 @@ class Bound:
     fixed: FixedLayout | None = None
     source: str = ""  # the compiled writer and reader, for a curious reader
     put: Callable[[Any, Sequence[Any]], int] | None = None  # see Codec.vector_writer
+    get: Callable[[Any, int, Callable[[int], None] | None], tuple[Any, ...]] | None = None
+    """See Codec.vector_reader."""
 
 
 class Table:
@@ -507,6 +533,18 @@ class Codec:
         """Have vectors of ``cls`` written by ``put(builder, items) -> offset`` in the tables
         bound from now on: a hand-written fast path, which must write the builder's bytes."""
         bound = dataclasses.replace(cls.SCHEMA, put=put)
+        cls.SCHEMA = bound
+        self.bound[bound.table.name] = bound
+
+    def vector_reader(
+        self,
+        cls: type[Table],
+        get: Callable[[Any, int, Callable[[int], None] | None], tuple[Any, ...]],
+    ) -> None:
+        """Have vectors of ``cls`` read by ``get(buf, at, limit) -> items`` (``at``: the
+        position of the vector's uoffset) in the tables bound from now on: a hand-written fast
+        path, which must give what the generic reader gives and raise where it raises."""
+        bound = dataclasses.replace(cls.SCHEMA, get=get)
         cls.SCHEMA = bound
         self.bound[bound.table.name] = bound
 
@@ -621,7 +659,10 @@ class Codec:
             fast = None if elem is None else elem.put or (elem.fixed.put if elem.fixed else None)
             env[f"x{i}"] = fast
             put = f"x{i}(b, {v})" if fast is not None else f"put_tables(b, {v}, w{i})"
-            return f"tables(buf, {at}, r{i}, limit)", f"{put} if {v} else 0"
+            env[f"g{i}"] = None if elem is None else elem.get
+            get = f"tables(buf, {at}, r{i}, limit)" if env[f"g{i}"] is None else \
+                f"g{i}(buf, {at}, limit)"
+            return get, f"{put} if {v} else 0"
         raise TypeError(f"{f.name}: a {f.kind.value} field is supported only as a vector's element")
 
     def _element(self, name: str) -> tuple[Callable[[Any, Any], int], Callable[[Any, int], Any]]:

@@ -467,6 +467,9 @@ def _status_omitted(s: Status) -> bool:
 _CODEC.vector_writer(ListRangesResult, functools.partial(
     rangelist.put_results, is_ok=_status_omitted,
     fallback=functools.partial(put_tables, build=ListRangesResult.SCHEMA.build)))
+# ... and read by one (the same objects as the generic reader's)
+_CODEC.vector_reader(ListRangesResult, rangelist.ResultsReader(
+    ListRangesResult, Range, ReplicaNode, DataNode, Status.SCHEMA.read).read)
 
 
 @response(Opcode.LIST_RANGES, items="list_responses")

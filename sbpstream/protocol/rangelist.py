@@ -15,11 +15,33 @@ answer LIST_RANGES by stream, never the hot whole-node listing). No I/O.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-__all__ = ["put_results"]
+from sbpstream.protocol.errors import BadHeaderError
+from sbpstream.protocol.fbtable import maker
+
+_Written = tuple[bytes, int, bool]
+_compiled: Callable[..., tuple[Any, ...] | None] | None
+_compiled_writer: Callable[[Sequence[Any], int, dict[tuple[int, ...], int]], _Written] | None
+try:  # the compiled reader and writer (_rangelist.pyx), when they were built
+    from sbpstream.protocol import _rangelist
+
+    _compiled, _compiled_writer = _rangelist.read_results, _rangelist.write_results
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _compiled = _compiled_writer = None
+_PURE: Final = bool(os.environ.get("SBPSTREAM_PURE_PYTHON"))
+_accelerated: Callable[..., tuple[Any, ...] | None] | None = None if _PURE else _compiled
+"""The compiled reader used by :class:`ResultsReader`, or None: the pure-Python one (no C
+compiler at install time, or ``SBPSTREAM_PURE_PYTHON=1``). Both give the same objects; on a
+malformed buffer the compiled one gives up and the pure one raises the error."""
+WRITER: dict[str, Any] = {"compiled": None if _PURE else _compiled_writer}
+"""``WRITER["compiled"]``: the compiled writer :func:`put_results` uses, or None (the
+pure-Python one; same conditions as the reader). Both write the same bytes."""
+
+__all__ = ["ResultsReader", "put_results"]
 
 _ZEROS: Final = tuple(bytes(n) for n in range(8))
 _I32: Final = struct.Struct("<i").pack
@@ -180,7 +202,30 @@ def put_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
         return fallback(b, items)
     b.assertNotNested()
     vtables: dict[tuple[int, ...], int] = b.vtables
-    off0 = off = b.Offset()
+    off0 = b.Offset()
+    compiled = WRITER["compiled"]
+    if compiled is not None:
+        block, off, wrote_int64 = compiled(items, off0, vtables)
+    else:
+        block, off, wrote_int64 = _write(items, off0, vtables)
+    total = off - off0
+    assert len(block) == total
+    while b.head < total:
+        size = len(b.Bytes)
+        b.GrowByteBuffer()
+        b.head += len(b.Bytes) - size
+    b.Bytes[b.head - total : b.head] = block
+    b.head -= total
+    # Prep's record of the widest alignment: 8 if any int64 was written (the block's padding
+    # then follows it), else 4 (every table ends 4-aligned)
+    b.minalign = max(b.minalign, 8 if wrote_int64 else 4)
+    return int(off)
+
+
+def _write(items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int]) -> _Written:
+    """The block of ``items`` written at builder offset ``off0``: (its bytes, the vector's
+    offset, whether an int64 field was written). Pure Python."""
+    off = off0
     parts: list[bytes] = []
     results: list[int] = []
     for it in items:
@@ -200,19 +245,7 @@ def put_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
         o, off = _end(parts, off, vtables, (s0, 0, s2), start)
         results.append(o)
     off = _vector(parts, off, results)
-    block = b"".join(reversed(parts))
-    total = off - off0
-    assert len(block) == total
-    while b.head < total:
-        size = len(b.Bytes)
-        b.GrowByteBuffer()
-        b.head += len(b.Bytes) - size
-    b.Bytes[b.head - total : b.head] = block
-    b.head -= total
-    # Prep's record of the widest alignment: 8 if any int64 was written (the block's padding
-    # then follows it), else 4 (every table ends 4-aligned)
-    b.minalign = max(b.minalign, 8 if _wrote_int64(items) else 4)
-    return off
+    return b"".join(reversed(parts)), off, _wrote_int64(items)
 
 
 def _wrote_int64(items: Sequence[Any]) -> bool:
@@ -221,3 +254,192 @@ def _wrote_int64(items: Sequence[Any]) -> bool:
             r.stream_id != 0 or r.start_offset != 0 or r.next_offset != 0 or r.end_offset != -1
             for r in it.ranges)
         for it in items)
+
+
+# ------------------------------------------------------------------------------------- reading
+#
+# The generic reader (fbtable) spends, per range of a node's listing, five compiled readers, a
+# vtable parse per table, a struct call per field and five dataclass constructions (a frozen
+# dataclass's __init__ sets each field through object.__setattr__: microseconds). This reader
+# reads the same bytes with the same checks and raises what the generic one raises, but: each
+# vtable is parsed once per buffer (tables of one shape share it) into one struct that reads all
+# of a table's inline fields at once; objects are made by setting their slots directly (what the
+# dataclass's __init__ ends up doing, without its per-field indirection); and a listing repeats
+# a few replica sets, so equal replica tuples are made once per vector and shared.
+
+_U32_AT: Final = struct.Struct("<I").unpack_from
+_I32_AT: Final = struct.Struct("<i").unpack_from
+_U16_AT: Final = struct.Struct("<H").unpack_from
+_VT: Final = tuple(struct.Struct(f"<{n}H").unpack_from for n in range(8))
+
+
+class _Reader:
+    """How to read one table with one vtable: ``read(buf, pos)`` gives its fields' values, the
+    absent ones at their defaults. Built once per vtable; fields in slot order."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, offsets: tuple[int, ...], fmts: str, defaults: tuple[Any, ...]) -> None:
+        present = sorted((o, i) for i, o in enumerate(offsets) if o)
+        end = 0
+        fmt = "<"
+        disjoint = True
+        for o, i in present:
+            if o < end:
+                disjoint = False
+                break
+            fmt += f"{o - end}x{fmts[i]}" if o > end else fmts[i]
+            end = o + struct.calcsize("<" + fmts[i])
+        if not present:
+            values = defaults
+            self.read: Callable[[Any, int], tuple[Any, ...]] = lambda buf, pos: values
+            return
+        if not disjoint:  # overlapping fields (a hand-made buffer): one read per field
+            getters = [(i, offsets[i], struct.Struct("<" + fmts[i]).unpack_from)
+                       for i in range(len(offsets)) if offsets[i]]
+
+            def each(buf: Any, pos: int) -> tuple[Any, ...]:
+                out = list(defaults)
+                for i, o, get in getters:
+                    out[i] = get(buf, pos + o)[0]
+                return tuple(out)
+
+            self.read = each
+            return
+        unpack = struct.Struct(fmt).unpack_from
+        order = [i for _, i in present]
+        if order == list(range(len(offsets))):  # every field, in slot order: the common case
+            self.read = unpack
+            return
+        # a tuple of the defaults with the present values placed: compiled, one expression
+        slots = {i: k for k, i in enumerate(order)}
+        parts = ", ".join(f"v[{slots[i]}]" if i in slots else f"d[{i}]"
+                          for i in range(len(offsets)))
+        env: dict[str, Any] = {"unpack": unpack, "d": defaults}
+        exec(f"def read(buf, pos):\n    v = unpack(buf, pos)\n    return ({parts},)\n", env)
+        self.read = env["read"]
+
+
+_Layout = tuple[Callable[[Any, int], tuple[Any, ...]], tuple[int, ...]]
+
+
+def _layouts(count: int, fmts: str, defaults: tuple[Any, ...]
+             ) -> Callable[[Any, int], _Layout]:
+    """``layout_at(buf, pos)``: (the field reader, the slot offsets) of the table at ``pos``,
+    from its vtable, parsed once per vtable position (a cache per returned function)."""
+    cache: dict[int, _Layout] = {}
+
+    def layout_at(buf: Any, pos: int) -> _Layout:
+        vt = pos - _I32_AT(buf, pos)[0]
+        got = cache.get(vt)
+        if got is None:
+            if vt < 0:  # struct would read from the end of the buffer
+                raise BadHeaderError(f"a vtable at {vt} lies before the header")
+            n = min(count, (_U16_AT(buf, vt)[0] - 4) >> 1)
+            offsets = (_VT[n](buf, vt + 4) if n > 0 else ()) + (0,) * (count - max(n, 0))
+            got = cache[vt] = (_Reader(offsets, fmts, defaults).read, offsets)
+        return got
+
+    return layout_at
+
+
+class ResultsReader:
+    """Reads vectors of ``ListRangesResult``: :meth:`read` is what the generic reader of the
+    vector gives, faster. Built from the bound classes (their fields in schema order)."""
+
+    def __init__(self, result: type[Any], rng: type[Any], replica: type[Any], node: type[Any],
+                 read_status: Callable[[Any, int], Any]) -> None:
+        self._result, self._range = maker(result), maker(rng)
+        self._replica, self._node = maker(replica), maker(node)
+        self._default_node = node()
+        self._read_status = read_status
+        self._ok = result().status
+        self._result_cls, self._range_cls, self._replica_cls, self._node_cls = (
+            result, rng, replica, node)
+        self.compiled = _accelerated
+        """The compiled reader :meth:`read` tries first (None: the pure-Python one only)."""
+
+    def read(self, buf: Any, at: int, limit: Callable[[int], None] | None) -> tuple[Any, ...]:
+        """The vector whose uoffset is at ``at`` (``limit(n)`` for each vector's length)."""
+        if self.compiled is not None and limit is None:
+            got = self.compiled(buf, at, self._result_cls, self._range_cls, self._replica_cls,
+                                self._node_cls, self._default_node, self._read_status, buf,
+                                self._ok)
+            if got is not None:
+                return got
+        return self.read_python(buf, at, limit)
+
+    def read_python(self, buf: Any, at: int, limit: Callable[[int], None] | None
+                    ) -> tuple[Any, ...]:
+        """:meth:`read` without the compiled reader."""
+        result_at = _layouts(3, "qII", (0, 0, 0))
+        range_at = _layouts(6, "qiqqqI", (0, 0, 0, 0, -1, 0))
+        replica_at = _layouts(2, "I?", (0, False))
+        node_at = _layouts(2, "iI", (0, 0))
+        replica_sets: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        make_result, make_range, make_replica, make_node = (
+            self._result, self._range, self._replica, self._node)
+        default_node, read_status, ok = self._default_node, self._read_status, self._ok
+        size = len(buf)
+        out = []
+        for e in _elements(buf, at, size, limit):
+            pos = e + _U32_AT(buf, e)[0]
+            read, offs = result_at(buf, pos)
+            sid, status_off, ranges_off = read(buf, pos)
+            status = ok
+            if status_off:
+                status = read_status(buf, pos + offs[1] + status_off)
+            ranges: tuple[Any, ...] = ()
+            if ranges_off:
+                items = []
+                for re_ in _elements(buf, pos + offs[2], size, limit):
+                    rp = re_ + _U32_AT(buf, re_)[0]
+                    read, offs = range_at(buf, rp)
+                    rsid, idx, start, nxt, end, reps_off = read(buf, rp)
+                    reps: tuple[Any, ...] = ()
+                    if reps_off:
+                        key = []
+                        for pe in _elements(buf, rp + offs[5], size, limit):
+                            pp = pe + _U32_AT(buf, pe)[0]
+                            read, offs = replica_at(buf, pp)
+                            node_off, primary = read(buf, pp)
+                            if node_off:
+                                npos = pp + offs[0] + node_off
+                                read, offs = node_at(buf, npos)
+                                node_id, addr_off = read(buf, npos)
+                                addr = (_raw(buf, npos + offs[1] + addr_off, size)
+                                        if addr_off else b"")
+                                key.append((node_id, addr, primary))
+                            else:
+                                key.append((None, b"", primary))
+                        k = tuple(key)
+                        got = replica_sets.get(k)
+                        if got is None:
+                            got = replica_sets[k] = tuple(
+                                make_replica(default_node if nid is None
+                                             else make_node(nid, addr.decode("utf-8")), primary)
+                                for nid, addr, primary in k)
+                        reps = got
+                    items.append(make_range(rsid, idx, start, nxt, end, reps))
+                ranges = tuple(items)
+            out.append(make_result(sid, status, ranges))
+        return tuple(out)
+
+
+def _elements(buf: Any, at: int, size: int, limit: Callable[[int], None] | None) -> range:
+    """Positions of the uoffsets of the table vector whose uoffset is at ``at``."""
+    start = at + _U32_AT(buf, at)[0]
+    n = _U32_AT(buf, start)[0]
+    if n * 4 > size:  # as fbtable's: garbage lengths fail fast
+        raise BadHeaderError(f"a vector of {n} elements does not fit in the {size}-byte header")
+    if limit is not None:
+        limit(n)
+    return range(start + 4, start + 4 + n * 4, 4)
+
+
+def _raw(buf: Any, start: int, size: int) -> bytes:
+    """The bytes of the [ubyte] or string at ``start`` (its length, then the bytes)."""
+    n = _U32_AT(buf, start)[0]
+    if start + 4 + n > size:
+        raise BadHeaderError(f"a vector of {n} bytes overruns the {size}-byte header")
+    return bytes(buf[start + 4 : start + 4 + n])
