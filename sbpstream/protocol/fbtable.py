@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import re
 import struct
 from collections.abc import Callable, Sequence
@@ -429,6 +430,8 @@ class Codec:
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
         self.bound: dict[str, Bound] = {}
+        #: fast writers of vectors of unbound union-entry tables (see union_vector_writer)
+        self.union_puts: dict[str, Callable[[Any, Sequence[Any]], int]] = {}
 
     def bind(
         self,
@@ -470,6 +473,20 @@ class Codec:
         bound = dataclasses.replace(cls.SCHEMA, put=put)
         cls.SCHEMA = bound
         self.bound[bound.table.name] = bound
+
+    def union_vector_writer(self, name: str, put: Callable[[Any, Sequence[Any]], int]) -> None:
+        """Have vectors of the union-entry table ``name`` (one union field, see
+        :meth:`_element`) written by ``put(builder, items) -> offset`` in the tables bound from
+        now on: a hand-written fast path, which must write the builder's bytes."""
+        table = self.schema.tables[name]
+        if name in self.bound or [f.kind for f in table.fields] != [Kind.UNION]:
+            raise TypeError(f"{name} is not a union-entry table")
+        self.union_puts[name] = put
+
+    def builder_vector_writer(self, name: str) -> Callable[[Any, Sequence[Any]], int]:
+        """The builder's own writer of a vector of ``name`` tables (bound or union entries): the
+        fallback of a fast path."""
+        return functools.partial(put_tables, build=self._element(name)[0])
 
     def _check(self, cls: type[Any], table: TableDef, renames: dict[str, str]) -> dict[str, str]:
         """Schema name -> Python name; refuses other names, another order or other defaults."""
@@ -579,7 +596,8 @@ class Codec:
         if f.kind is Kind.TABLES:
             env[f"w{i}"], env[f"r{i}"] = self._element(f.ref)
             elem = self.bound.get(f.ref)
-            fast = None if elem is None else elem.put or (elem.fixed.put if elem.fixed else None)
+            fast = (self.union_puts.get(f.ref) if elem is None
+                    else elem.put or (elem.fixed.put if elem.fixed else None))
             env[f"x{i}"] = fast
             put = f"x{i}(b, {v})" if fast is not None else f"put_tables(b, {v}, w{i})"
             return f"tables(buf, {at}, r{i}, limit)", f"{put} if {v} else 0"
