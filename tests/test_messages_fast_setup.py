@@ -1,5 +1,6 @@
 """The fast writers of a many-stream consumer's start-up vectors (sbpstream.protocol.rangelist:
-LIST_RANGES's StreamOwner entries, DESCRIBE_STREAMS's StreamResults) write the builder's bytes.
+LIST_RANGES's StreamOwner entries, DESCRIBE_STREAMS's StreamResults; fbtable's packed integer
+vectors, e.g. DESCRIBE_STREAMS's stream ids) write the builder's bytes.
 
 Hypothesis draws vectors (defaults and extremes, names of any length and script, statuses that
 send the vector down the builder path, data-node owners likewise), several alignments before
@@ -10,6 +11,7 @@ bytes must be equal. The messages using them round-trip.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,8 +19,8 @@ import flatbuffers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sbpstream.protocol import fbtable, rangelist
 from sbpstream.protocol import messages as m
-from sbpstream.protocol import rangelist
 from sbpstream.protocol.fbtable import put_tables
 
 I64 = st.one_of(st.just(0), st.integers(-(2**63), 2**63 - 1))
@@ -110,3 +112,41 @@ def test_the_messages_use_the_fast_writers() -> None:
     assert _write(_results_fast, "", [results]) == _write(_results_builder, "", [results])
     assert m.ListRangesRequest.decode(m.ListRangesRequest(items=tuple(owners)).encode()).items \
         == tuple(owners)
+
+
+def _scalars_builder(b: Any, values: Sequence[int], fmt: str) -> int:
+    """The builder's own way: one prepend per element."""
+    width = struct.calcsize(fmt)
+    prepend = getattr(b, fbtable._ELEMENT_WRITER[fmt])
+    b.StartVector(width, len(values), width)
+    for v in reversed(values):
+        prepend(v)
+    return int(b.EndVector())
+
+
+_INT_FORMATS = {"b": 8, "B": 8, "h": 16, "H": 16, "i": 32, "I": 32, "q": 64, "Q": 64}
+
+
+@st.composite
+def _scalar_vectors(draw: st.DrawFn) -> tuple[str, list[int]]:
+    fmt = draw(st.sampled_from(sorted(_INT_FORMATS)))
+    bits = _INT_FORMATS[fmt]
+    lo, hi = (0, 2**bits - 1) if fmt.isupper() else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    return fmt, draw(st.lists(st.integers(lo, hi), min_size=1, max_size=40))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_scalar_vectors(), min_size=1, max_size=3), st.text(max_size=9))
+def test_integer_vectors_are_the_builders_bytes(vectors: list[tuple[str, list[int]]],
+                                                before: str) -> None:
+    def write(put: Callable[[Any, Sequence[int], str], int]) -> bytes:
+        b = flatbuffers.Builder(16)
+        if before:
+            b.CreateString(before)
+        last = 0
+        for fmt, values in vectors:
+            last = put(b, values, fmt)
+        b.Finish(last)
+        return bytes(b.Output())
+
+    assert write(fbtable._put_scalars) == write(_scalars_builder)

@@ -19,7 +19,7 @@ import re
 import secrets
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from sbpstream.auth.client import client_security
 from sbpstream.client.consumer import DEFAULT_WINDOW_BYTES, AsyncConsumer
@@ -273,7 +273,10 @@ class AsyncClient:
         return r.stream.stream_id
 
     async def resolve_streams(self, streams: Sequence[int | str]) -> list[int]:
-        """:meth:`resolve_stream` of each, concurrently; ids in the same order."""
+        """:meth:`resolve_stream` of each, concurrently; ids in the same order (ids alone are
+        returned as they are, without a task each)."""
+        if all(type(s) is int for s in streams):
+            return list(cast(Sequence[int], streams))
         return list(await asyncio.gather(*(self.resolve_stream(s) for s in streams)))
 
     async def find_streams(self, prefix: str = "", pattern: str | None = None) -> list[Stream]:

@@ -387,9 +387,8 @@ class AsyncConsumer:
             described = asyncio.gather(
                 *(self._client.describe_streams(sids[i:i + MAX_ITEMS_PER_REQUEST])
                   for i in range(0, len(sids), MAX_ITEMS_PER_REQUEST)))
-            try:
-                ranges = await asyncio.gather(  # while the streams are being described
-                    *(self._routing.ranges(sid, refresh=True) for sid in sids))
+            try:  # while the streams are being described
+                ranges = await self._routing.ranges_many(sids, refresh=True)
             except BaseException:
                 described.cancel()
                 with contextlib.suppress(BaseException):
