@@ -541,3 +541,50 @@ def test_compiled_decode_matches_python_on_any_bytes(
         assert c[0] in ("malformed", "error"), (py, c)
         if c[0] == "error":
             assert c == py
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(st.one_of(st.none(), st.binary(max_size=300)), min_size=1, max_size=8),
+    keyed=st.booleans(),
+    headers=st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=20)), max_size=2),
+    base=st.one_of(st.integers(0, 2**40), st.integers(2**63 - 20, 2**63 + 5),
+                   st.integers(-5, -1)),
+    first_ts=st.one_of(st.integers(-(2**40), 2**40), st.integers(2**63 - 3, 2**63 + 3),
+                       st.integers(-(2**63) - 3, -(2**63) + 3)),
+    deltas=st.lists(st.integers(-(2**62), 2**62), min_size=8, max_size=8),
+    flip=st.one_of(st.none(), st.tuples(st.integers(0, 10_000), st.integers(0, 255))),
+)
+def test_compiled_records_led_by_a_stream_are_the_python_ones(
+        values: list[bytes | None], keyed: bool, headers: list[tuple[str, bytes]], base: int,
+        first_ts: int, deltas: list[int], flip: tuple[int, int] | None) -> None:
+    """The compiled loop builds ConsumedRecords (and tuples) led by a stream id in place, with
+    C arithmetic: the same records, of the same class, as the Python loop, also where offsets
+    or timestamps leave int64 (Python ints then), and None exactly where it raises."""
+    _needs_compiled()
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import open_batch, reader
+
+    batch = build_batch([Record(value=v, key=b"k" if keyed else None, headers=tuple(headers),
+                                timestamp_ms=10**12 + deltas[i] // 2**25)
+                         for i, v in enumerate(values)])
+    h, section = open_batch(batch)
+    data = bytearray(section.tobytes())
+    if flip is not None:
+        data[flip[0] % len(data)] = flip[1]
+    for cls in (ConsumedRecord, tuple):
+        try:
+            py: object = list(reader._decode_section(bytes(data), h.record_count, base, first_ts,
+                                                     cls, 7))
+        except BatchError:
+            py = None
+        assert reader._compiled is not None
+        try:
+            got = reader._compiled(bytes(data), h.record_count, base, first_ts, cls, 7,
+                                   reader._decode_headers)
+        except BatchError:
+            got = None
+        if py is None:
+            assert got is None
+        else:
+            assert got == py and all(type(r) is cls for r in got)
