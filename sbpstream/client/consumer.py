@@ -209,18 +209,23 @@ class AsyncConsumer:
         return self
 
     async def __anext__(self) -> ConsumedRecord:
+        if not self._buffer or self._streak >= YIELD_EVERY_RECORDS:
+            await self._next_ready()
+        self._streak += 1
+        return self._take()
+
+    async def _next_ready(self) -> None:
+        """Until a record is buffered (or the end: StopAsyncIteration); yields to the loop
+        once per YIELD_EVERY_RECORDS records handed out while subscribed."""
+        if self._streak >= YIELD_EVERY_RECORDS:
+            self._streak = 0
+            if self._sub is not None:
+                await asyncio.sleep(0)  # let the loop read the sockets: see YIELD_EVERY_RECORDS
         while not self._buffer:
             if self.at_end or self._closed:
                 await self._stop_subscriber()
                 raise StopAsyncIteration
             await self._fill(self.max_wait_ms)
-        self._streak += 1
-        if self._streak >= YIELD_EVERY_RECORDS and self._sub is not None:
-            self._streak = 0
-            await asyncio.sleep(0)  # let the loop read the sockets: see YIELD_EVERY_RECORDS
-            if not self._buffer:  # (taken meanwhile by a poll of another task)
-                return await self.__anext__()
-        return self._take()
 
     async def poll(self, max_records: int = 10_000, timeout_ms: int | None = None) -> list[
             ConsumedRecord]:
@@ -442,16 +447,20 @@ class AsyncConsumer:
 
     def _take(self) -> ConsumedRecord:
         """The next buffered record; acks what the application has now taken."""
-        rec = self._buffer.popleft()
-        self._taken += 1
+        buf = self._buffer
+        rec = buf.popleft()
+        self._taken = taken = self._taken + 1
         marks = self._marks
-        sub = self._sub
-        while marks and marks[0][0] <= self._taken:
-            _, feed, nbytes = marks.popleft()
+        if marks and marks[0][0] <= taken:
+            sub = self._sub
+            while marks and marks[0][0] <= taken:
+                _, feed, nbytes = marks.popleft()
+                if sub is not None:
+                    sub.call(feed.taken, nbytes)
+        if not buf:
+            sub = self._sub
             if sub is not None:
-                sub.call(feed.taken, nbytes)
-        if not self._buffer and sub is not None:
-            sub.call(sub.idle)  # about to wait: every feed may need its window back
+                sub.call(sub.idle)  # about to wait: every feed may need its window back
         return rec
 
     def _push_batch(self, sid: int, buf: memoryview, feed: _Feed) -> None:
