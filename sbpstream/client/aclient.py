@@ -273,9 +273,8 @@ class AsyncClient:
         return r.stream.stream_id
 
     async def resolve_streams(self, streams: Sequence[int | str]) -> list[int]:
-        """:meth:`resolve_stream` of each, concurrently; ids in the same order (ids alone are
-        returned as they are, without a task each)."""
-        if all(type(s) is int for s in streams):
+        """:meth:`resolve_stream` of each, concurrently; ids in the same order."""
+        if all(type(s) is int for s in streams):  # ids as they are, without a task each
             return list(cast(Sequence[int], streams))
         return list(await asyncio.gather(*(self.resolve_stream(s) for s in streams)))
 
