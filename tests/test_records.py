@@ -588,3 +588,32 @@ def test_compiled_records_led_by_a_stream_are_the_python_ones(
             assert got is None
         else:
             assert got == py and all(type(r) is cls for r in got)
+
+
+def test_compiled_records_without_headers_are_not_tracked_by_the_gc() -> None:
+    """Records of atomic values (no headers) cannot be in a cycle: the compiled loop untracks
+    them at once (a buffer of thousands of them made every young collection walk them), unless
+    their class gives instances a ``__dict__``."""
+    import gc
+
+    _needs_compiled()
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import open_batch, reader
+    from sbpstream.records.header import patch_base_offset
+
+    class WithDict(tuple):  # type: ignore[type-arg]
+        pass
+
+    batch = bytearray(build_batch([Record(value=b"v"), Record(value=b"w", headers=(("h", b""),)),
+                                   Record(value=None, key=b"k")]))
+    patch_base_offset(batch, 40)
+    h, section = open_batch(bytes(batch))
+    assert reader._compiled is not None
+    got = reader._compiled(section.tobytes(), h.record_count, h.base_offset, h.first_timestamp,
+                           ConsumedRecord, 9, reader._decode_headers)
+    assert [r.offset for r in got] == [40, 41, 42]
+    assert [gc.is_tracked(r) for r in got] == [False, True, False]
+    plain = reader._compiled(section.tobytes(), h.record_count, h.base_offset,
+                             h.first_timestamp, WithDict, 9, reader._decode_headers)
+    assert all(type(r) is WithDict and gc.is_tracked(r) for r in plain)
+    assert [tuple(r) for r in plain] == [tuple(r) for r in got]
