@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import lz4.frame
 import pytest
@@ -617,3 +618,40 @@ def test_compiled_records_without_headers_are_not_tracked_by_the_gc() -> None:
                              h.first_timestamp, WithDict, 9, reader._decode_headers)
     assert all(type(r) is WithDict and gc.is_tracked(r) for r in plain)
     assert [tuple(r) for r in plain] == [tuple(r) for r in got]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(st.binary(max_size=60), min_size=1, max_size=6),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2),
+    cut=st.integers(0, 70),
+    start=st.integers(0, 20),
+)
+def test_stream_records_fails_as_the_batch_walk_does(
+        values: list[bytes], flips: list[tuple[int, int]], cut: int, start: int) -> None:
+    """stream_records reads each header once (iter_batches and open_batch in one pass): on
+    corrupted and truncated buffers it returns the same records, or raises the same
+    BatchError, as the walk it replaces (iter_all_records_bytes)."""
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import iter_all_records_bytes, stream_records
+    from sbpstream.records.header import patch_base_offset
+
+    b1 = bytearray(build_batch([Record(value=v) for v in values]))
+    b2 = bytearray(build_batch([Record(value=v, key=b"k") for v in reversed(values)]))
+    patch_base_offset(b1, 3)
+    patch_base_offset(b2, 3 + len(values))
+    buf = bytearray(b1 + b2)
+    for at, byte in flips:
+        buf[at % len(buf)] = byte
+    data = bytes(buf[: max(0, len(buf) - cut)])
+
+    def run(f: Callable[[], object]) -> tuple[str, object]:
+        try:
+            return "ok", f()
+        except BatchError as e:
+            return "error", str(e)
+
+    want = run(lambda: list(iter_all_records_bytes(data, start_offset=start)))
+    got = run(lambda: [tuple(r)[1:] for r in stream_records(data, 1, ConsumedRecord,
+                                                           start_offset=start)])
+    assert got == want
