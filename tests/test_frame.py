@@ -218,3 +218,58 @@ def test_payload_crc_in_slices_is_the_whole_crc(size: int) -> None:
     assert _crc(parts) == zlib.crc32(data + b"tail")
     (got,) = decode_all(b"".join(encode_frame_parts(Opcode.PING, 1, 0, b"", parts)))
     assert isinstance(got, Frame) and bytes(got.payload) == data + b"tail"
+def _events(d: FrameDecoder, raw: bytes, chunks: list[int]) -> list[tuple[object, ...]]:
+    """Feed ``raw`` in chunks of the given sizes (cycled; any Buffer type), as plain tuples."""
+    out: list[tuple[object, ...]] = []
+    i = k = 0
+    while i < len(raw):
+        n = chunks[k % len(chunks)]
+        piece = raw[i : i + n]
+        d.feed(bytearray(piece) if k % 3 == 1 else memoryview(piece) if k % 3 == 2 else piece)
+        i, k = i + n, k + 1
+        for e in d.events():
+            if isinstance(e, Frame):
+                out.append(("frame", e.opcode, e.request_id, e.flags, bytes(e.header),
+                            bytes(e.payload)))
+            else:
+                out.append((type(e).__name__, e.request_id))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(list(Opcode)), st.integers(0, (1 << 31) - 1),
+                       st.binary(max_size=40), st.binary(max_size=300), st.booleans()),
+             max_size=8),
+    st.lists(st.integers(1, 700), min_size=1, max_size=5),
+    st.sampled_from([1, 17, 64, 300]),
+)
+def test_large_frames_gathered_in_chunks_decode_the_same(
+        frames: list[tuple[int, int, bytes, bytes, bool]], chunks: list[int],
+        large: int) -> None:
+    """A decoder gathering frames of ``large`` bytes or more chunk by chunk (LARGE_FRAME_BYTES,
+    made small here) yields exactly what the buffering decoder yields fed the whole stream at
+    once: frames, corrupt and discarded ones alike."""
+    raw_frames = []
+    for opcode, rid, header, payload, corrupt in frames:
+        f = bytearray(encode_frame(opcode, rid, 0, header, payload))
+        if corrupt and payload:
+            f[-1] ^= 0xFF  # the payload CRC
+        raw_frames.append(bytes(f))
+    raw = b"".join(raw_frames)
+    want = _events(FrameDecoder(large_frame_bytes=10**9), raw, [len(raw) or 1])
+    d = FrameDecoder(large_frame_bytes=large)
+    assert _events(d, raw, chunks) == want
+    assert d.buffered_bytes == 0
+
+
+def test_a_large_frame_is_views_of_one_joined_copy() -> None:
+    raw = encode_frame(Opcode.FETCH, 5, 1, b"h" * 10, b"p" * 200_000) + PING_1
+    d = FrameDecoder()
+    for i in range(0, len(raw), 65_536):
+        d.feed(raw[i : i + 65_536])
+    ev = d.events()
+    assert [type(e) for e in ev] == [Frame, Frame]
+    frame = ev[0]
+    assert isinstance(frame, Frame) and bytes(frame.payload) == b"p" * 200_000
+    assert isinstance(frame.payload.obj, bytes) and len(frame.payload.obj) > 200_000  # joined

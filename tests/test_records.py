@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import lz4.frame
 import pytest
@@ -702,3 +703,114 @@ def test_add_columns_makes_the_batches_add_makes(
         assert batches(True) == batches(False)
     finally:
         builder._encode_rows = saved
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(st.one_of(st.none(), st.binary(max_size=300)), min_size=1, max_size=8),
+    keyed=st.booleans(),
+    headers=st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=20)), max_size=2),
+    base=st.one_of(st.integers(0, 2**40), st.integers(2**63 - 20, 2**63 + 5),
+                   st.integers(-5, -1)),
+    first_ts=st.one_of(st.integers(-(2**40), 2**40), st.integers(2**63 - 3, 2**63 + 3),
+                       st.integers(-(2**63) - 3, -(2**63) + 3)),
+    deltas=st.lists(st.integers(-(2**62), 2**62), min_size=8, max_size=8),
+    flip=st.one_of(st.none(), st.tuples(st.integers(0, 10_000), st.integers(0, 255))),
+)
+def test_compiled_records_led_by_a_stream_are_the_python_ones(
+        values: list[bytes | None], keyed: bool, headers: list[tuple[str, bytes]], base: int,
+        first_ts: int, deltas: list[int], flip: tuple[int, int] | None) -> None:
+    """The compiled loop builds ConsumedRecords (and tuples) led by a stream id in place, with
+    C arithmetic: the same records, of the same class, as the Python loop, also where offsets
+    or timestamps leave int64 (Python ints then), and None exactly where it raises."""
+    _needs_compiled()
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import open_batch, reader
+
+    batch = build_batch([Record(value=v, key=b"k" if keyed else None, headers=tuple(headers),
+                                timestamp_ms=10**12 + deltas[i] // 2**25)
+                         for i, v in enumerate(values)])
+    h, section = open_batch(batch)
+    data = bytearray(section.tobytes())
+    if flip is not None:
+        data[flip[0] % len(data)] = flip[1]
+    for cls in (ConsumedRecord, tuple):
+        try:
+            py: object = list(reader._decode_section(bytes(data), h.record_count, base, first_ts,
+                                                     cls, 7))
+        except BatchError:
+            py = None
+        assert reader._compiled is not None
+        try:
+            got = reader._compiled(bytes(data), h.record_count, base, first_ts, cls, 7,
+                                   reader._decode_headers)
+        except BatchError:
+            got = None
+        if py is None:
+            assert got is None
+        else:
+            assert got == py and all(type(r) is cls for r in got)
+
+
+def test_compiled_records_without_headers_are_not_tracked_by_the_gc() -> None:
+    """Records of atomic values (no headers) cannot be in a cycle: the compiled loop untracks
+    them at once (a buffer of thousands of them made every young collection walk them), unless
+    their class gives instances a ``__dict__``."""
+    import gc
+
+    _needs_compiled()
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import open_batch, reader
+    from sbpstream.records.header import patch_base_offset
+
+    class WithDict(tuple):  # type: ignore[type-arg]
+        pass
+
+    batch = bytearray(build_batch([Record(value=b"v"), Record(value=b"w", headers=(("h", b""),)),
+                                   Record(value=None, key=b"k")]))
+    patch_base_offset(batch, 40)
+    h, section = open_batch(bytes(batch))
+    assert reader._compiled is not None
+    got = reader._compiled(section.tobytes(), h.record_count, h.base_offset, h.first_timestamp,
+                           ConsumedRecord, 9, reader._decode_headers)
+    assert [r.offset for r in got] == [40, 41, 42]
+    assert [gc.is_tracked(r) for r in got] == [False, True, False]
+    plain = reader._compiled(section.tobytes(), h.record_count, h.base_offset,
+                             h.first_timestamp, WithDict, 9, reader._decode_headers)
+    assert all(type(r) is WithDict and gc.is_tracked(r) for r in plain)
+    assert [tuple(r) for r in plain] == [tuple(r) for r in got]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(st.binary(max_size=60), min_size=1, max_size=6),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2),
+    cut=st.integers(0, 70),
+    start=st.integers(0, 20),
+)
+def test_stream_records_fails_as_the_batch_walk_does(
+        values: list[bytes], flips: list[tuple[int, int]], cut: int, start: int) -> None:
+    """stream_records reads each header once (iter_batches and open_batch in one pass): on
+    corrupted and truncated buffers it returns the same records, or raises the same
+    BatchError, as the walk it replaces (iter_all_records_bytes)."""
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import iter_all_records_bytes, stream_records
+    from sbpstream.records.header import patch_base_offset
+
+    b1 = bytearray(build_batch([Record(value=v) for v in values]))
+    b2 = bytearray(build_batch([Record(value=v, key=b"k") for v in reversed(values)]))
+    patch_base_offset(b1, 3)
+    patch_base_offset(b2, 3 + len(values))
+    buf = bytearray(b1 + b2)
+    for at, byte in flips:
+        buf[at % len(buf)] = byte
+    data = bytes(buf[: max(0, len(buf) - cut)])
+
+    def run(f: Callable[[], object]) -> tuple[str, object]:
+        try:
+            return "ok", f()
+        except BatchError as e:
+            return "error", str(e)
+
+    want = run(lambda: list(iter_all_records_bytes(data, start_offset=start)))
+    got = run(lambda: [tuple(r)[1:] for r in stream_records(data, 1, ConsumedRecord,
+                                                           start_offset=start)])
+    assert got == want

@@ -19,7 +19,7 @@ import re
 import secrets
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from sbpstream.auth.client import client_security
 from sbpstream.client.consumer import DEFAULT_WINDOW_BYTES, AsyncConsumer
@@ -274,6 +274,8 @@ class AsyncClient:
 
     async def resolve_streams(self, streams: Sequence[int | str]) -> list[int]:
         """:meth:`resolve_stream` of each, concurrently; ids in the same order."""
+        if all(type(s) is int for s in streams):  # ids as they are, without a task each
+            return list(cast(Sequence[int], streams))
         return list(await asyncio.gather(*(self.resolve_stream(s) for s in streams)))
 
     async def find_streams(self, prefix: str = "", pattern: str | None = None) -> list[Stream]:

@@ -170,6 +170,24 @@ class RangeRouter:
         cached = self._ranges.get(stream_id)
         if cached is not None and not refresh:
             return cached
+        return await asyncio.shield(self._lookup(stream_id))
+
+    async def ranges_many(self, stream_ids: Sequence[int], *,
+                          refresh: bool = False) -> list[list[Range]]:
+        """:meth:`ranges` of many streams (in their order), looked up together, without a task
+        per stream: a consumer of 1,000 streams starts with one LIST_RANGES. Raises the first
+        stream's error, in order, if any failed."""
+        got: list[list[Range] | asyncio.Future[list[Range]]] = []
+        for sid in stream_ids:
+            cached = None if refresh else self._ranges.get(sid)
+            got.append(cached if cached is not None else self._lookup(sid))
+        pending = [f for f in got if isinstance(f, asyncio.Future) and not f.done()]
+        if pending:
+            await asyncio.wait(pending)  # never cancels them: other callers may share them
+        return [f.result() if isinstance(f, asyncio.Future) else f for f in got]
+
+    def _lookup(self, stream_id: int) -> asyncio.Future[list[Range]]:
+        """The future of ``stream_id``'s next coalesced lookup (a new one, or the one pending)."""
         fut = self._waiters.get(stream_id)
         if fut is None:
             loop = asyncio.get_running_loop()
@@ -177,7 +195,7 @@ class RangeRouter:
             self._waiters[stream_id] = fut
             if self._flusher is None or self._flusher.done():
                 self._flusher = loop.create_task(self._flush_lookups())
-        return await asyncio.shield(fut)
+        return fut
 
     async def _flush_lookups(self) -> None:
         await asyncio.sleep(0)  # let every task of this turn ask first

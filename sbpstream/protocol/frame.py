@@ -179,23 +179,35 @@ def encode_frame(
     return b"".join(encode_frame_parts(opcode, request_id, flags, header, payload, header_format))
 
 
+LARGE_FRAME_BYTES: Final = 64 * 1024
+"""A frame at least this long that is not whole in the decoder's buffer is gathered as the list
+of chunks read and joined once it is whole: one copy of its bytes, where the buffer takes two
+(appending each chunk, then cutting the frame out of it). A 1,000-stream catch-up receives
+~100 MB in 1 MiB frames."""
+
+
 class FrameDecoder:
     """Incremental decoder: ``feed()`` any chunking of bytes, then drain ``next_event()``.
 
     Memory is bounded by ``max_frame_length`` plus one read chunk: the length is checked as soon as
-    its 4 bytes arrive, before any of the body is buffered.
+    its 4 bytes arrive, before any of the body is buffered. A frame of ``large_frame_bytes`` or
+    more is gathered chunk by chunk (see LARGE_FRAME_BYTES); its header and payload are then
+    views of the joined bytes.
     """
 
     __slots__ = (
         "_broken",
         "_buf",
+        "_have",
         "_known_opcodes",
         "_need",
+        "_parts",
         "_pos",
         "corrupt",
         "discarded_bad_magic",
         "discarded_unknown_opcode",
         "frames",
+        "large_frame_bytes",
         "max_frame_length",
     )
 
@@ -203,12 +215,16 @@ class FrameDecoder:
         self,
         max_frame_length: int = MAX_FRAME_LENGTH,
         known_opcodes: frozenset[int] = KNOWN_OPCODES,
+        large_frame_bytes: int = LARGE_FRAME_BYTES,
     ) -> None:
         self.max_frame_length = max_frame_length
+        self.large_frame_bytes = large_frame_bytes
         self._known_opcodes = known_opcodes
         self._buf = bytearray()
         self._pos = 0
         self._need = 0  # body length of the frame being read, 0 while reading its length
+        self._parts: list[bytes] | None = None  # chunks of a large frame being gathered
+        self._have = 0  # bytes in _parts (the frame's length prefix included)
         self._broken: FramingError | None = None
         self.frames = 0
         self.discarded_bad_magic = 0
@@ -217,11 +233,15 @@ class FrameDecoder:
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + (self._have if self._parts is not None else 0)
 
     def feed(self, data: Buffer) -> None:
         if self._broken is not None:
             raise self._broken
+        if self._parts is not None:  # gathering a large frame: keep the chunk as it is
+            self._parts.append(data if type(data) is bytes else bytes(data))
+            self._have += len(data)
+            return
         if self._pos and self._pos == len(self._buf):
             self._buf.clear()
             self._pos = 0
@@ -234,6 +254,15 @@ class FrameDecoder:
         """The next complete event, or None when more bytes are needed. Raises FramingError."""
         if self._broken is not None:
             raise self._broken
+        if self._parts is not None:
+            if self._have < 4 + self._need:
+                return None
+            whole = b"".join(self._parts)  # the frame (from its length prefix), then the rest
+            self._parts = None
+            self._have = 0
+            self._buf = bytearray(memoryview(whole)[4 + self._need :])  # at most one chunk
+            self._pos = 0
+            return self._event(whole, 0)
         buf = self._buf
         avail = len(buf) - self._pos
         if self._need == 0:
@@ -248,8 +277,18 @@ class FrameDecoder:
                 raise self._broken
             self._need = frame_length
         if avail < 4 + self._need:
+            if self._need >= self.large_frame_bytes:  # gather the rest chunk by chunk
+                self._parts = [bytes(memoryview(buf)[self._pos :])]
+                self._have = avail
+                buf.clear()
+                self._pos = 0
             return None
-        start = self._pos
+        return self._event(buf, self._pos)
+
+    def _event(self, buf: bytes | bytearray, start: int) -> Event:
+        """The frame of body length ``self._need`` whose length prefix is at ``start`` of
+        ``buf``: the decoder's buffer (its body is copied out) or a large frame's joined bytes
+        (its parts are views of them)."""
         frame_length = self._need
         end = start + 4 + frame_length
         self._need = 0
@@ -260,22 +299,25 @@ class FrameDecoder:
                 f"header length {header_len} exceeds frame length {frame_length} - 16"
             )
             raise self._broken
-        self._pos = end
+        if buf is self._buf:
+            self._pos = end
         if magic != MAGIC:
             self.discarded_bad_magic += 1
             return FrameDiscarded("bad_magic", opcode, flags, request_id, magic)
         if opcode not in self._known_opcodes:
             self.discarded_unknown_opcode += 1
             return FrameDiscarded("unknown_opcode", opcode, flags, request_id, magic)
-        # One copy (a bytearray slice would copy twice); the view is released before the
-        # buffer is resized again, and the frame outlives the buffer.
-        with memoryview(buf) as view:
-            body = bytes(view[start + FIXED_SIZE : end])
-        mv = memoryview(body)
-        payload_len = len(body) - header_len - CRC_SIZE
+        if isinstance(buf, bytes):  # a large frame's own bytes: views, no copy
+            mv = memoryview(buf)[start + FIXED_SIZE : end]
+        else:
+            # One copy (a bytearray slice would copy twice); the view is released before the
+            # buffer is resized again, and the frame outlives the buffer.
+            with memoryview(buf) as view:
+                mv = memoryview(bytes(view[start + FIXED_SIZE : end]))
+        payload_len = len(mv) - header_len - CRC_SIZE
         header = mv[:header_len]
         payload = mv[header_len : header_len + payload_len]
-        (crc,) = CRC_STRUCT.unpack_from(body, header_len + payload_len)
+        (crc,) = CRC_STRUCT.unpack_from(mv, header_len + payload_len)
         expected = zlib.crc32(payload) if payload_len else 0
         if crc != expected:
             self.corrupt += 1

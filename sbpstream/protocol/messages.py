@@ -446,6 +446,12 @@ class BufferAckResponse(Message):
 # ------------------------------------------------------------------------------------- LIST_RANGES
 
 
+# A consumer of many streams asks LIST_RANGES of all of them at once: a fast path (same bytes)
+_CODEC.union_vector_writer("RangeOwnerEntry", functools.partial(
+    rangelist.put_stream_owners, owner=StreamOwner, kind=1,  # StreamOwner: RangeOwner's first
+    fallback=_CODEC.builder_vector_writer("RangeOwnerEntry")))
+
+
 @request(Opcode.LIST_RANGES, items="range_owners")
 class ListRangesRequest(Message):
     timeout_ms: int = 0
@@ -613,6 +619,12 @@ class StreamResult(Table):
 
     stream: Stream | None = None
     status: Status = STATUS_OK
+
+
+# DESCRIBE_STREAMS of a many-stream consumer's streams: a fast path (same bytes)
+_CODEC.vector_writer(StreamResult, functools.partial(
+    rangelist.put_stream_results, is_ok=_status_omitted,
+    fallback=functools.partial(put_tables, build=StreamResult.SCHEMA.build)))
 
 
 @request(Opcode.DELETE_STREAMS, items="streams")

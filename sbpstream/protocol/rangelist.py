@@ -41,12 +41,13 @@ WRITER: dict[str, Any] = {"compiled": None if _PURE else _compiled_writer}
 """``WRITER["compiled"]``: the compiled writer :func:`put_results` uses, or None (the
 pure-Python one; same conditions as the reader). Both write the same bytes."""
 
-__all__ = ["ResultsReader", "put_results"]
+__all__ = ["ResultsReader", "put_results", "put_stream_owners", "put_stream_results"]
 
 _ZEROS: Final = tuple(bytes(n) for n in range(8))
 _I32: Final = struct.Struct("<i").pack
 _U32: Final = struct.Struct("<I").pack
 _I64: Final = struct.Struct("<q").pack
+_I8: Final = struct.Struct("<b").pack
 _VTABLES: Final = tuple(struct.Struct(f"<{n}H").pack for n in range(16))
 
 
@@ -127,20 +128,24 @@ def _int32_slot(parts: list[bytes], off: int, value: int) -> int:
     return off + 4
 
 
+def _string(parts: list[bytes], off: int, text: str) -> int:
+    """``CreateString``: Prep(4, n + 1), the NUL, the bytes, the length; returns its offset."""
+    x = text.encode("utf-8")
+    n = len(x)
+    pad = -(off + n + 1) & 3
+    if pad:
+        parts.append(_ZEROS[pad])
+        off += pad
+    parts.append(x + b"\x00")
+    parts.append(_U32(n))
+    return off + n + 5
+
+
 def _data_node(parts: list[bytes], off: int, vtables: dict[tuple[int, ...], int],
                node: Any) -> tuple[int, int]:
     addr = 0
-    if node.advertise_addr:  # CreateString: Prep(4, n + 1), the NUL, the bytes, the length
-        x = node.advertise_addr.encode("utf-8")
-        n = len(x)
-        pad = -(off + n + 1) & 3
-        if pad:
-            parts.append(_ZEROS[pad])
-            off += pad
-        parts.append(x + b"\x00")
-        parts.append(_U32(n))
-        off += n + 5
-        addr = off
+    if node.advertise_addr:
+        off = addr = _string(parts, off, node.advertise_addr)
     start = off
     s0 = s1 = 0
     if node.node_id != 0:
@@ -254,6 +259,106 @@ def _wrote_int64(items: Sequence[Any]) -> bool:
             r.stream_id != 0 or r.start_offset != 0 or r.next_offset != 0 or r.end_offset != -1
             for r in it.ranges)
         for it in items)
+
+
+def _commit(b: Any, parts: list[bytes], off0: int, off: int, wide: bool) -> int:
+    """Write ``parts`` (last first) into builder ``b`` as one block ending at ``off0``; returns
+    ``off``, the vector's offset. ``wide``: an int64 was written."""
+    block = b"".join(reversed(parts))
+    total = off - off0
+    assert len(block) == total
+    while b.head < total:
+        size = len(b.Bytes)
+        b.GrowByteBuffer()
+        b.head += len(b.Bytes) - size
+    b.Bytes[b.head - total : b.head] = block
+    b.head -= total
+    # Prep's record of the widest alignment: 8 if any int64 was written (the block's padding
+    # then follows it), else 4 (every table ends 4-aligned)
+    b.minalign = max(b.minalign, 8 if wide else 4)
+    return off
+
+
+def put_stream_owners(b: Any, items: Sequence[Any], owner: type[Any], kind: int,
+                      fallback: Callable[[Any, Sequence[Any]], int]) -> int:
+    """Write LIST_RANGES's vector of RangeOwnerEntry tables into builder ``b`` when every item
+    is an ``owner`` (StreamOwner: ``stream_id``, union type ``kind``); otherwise
+    ``fallback(b, items)`` writes it. Returns the vector's offset."""
+    if not all(type(it) is owner for it in items):
+        return fallback(b, items)
+    b.assertNotNested()
+    vtables: dict[tuple[int, ...], int] = b.vtables
+    off0 = off = b.Offset()
+    parts: list[bytes] = []
+    entries: list[int] = []
+    kind_byte = bytes((kind,))
+    wide = False
+    for it in items:
+        start = off
+        s0 = 0
+        if it.stream_id != 0:
+            off = s0 = _int64_slot(parts, off, it.stream_id)
+            wide = True
+        target, off = _end(parts, off, vtables, (s0,), start)
+        start = off  # the entry: the union's type (uint8), then its uoffset
+        parts.append(kind_byte)
+        off = s0 = off + 1
+        off = s1 = _uoffset_slot(parts, off, target)
+        o, off = _end(parts, off, vtables, (s0, s1), start)
+        entries.append(o)
+    off = _vector(parts, off, entries)
+    return _commit(b, parts, off0, off, wide)
+
+
+def _stream(parts: list[bytes], off: int, vtables: dict[tuple[int, ...], int],
+            s: Any) -> tuple[int, int, bool]:
+    """A Stream table; returns (its offset, the offset after it, whether an int64 was written)."""
+    name = 0
+    if s.name:
+        off = name = _string(parts, off, s.name)
+    start = off
+    s0 = s1 = s2 = s3 = s4 = 0
+    if s.stream_id != 0:
+        off = s0 = _int64_slot(parts, off, s.stream_id)
+    if s.replica_nums != 0:
+        parts.append(_I8(s.replica_nums))
+        off = s1 = off + 1
+    if s.retention_period_ms != 0:
+        off = s2 = _int64_slot(parts, off, s.retention_period_ms)
+    if s.start_offset != 0:
+        off = s3 = _int64_slot(parts, off, s.start_offset)
+    if name:
+        off = s4 = _uoffset_slot(parts, off, name)
+    obj, off = _end(parts, off, vtables, (s0, s1, s2, s3, s4), start)
+    return obj, off, bool(s0 or s2 or s3)
+
+
+def put_stream_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
+                       fallback: Callable[[Any, Sequence[Any]], int]) -> int:
+    """Write a vector of StreamResult ``items`` (``stream``: a Stream or None, ``status``) into
+    builder ``b``; a status that is not OK (``is_ok``) has ``fallback(b, items)`` write it.
+    Returns the vector's offset."""
+    if not all(is_ok(it.status) for it in items):
+        return fallback(b, items)
+    b.assertNotNested()
+    vtables: dict[tuple[int, ...], int] = b.vtables
+    off0 = off = b.Offset()
+    parts: list[bytes] = []
+    results: list[int] = []
+    wide = False
+    for it in items:
+        st = 0
+        if it.stream is not None:
+            st, off, w = _stream(parts, off, vtables, it.stream)
+            wide |= w
+        start = off
+        s0 = 0
+        if st:
+            off = s0 = _uoffset_slot(parts, off, st)
+        o, off = _end(parts, off, vtables, (s0, 0), start)
+        results.append(o)
+    off = _vector(parts, off, results)
+    return _commit(b, parts, off0, off, wide)
 
 
 # ------------------------------------------------------------------------------------- reading

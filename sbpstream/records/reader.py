@@ -24,6 +24,7 @@ from sbpstream.records.header import (
     HEADER_SIZE,
     BatchError,
     BatchHeader,
+    compute_crc,
     read_header,
     validate_batch,
 )
@@ -111,12 +112,17 @@ def open_batch(batch: Buffer, *, verify_crc: bool = True) -> tuple[BatchHeader, 
     h = validate_batch(mv) if verify_crc else read_header(mv)
     if h.total_size != len(mv):
         raise BatchError(f"batch of {h.total_size} bytes in a buffer of {len(mv)}")
+    return h, _section(mv, h)
+
+
+def _section(mv: memoryview, h: BatchHeader) -> memoryview:
+    """The (decompressed) records section of the whole batch ``mv`` whose header is ``h``."""
     section = mv[HEADER_SIZE:]
     if h.codec != CODEC_NONE:
         section = memoryview(decompress(h.codec, section))
     if h.record_count > len(section) // MIN_RECORD_BYTES:
         raise BatchError(f"record_count {h.record_count} cannot fit in {len(section)} bytes")
-    return h, section
+    return section
 
 
 def iter_records(batch: Buffer, *, verify_crc: bool = True) -> Iterator[DecodedRecord]:
@@ -171,18 +177,28 @@ def stream_records(
     tuple per record, built by the decode loop itself; a batch that starts before the position
     is sliced, its offsets being consecutive)."""
     out: list[tuple[Any, ...]] = []
-    for batch in iter_batches(buf):
-        h = read_header(batch)
+    mv = _view(buf)
+    n = len(mv)
+    pos = 0
+    while pos < n:  # iter_batches and open_batch in one pass: one header read per batch
+        h = read_header(mv, pos)
+        end = pos + h.total_size
+        if end > n:
+            raise BatchError(f"truncated batch at byte {pos}: {n - pos} of {end - pos} bytes")
         base = h.base_offset
-        if base + h.record_count <= start_offset:
-            continue
-        h, section = open_batch(batch)
-        recs = _decode_bytes(section.tobytes(), h.record_count, base, h.first_timestamp, cls,
-                             stream_id)
-        if base >= start_offset:
-            out.extend(recs)
-        else:
-            out.extend(list(recs)[start_offset - base :])
+        if base + h.record_count > start_offset:
+            actual = compute_crc(mv, pos, h.total_size)
+            if actual != h.crc:
+                raise BatchError(
+                    f"batch CRC mismatch: stored 0x{h.crc:08x}, computed 0x{actual:08x}")
+            section = _section(mv[pos:end], h)
+            recs = _decode_bytes(section.tobytes(), h.record_count, base, h.first_timestamp,
+                                 cls, stream_id)
+            if base >= start_offset:
+                out.extend(recs)
+            else:
+                out.extend(list(recs)[start_offset - base :])
+        pos = end
     return out
 
 
