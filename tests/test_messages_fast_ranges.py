@@ -185,3 +185,18 @@ def test_maker_refuses_a_class_with_post_init() -> None:
 
     with pytest.raises(TypeError, match="__post_init__"):
         fbtable.maker(Checked)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stream_ranges_writer_writes_the_builders_bytes(seed: int) -> None:
+    """SYNC_RANGES' StreamRanges vectors (no status slot): the pure writer, byte for byte."""
+    rnd = random.Random(seed)
+    vectors = [tuple(m.StreamRanges(r.stream_id, r.ranges) for r in _results(rnd))
+               for _ in range(rnd.randrange(1, 4))]
+    before = rnd.choice(["", "x", "abc", "seven!!"])
+    fast = functools.partial(rangelist.put_results, is_ok=lambda s: True, status=False,
+                             fallback=lambda b, items: pytest.fail("no fallback"))
+    slow = functools.partial(put_tables, build=m.StreamRanges.SCHEMA.build)
+    assert _write(fast, before, vectors) == _write(slow, before, vectors)  # type: ignore[arg-type]
+    req = m.SyncRangesRequest(timeout_ms=5, items=vectors[0])
+    assert m.SyncRangesRequest.decode(req.encode()) == req

@@ -519,6 +519,12 @@ class StreamRanges(Table):
     ranges: tuple[Range, ...] = ()
 
 
+# PM creates send SYNC_RANGES of up to thousands of ranges: the same writer (same bytes)
+_CODEC.vector_writer(StreamRanges, functools.partial(
+    rangelist.put_results, is_ok=_status_omitted, status=False,
+    fallback=functools.partial(put_tables, build=StreamRanges.SCHEMA.build)))
+
+
 @request(Opcode.SYNC_RANGES, items="stream_ranges")
 class SyncRangesRequest(Message):
     timeout_ms: int = 0

@@ -192,22 +192,25 @@ def _range(parts: list[bytes], off: int, vtables: dict[tuple[int, ...], int],
 
 
 def put_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
-                fallback: Callable[[Any, Sequence[Any]], int]) -> int:
+                fallback: Callable[[Any, Sequence[Any]], int], *, status: bool = True) -> int:
     """Write the vector of ListRangesResult ``items`` into builder ``b``; returns its offset.
 
     ``is_ok(status)`` says that a status is left out (the codec's own test); if one is not,
     ``fallback(b, items)`` (the builder path) writes the vector instead.
+
+    ``status=False``: the items are ``StreamRanges`` (SYNC_RANGES: ``stream_id``, ``ranges``, no
+    status field), written by the pure-Python writer (the compiled one writes results only).
     """
-    if not all(is_ok(it.status) for it in items):
+    if status and not all(is_ok(it.status) for it in items):
         return fallback(b, items)
     b.assertNotNested()
     vtables: dict[tuple[int, ...], int] = b.vtables
     off0 = b.Offset()
-    compiled = WRITER["compiled"]
+    compiled = WRITER["compiled"] if status else None
     if compiled is not None:
         block, off, wrote_int64 = compiled(items, off0, vtables)
     else:
-        block, off, wrote_int64 = _write(items, off0, vtables)
+        block, off, wrote_int64 = _write(items, off0, vtables, status)
     total = off - off0
     assert len(block) == total
     while b.head < total:
@@ -222,9 +225,12 @@ def put_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
     return int(off)
 
 
-def _write(items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int]) -> _Written:
+def _write(items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int],
+           status: bool = True) -> _Written:
     """The block of ``items`` written at builder offset ``off0``: (its bytes, the vector's
-    offset, whether an int64 field was written). Pure Python."""
+    offset, whether an int64 field was written). Pure Python. ``status``: the items' table has
+    the status slot between ``stream_id`` and ``ranges`` (ListRangesResult; StreamRanges has
+    not)."""
     off = off0
     parts: list[bytes] = []
     results: list[int] = []
@@ -242,7 +248,7 @@ def _write(items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int])
             off = s0 = _int64_slot(parts, off, it.stream_id)
         if ranges:
             off = s2 = _uoffset_slot(parts, off, ranges)
-        o, off = _end(parts, off, vtables, (s0, 0, s2), start)
+        o, off = _end(parts, off, vtables, (s0, 0, s2) if status else (s0, s2), start)
         results.append(o)
     off = _vector(parts, off, results)
     return b"".join(reversed(parts)), off, _wrote_int64(items)
