@@ -200,3 +200,24 @@ def test_stream_ranges_writer_writes_the_builders_bytes(seed: int) -> None:
     assert _write(fast, before, vectors) == _write(slow, before, vectors)  # type: ignore[arg-type]
     req = m.SyncRangesRequest(timeout_ms=5, items=vectors[0])
     assert m.SyncRangesRequest.decode(req.encode()) == req
+
+
+_SYNC_GENERIC_READ = m.SyncResult.SCHEMA.read
+
+
+def test_sync_results_take_the_fast_paths_with_the_generic_bytes_and_objects(writer: str) -> None:
+    """SyncResult has ListRangesResult's layout: the same writer and reader serve it."""
+    rnd = random.Random(7)
+    for _ in range(100):
+        items = tuple(m.SyncResult(r.stream_id, r.status, r.ranges) for r in _results(rnd))
+        if rnd.random() < 0.2:
+            items += (m.SyncResult(3, m.Status(7, "gone")),)
+        resp = m.SyncRangesResponse(items=items)
+        slow = functools.partial(put_tables, build=m.SyncResult.SCHEMA.build)
+        fast = functools.partial(rangelist.put_results, is_ok=m._status_omitted, fallback=slow)
+        assert _write(fast, "ab", [items]) == _write(slow, "ab", [items])  # type: ignore[arg-type]
+        buf = resp.encode()
+        root = fbtable._U32(buf, 0)[0]
+        at = root + fbtable._slots(buf, root, 3)[2]
+        assert fbtable._read_tables(buf, at, _SYNC_GENERIC_READ, None) == items
+        assert m.SyncRangesResponse.decode(buf) == resp

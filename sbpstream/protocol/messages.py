@@ -538,6 +538,14 @@ class SyncResult(Table):
     ranges: tuple[Range, ...] = ()
 
 
+# SyncResult is laid out as ListRangesResult is (stream_id, status, ranges): the same fast paths
+_CODEC.vector_writer(SyncResult, functools.partial(
+    rangelist.put_results, is_ok=_status_omitted,
+    fallback=functools.partial(put_tables, build=SyncResult.SCHEMA.build)))
+_CODEC.vector_reader(SyncResult, rangelist.ResultsReader(
+    SyncResult, Range, ReplicaNode, DataNode, Status.SCHEMA.read).read)
+
+
 @response(Opcode.SYNC_RANGES, items="sync_responses")
 class SyncRangesResponse(Message):
     throttle_time_ms: int = 0
