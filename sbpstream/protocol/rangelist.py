@@ -10,7 +10,9 @@ builder's, byte for byte: ``tests/test_messages_fast_ranges.py`` compares the tw
 trees, and the golden file pins them.
 
 A result whose status is not OK falls back to the builder for the whole vector (such results
-answer LIST_RANGES by stream, never the hot whole-node listing). No I/O.
+answer LIST_RANGES by stream, never the hot whole-node listing). SYNC_RANGES uses the same
+writer: ``SyncResult`` has ``ListRangesResult``'s layout, and ``StreamRanges`` is written with
+``status=False`` (no status slot; pure Python). No I/O.
 """
 
 from __future__ import annotations
