@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
-from sbpstream.protocol import rangelist
+from sbpstream.protocol import rangelist, streamlist
 from sbpstream.protocol.errors import LimitExceededError, SbpError, error_for
 from sbpstream.protocol.fbtable import Codec, Table, parse_schema, put_tables
 from sbpstream.protocol.opcodes import Opcode
@@ -609,6 +609,12 @@ class CreateStreamResult(Table):
     replica_nums: int = 0  # the spec repeats these beside `stream`: the same values
     retention_period_ms: int = 0
     status: Status = STATUS_OK
+
+
+# A create answers up to thousands of items: written by a fast path (same bytes)
+_CODEC.vector_writer(CreateStreamResult, functools.partial(
+    streamlist.put_create_results, is_ok=_status_omitted,
+    fallback=functools.partial(put_tables, build=CreateStreamResult.SCHEMA.build)))
 
 
 @response(Opcode.CREATE_STREAMS, items="create_responses")

@@ -43,7 +43,7 @@ WRITER: dict[str, Any] = {"compiled": None if _PURE else _compiled_writer}
 """``WRITER["compiled"]``: the compiled writer :func:`put_results` uses, or None (the
 pure-Python one; same conditions as the reader). Both write the same bytes."""
 
-__all__ = ["ResultsReader", "put_results"]
+__all__ = ["ResultsReader", "insert_block", "put_results"]
 
 _ZEROS: Final = tuple(bytes(n) for n in range(8))
 _I32: Final = struct.Struct("<i").pack
@@ -213,6 +213,12 @@ def put_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
         block, off, wrote_int64 = compiled(items, off0, vtables)
     else:
         block, off, wrote_int64 = _write(items, off0, vtables, status)
+    return insert_block(b, block, off0, off, wrote_int64)
+
+
+def insert_block(b: Any, block: bytes, off0: int, off: int, wrote_int64: bool) -> int:
+    """Drop ``block``, written for builder offset ``off0`` and ending at offset ``off`` (a
+    vector's), into builder ``b`` as the builder would have written it; returns ``off``."""
     total = off - off0
     assert len(block) == total
     while b.head < total:
