@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sbpstream.protocol import fbtable, rangelist
+from sbpstream.protocol import fbtable, rangelist, streamlist
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import BadHeaderError
 from sbpstream.protocol.fbtable import put_tables
@@ -185,3 +185,73 @@ def test_maker_refuses_a_class_with_post_init() -> None:
 
     with pytest.raises(TypeError, match="__post_init__"):
         fbtable.maker(Checked)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stream_ranges_writer_writes_the_builders_bytes(seed: int) -> None:
+    """SYNC_RANGES' StreamRanges vectors (no status slot): the pure writer, byte for byte."""
+    rnd = random.Random(seed)
+    vectors = [tuple(m.StreamRanges(r.stream_id, r.ranges) for r in _results(rnd))
+               for _ in range(rnd.randrange(1, 4))]
+    before = rnd.choice(["", "x", "abc", "seven!!"])
+    fast = functools.partial(rangelist.put_results, is_ok=lambda s: True, status=False,
+                             fallback=lambda b, items: pytest.fail("no fallback"))
+    slow = functools.partial(put_tables, build=m.StreamRanges.SCHEMA.build)
+    assert _write(fast, before, vectors) == _write(slow, before, vectors)  # type: ignore[arg-type]
+    req = m.SyncRangesRequest(timeout_ms=5, items=vectors[0])
+    assert m.SyncRangesRequest.decode(req.encode()) == req
+
+
+_SYNC_GENERIC_READ = m.SyncResult.SCHEMA.read
+
+
+def test_sync_results_take_the_fast_paths_with_the_generic_bytes_and_objects(writer: str) -> None:
+    """SyncResult has ListRangesResult's layout: the same writer and reader serve it."""
+    rnd = random.Random(7)
+    for _ in range(100):
+        items = tuple(m.SyncResult(r.stream_id, r.status, r.ranges) for r in _results(rnd))
+        if rnd.random() < 0.2:
+            items += (m.SyncResult(3, m.Status(7, "gone")),)
+        resp = m.SyncRangesResponse(items=items)
+        slow = functools.partial(put_tables, build=m.SyncResult.SCHEMA.build)
+        fast = functools.partial(rangelist.put_results, is_ok=m._status_omitted, fallback=slow)
+        assert _write(fast, "ab", [items]) == _write(slow, "ab", [items])  # type: ignore[arg-type]
+        buf = resp.encode()
+        root = fbtable._U32(buf, 0)[0]
+        at = root + fbtable._slots(buf, root, 3)[2]
+        assert fbtable._read_tables(buf, at, _SYNC_GENERIC_READ, None) == items
+        assert m.SyncRangesResponse.decode(buf) == resp
+
+
+# ------------------------------------------------------------------ CREATE_STREAMS' results
+
+
+def _create_results(rnd: random.Random) -> tuple[m.CreateStreamResult, ...]:
+    def stream() -> m.Stream | None:
+        if rnd.random() < 0.2:
+            return None
+        return m.Stream(rnd.choice(_I64), rnd.choice([0, 1, 3, -1, 127, -128]), rnd.choice(_I64),
+                        rnd.choice(_I64), rnd.choice(["", "a", "orders", "ü" * rnd.randrange(9)]))
+    return tuple(
+        m.CreateStreamResult(stream(), rnd.choice([0, 1, 3, -128]), rnd.choice(_I64))
+        for _ in range(rnd.randrange(1, 12)))
+
+
+def test_create_results_writer_writes_the_builders_bytes() -> None:
+    rnd = random.Random(19)
+    slow = functools.partial(put_tables, build=m.CreateStreamResult.SCHEMA.build)
+    fast = functools.partial(streamlist.put_create_results, is_ok=m._status_omitted,
+                             fallback=slow)
+    for _ in range(400):
+        vectors = [_create_results(rnd) for _ in range(rnd.randrange(1, 4))]
+        before = "x" * rnd.randrange(8)
+        assert _write(fast, before, vectors) == _write(slow, before, vectors)  # type: ignore[arg-type]
+        resp = m.CreateStreamsResponse(items=vectors[0])
+        assert m.CreateStreamsResponse.decode(resp.encode()) == resp
+
+
+def test_a_failed_create_takes_the_builder_path_and_round_trips() -> None:
+    items = (m.CreateStreamResult(None, 1, 5, m.Status(7, "no nodes")),
+             m.CreateStreamResult(m.Stream(9, 1, 5, 0, "n"), 1, 5))
+    resp = m.CreateStreamsResponse(items=items)
+    assert m.CreateStreamsResponse.decode(resp.encode()) == resp

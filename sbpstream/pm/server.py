@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from sbpstream.auth.gate import PM_NODE_ONLY, PM_RULES
@@ -86,6 +87,12 @@ class WireDataNodeApi:
         self.pool = ConnectionPool(connect_timeout_s=DN_CONNECT_TIMEOUT_S,
                                    ssl_context=ssl_context, authenticator=authenticator)
 
+    def replica_nodes(self, replicas: tuple[md.ReplicaMeta, ...]) -> tuple[m.ReplicaNode, ...]:
+        return tuple(
+            m.ReplicaNode(m.DataNode(rep.node_id, self._addr_of(rep.node_id)), rep.is_primary)
+            for rep in replicas
+        )
+
     def to_range(self, r: md.RangeMeta,
                  replicas: dict[tuple[md.ReplicaMeta, ...], tuple[m.ReplicaNode, ...]] | None
                  = None) -> m.Range:
@@ -93,10 +100,7 @@ class WireDataNodeApi:
         sets hundreds of thousands of times; addresses are read once per set)."""
         reps = None if replicas is None else replicas.get(r.replicas)
         if reps is None:
-            reps = tuple(
-                m.ReplicaNode(m.DataNode(rep.node_id, self._addr_of(rep.node_id)), rep.is_primary)
-                for rep in r.replicas
-            )
+            reps = self.replica_nodes(r.replicas)
             if replicas is not None:
                 replicas[r.replicas] = reps
         return _new_range(r.stream_id, r.range_index, r.start_offset, r.next_offset,
@@ -620,22 +624,46 @@ class PmServer:
                 else:
                     await sender.add_ranges(owner.stream_id, [self.dn.to_range(x) for x in got])
                 continue
-            try:
-                ranges = await self.service.list_node_ranges(owner.node_id)
-            except DataNodeNotFoundError as e:
-                await sender.add(m.ListRangesResult(0, Status.of(e)), 0)
-                continue
-            group: list[m.Range] = []
-            to_range = self.dn.to_range
-            cache: dict[tuple[md.ReplicaMeta, ...], tuple[m.ReplicaNode, ...]] = {}
-            for x in ranges:
-                if group and group[0].stream_id != x.stream_id:
-                    await sender.add_ranges(group[0].stream_id, group)
-                    group = []
-                group.append(to_range(x, cache))
-            if group:
-                await sender.add_ranges(group[0].stream_id, group)
+            with _gc_paused():  # hundreds of thousands of short-lived, acyclic objects
+                try:
+                    ranges = await self.service.list_node_ranges(owner.node_id)
+                except DataNodeNotFoundError as e:
+                    await sender.add(m.ListRangesResult(0, Status.of(e)), 0)
+                    continue
+                await sender.add_by_stream(ranges, self.dn.replica_nodes)
+                del ranges
         await sender.finish()
+
+
+class _GcPause:
+    """Automatic garbage collection off while at least one whole-node listing runs.
+
+    A listing of 333,000 ranges makes about a million objects that live until their frame is
+    sent and form no reference cycles (rows, RangeMeta, m.Range, results); the collector's
+    passes over them, and its full passes over everything as they pile up, were half the PM's
+    CPU for it. Bounded: the pause lasts as long as the listings (seconds), counted so that
+    overlapping listings re-enable the collector only when the last ends, and leaves it alone
+    when it was already off. Cycles made elsewhere meanwhile are collected afterwards."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.was_enabled = False
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        if self.depth == 0:
+            self.was_enabled = gc.isenabled()
+            gc.disable()
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0 and self.was_enabled:
+                gc.enable()
+
+
+_gc_paused: Final = _GcPause()
 
 
 _new_range: Final = maker(m.Range)
@@ -662,6 +690,44 @@ class _FramedResults:
         for i in range(0, max(1, len(ranges)), LIST_RANGES_FRAME_MAX):
             part = tuple(ranges[i : i + LIST_RANGES_FRAME_MAX])
             await self.add(_new_result(stream_id, m.STATUS_OK, part), len(part))
+
+    async def add_by_stream(
+        self, ranges: Sequence[md.RangeMeta],
+        replica_nodes: Callable[[tuple[md.ReplicaMeta, ...]], tuple[m.ReplicaNode, ...]],
+    ) -> None:
+        """``ranges`` ordered by stream: one OK result per stream, exactly as :meth:`add_ranges`
+        of each stream's ranges would add them (same results, same frames), in one loop: the
+        whole-node listing's hot path. ``replica_nodes`` is called once per replica set."""
+        new_range, new_result, ok, cap = _new_range, _new_result, m.STATUS_OK, LIST_RANGES_FRAME_MAX
+        cache: dict[tuple[md.ReplicaMeta, ...], tuple[m.ReplicaNode, ...]] = {}
+        last_set: tuple[md.ReplicaMeta, ...] | None = None
+        last_reps: tuple[m.ReplicaNode, ...] = ()
+        items, count = self._items, self._ranges
+        n, i = len(ranges), 0
+        while i < n:
+            sid = ranges[i].stream_id
+            j = i + 1
+            while j < n and ranges[j].stream_id == sid:
+                j += 1
+            for k in range(i, j, cap):
+                part: list[m.Range] = []
+                for r in ranges[k : min(j, k + cap)]:
+                    if r.replicas is not last_set:  # a node's ranges share a few replica sets
+                        last_set = r.replicas
+                        got = cache.get(last_set)
+                        if got is None:
+                            got = cache[last_set] = replica_nodes(last_set)
+                        last_reps = got
+                    part.append(new_range(r.stream_id, r.range_index, r.start_offset,
+                                          r.next_offset, r.end_offset, last_reps))
+                items.append(new_result(sid, ok, tuple(part)))
+                count += len(part)
+                if count >= cap or len(items) >= cap:
+                    self._ranges = count
+                    await self._flush(end=False)
+                    items, count = self._items, self._ranges
+            i = j
+        self._ranges = count
 
     async def _flush(self, end: bool) -> None:
         await self._resp.send(m.ListRangesResponse(items=tuple(self._items)).encode(), end=end)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
-from sbpstream.protocol import rangelist
+from sbpstream.protocol import rangelist, streamlist
 from sbpstream.protocol.errors import LimitExceededError, SbpError, error_for
 from sbpstream.protocol.fbtable import Codec, Table, parse_schema, put_tables
 from sbpstream.protocol.opcodes import Opcode
@@ -525,6 +525,12 @@ class StreamRanges(Table):
     ranges: tuple[Range, ...] = ()
 
 
+# PM creates send SYNC_RANGES of up to thousands of ranges: the same writer (same bytes)
+_CODEC.vector_writer(StreamRanges, functools.partial(
+    rangelist.put_results, is_ok=_status_omitted, status=False,
+    fallback=functools.partial(put_tables, build=StreamRanges.SCHEMA.build)))
+
+
 @request(Opcode.SYNC_RANGES, items="stream_ranges")
 class SyncRangesRequest(Message):
     timeout_ms: int = 0
@@ -536,6 +542,14 @@ class SyncResult(Table):
     stream_id: int = 0
     status: Status = STATUS_OK
     ranges: tuple[Range, ...] = ()
+
+
+# SyncResult is laid out as ListRangesResult is (stream_id, status, ranges): the same fast paths
+_CODEC.vector_writer(SyncResult, functools.partial(
+    rangelist.put_results, is_ok=_status_omitted,
+    fallback=functools.partial(put_tables, build=SyncResult.SCHEMA.build)))
+_CODEC.vector_reader(SyncResult, rangelist.ResultsReader(
+    SyncResult, Range, ReplicaNode, DataNode, Status.SCHEMA.read).read)
 
 
 @response(Opcode.SYNC_RANGES, items="sync_responses")
@@ -601,6 +615,12 @@ class CreateStreamResult(Table):
     replica_nums: int = 0  # the spec repeats these beside `stream`: the same values
     retention_period_ms: int = 0
     status: Status = STATUS_OK
+
+
+# A create answers up to thousands of items: written by a fast path (same bytes)
+_CODEC.vector_writer(CreateStreamResult, functools.partial(
+    streamlist.put_create_results, is_ok=_status_omitted,
+    fallback=functools.partial(put_tables, build=CreateStreamResult.SCHEMA.build)))
 
 
 @response(Opcode.CREATE_STREAMS, items="create_responses")

@@ -10,7 +10,9 @@ builder's, byte for byte: ``tests/test_messages_fast_ranges.py`` compares the tw
 trees, and the golden file pins them.
 
 A result whose status is not OK falls back to the builder for the whole vector (such results
-answer LIST_RANGES by stream, never the hot whole-node listing). No I/O.
+answer LIST_RANGES by stream, never the hot whole-node listing). SYNC_RANGES uses the same
+writer: ``SyncResult`` has ``ListRangesResult``'s layout, and ``StreamRanges`` is written with
+``status=False`` (no status slot; pure Python). No I/O.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ WRITER: dict[str, Any] = {"compiled": None if _PURE else _compiled_writer}
 """``WRITER["compiled"]``: the compiled writer :func:`put_results` uses, or None (the
 pure-Python one; same conditions as the reader). Both write the same bytes."""
 
-__all__ = ["ResultsReader", "put_results", "put_stream_owners", "put_stream_results"]
+__all__ = ["ResultsReader", "insert_block", "put_results", "put_stream_owners",
+           "put_stream_results"]
 
 _ZEROS: Final = tuple(bytes(n) for n in range(8))
 _I32: Final = struct.Struct("<i").pack
@@ -197,22 +200,31 @@ def _range(parts: list[bytes], off: int, vtables: dict[tuple[int, ...], int],
 
 
 def put_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
-                fallback: Callable[[Any, Sequence[Any]], int]) -> int:
+                fallback: Callable[[Any, Sequence[Any]], int], *, status: bool = True) -> int:
     """Write the vector of ListRangesResult ``items`` into builder ``b``; returns its offset.
 
     ``is_ok(status)`` says that a status is left out (the codec's own test); if one is not,
     ``fallback(b, items)`` (the builder path) writes the vector instead.
+
+    ``status=False``: the items are ``StreamRanges`` (SYNC_RANGES: ``stream_id``, ``ranges``, no
+    status field), written by the pure-Python writer (the compiled one writes results only).
     """
-    if not all(is_ok(it.status) for it in items):
+    if status and not all(is_ok(it.status) for it in items):
         return fallback(b, items)
     b.assertNotNested()
     vtables: dict[tuple[int, ...], int] = b.vtables
     off0 = b.Offset()
-    compiled = WRITER["compiled"]
+    compiled = WRITER["compiled"] if status else None
     if compiled is not None:
         block, off, wrote_int64 = compiled(items, off0, vtables)
     else:
-        block, off, wrote_int64 = _write(items, off0, vtables)
+        block, off, wrote_int64 = _write(items, off0, vtables, status)
+    return insert_block(b, block, off0, off, wrote_int64)
+
+
+def insert_block(b: Any, block: bytes, off0: int, off: int, wrote_int64: bool) -> int:
+    """Drop ``block``, written for builder offset ``off0`` and ending at offset ``off`` (a
+    vector's), into builder ``b`` as the builder would have written it; returns ``off``."""
     total = off - off0
     assert len(block) == total
     while b.head < total:
@@ -227,9 +239,12 @@ def put_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
     return int(off)
 
 
-def _write(items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int]) -> _Written:
+def _write(items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int],
+           status: bool = True) -> _Written:
     """The block of ``items`` written at builder offset ``off0``: (its bytes, the vector's
-    offset, whether an int64 field was written). Pure Python."""
+    offset, whether an int64 field was written). Pure Python. ``status``: the items' table has
+    the status slot between ``stream_id`` and ``ranges`` (ListRangesResult; StreamRanges has
+    not)."""
     off = off0
     parts: list[bytes] = []
     results: list[int] = []
@@ -247,7 +262,7 @@ def _write(items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int])
             off = s0 = _int64_slot(parts, off, it.stream_id)
         if ranges:
             off = s2 = _uoffset_slot(parts, off, ranges)
-        o, off = _end(parts, off, vtables, (s0, 0, s2), start)
+        o, off = _end(parts, off, vtables, (s0, 0, s2) if status else (s0, s2), start)
         results.append(o)
     off = _vector(parts, off, results)
     return b"".join(reversed(parts)), off, _wrote_int64(items)
@@ -264,19 +279,7 @@ def _wrote_int64(items: Sequence[Any]) -> bool:
 def _commit(b: Any, parts: list[bytes], off0: int, off: int, wide: bool) -> int:
     """Write ``parts`` (last first) into builder ``b`` as one block ending at ``off0``; returns
     ``off``, the vector's offset. ``wide``: an int64 was written."""
-    block = b"".join(reversed(parts))
-    total = off - off0
-    assert len(block) == total
-    while b.head < total:
-        size = len(b.Bytes)
-        b.GrowByteBuffer()
-        b.head += len(b.Bytes) - size
-    b.Bytes[b.head - total : b.head] = block
-    b.head -= total
-    # Prep's record of the widest alignment: 8 if any int64 was written (the block's padding
-    # then follows it), else 4 (every table ends 4-aligned)
-    b.minalign = max(b.minalign, 8 if wide else 4)
-    return off
+    return insert_block(b, b"".join(reversed(parts)), off0, off, wide)
 
 
 def put_stream_owners(b: Any, items: Sequence[Any], owner: type[Any], kind: int,
