@@ -146,14 +146,21 @@ async def within(timeout_ms: int, what: str) -> AsyncIterator[None]:
                 f"{what} did not finish within its timeout_ms {timeout_ms}") from None
 
 
+DEADLINE_GRACE_S: Final = 0.05
+"""A call bounded by its request's deadline ends this much after it, so that the request's own
+deadline (``within``) fires first and the request is answered TIMEOUT, rather than the call
+running out a moment earlier and the request answering a per-item error of that call."""
+
+
 def call_timeout(default_s: float = 0.0) -> float:
     """The bound of one internal call: ``default_s`` (DN_CALL_TIMEOUT_S if 0), or less when the
-    request that caused it has less time left (never below 1 ms)."""
+    request that caused it has less time left (then just past its deadline: DEADLINE_GRACE_S;
+    never below 1 ms)."""
     bound = default_s or DN_CALL_TIMEOUT_S
     deadline = _deadline.get()
     if deadline is None:
         return bound
-    return max(0.001, min(bound, deadline - time.monotonic()))
+    return max(0.001, min(bound, deadline - time.monotonic() + DEADLINE_GRACE_S))
 
 
 @dataclass(frozen=True, slots=True)
