@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sbpstream.protocol import fbtable, rangelist, streamlist
+from sbpstream.protocol import fbtable, rangelist
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import BadHeaderError
 from sbpstream.protocol.fbtable import put_tables
@@ -248,7 +248,7 @@ def _create_results(rnd: random.Random) -> tuple[m.CreateStreamResult, ...]:
 def test_create_results_writer_writes_the_builders_bytes() -> None:
     rnd = random.Random(19)
     slow = functools.partial(put_tables, build=m.CreateStreamResult.SCHEMA.build)
-    fast = functools.partial(streamlist.put_create_results, is_ok=m._status_omitted,
+    fast = functools.partial(rangelist.put_create_results, is_ok=m._status_omitted,
                              fallback=slow)
     for _ in range(400):
         vectors = [_create_results(rnd) for _ in range(rnd.randrange(1, 4))]

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
-from sbpstream.protocol import rangelist, streamlist
+from sbpstream.protocol import rangelist
 from sbpstream.protocol.errors import LimitExceededError, SbpError, error_for
 from sbpstream.protocol.fbtable import Codec, Table, parse_schema, put_tables
 from sbpstream.protocol.opcodes import Opcode
@@ -619,7 +619,7 @@ class CreateStreamResult(Table):
 
 # A create answers up to thousands of items: written by a fast path (same bytes)
 _CODEC.vector_writer(CreateStreamResult, functools.partial(
-    streamlist.put_create_results, is_ok=_status_omitted,
+    rangelist.put_create_results, is_ok=_status_omitted,
     fallback=functools.partial(put_tables, build=CreateStreamResult.SCHEMA.build)))
 
 

@@ -43,8 +43,8 @@ WRITER: dict[str, Any] = {"compiled": None if _PURE else _compiled_writer}
 """``WRITER["compiled"]``: the compiled writer :func:`put_results` uses, or None (the
 pure-Python one; same conditions as the reader). Both write the same bytes."""
 
-__all__ = ["ResultsReader", "insert_block", "put_results", "put_stream_owners",
-           "put_stream_results"]
+__all__ = ["ResultsReader", "insert_block", "put_create_results", "put_results",
+           "put_stream_owners", "put_stream_results"]
 
 _ZEROS: Final = tuple(bytes(n) for n in range(8))
 _I32: Final = struct.Struct("<i").pack
@@ -266,6 +266,41 @@ def _write(items: Sequence[Any], off0: int, vtables: dict[tuple[int, ...], int],
         results.append(o)
     off = _vector(parts, off, results)
     return b"".join(reversed(parts)), off, _wrote_int64(items)
+
+
+def put_create_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
+                       fallback: Callable[[Any, Sequence[Any]], int]) -> int:
+    """Write the vector of CreateStreamResult ``items`` (a CREATE_STREAMS answer: ``stream``, a
+    Stream or None, ``replica_nums``, ``retention_period_ms``, ``status``) into builder ``b``;
+    returns its offset. A status that is not OK (``is_ok``) has ``fallback(b, items)`` (the
+    builder path) write the whole vector instead."""
+    if not all(is_ok(it.status) for it in items):
+        return fallback(b, items)
+    b.assertNotNested()
+    vtables: dict[tuple[int, ...], int] = b.vtables
+    off0 = off = b.Offset()
+    parts: list[bytes] = []
+    results: list[int] = []
+    wide = False
+    for it in items:
+        stream = 0
+        if it.stream is not None:
+            stream, off, w = _stream(parts, off, vtables, it.stream)
+            wide = wide or w
+        start = off
+        s0 = s1 = s2 = 0
+        if stream:
+            off = s0 = _uoffset_slot(parts, off, stream)
+        if it.replica_nums != 0:
+            parts.append(_I8(it.replica_nums))
+            off = s1 = off + 1
+        if it.retention_period_ms != 0:
+            off = s2 = _int64_slot(parts, off, it.retention_period_ms)
+            wide = True
+        o, off = _end(parts, off, vtables, (s0, s1, s2, 0), start)
+        results.append(o)
+    off = _vector(parts, off, results)
+    return _commit(b, parts, off0, off, wide)
 
 
 def _wrote_int64(items: Sequence[Any]) -> bool:
