@@ -274,33 +274,17 @@ def put_create_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool
     Stream or None, ``replica_nums``, ``retention_period_ms``, ``status``) into builder ``b``;
     returns its offset. A status that is not OK (``is_ok``) has ``fallback(b, items)`` (the
     builder path) write the whole vector instead."""
-    if not all(is_ok(it.status) for it in items):
-        return fallback(b, items)
-    b.assertNotNested()
-    vtables: dict[tuple[int, ...], int] = b.vtables
-    off0 = off = b.Offset()
-    parts: list[bytes] = []
-    results: list[int] = []
-    wide = False
-    for it in items:
-        stream = 0
-        if it.stream is not None:
-            stream, off, w = _stream(parts, off, vtables, it.stream)
-            wide = wide or w
-        start = off
-        s0 = s1 = s2 = 0
-        if stream:
-            off = s0 = _uoffset_slot(parts, off, stream)
-        if it.replica_nums != 0:
-            parts.append(_I8(it.replica_nums))
-            off = s1 = off + 1
-        if it.retention_period_ms != 0:
-            off = s2 = _int64_slot(parts, off, it.retention_period_ms)
-            wide = True
-        o, off = _end(parts, off, vtables, (s0, s1, s2, 0), start)
-        results.append(o)
-    off = _vector(parts, off, results)
-    return _commit(b, parts, off0, off, wide)
+    return _put_stream_tables(b, items, is_ok, fallback, _create_fields)
+
+
+def _create_fields(parts: list[bytes], off: int, it: Any) -> tuple[tuple[int, ...], int, bool]:
+    s1 = s2 = 0
+    if it.replica_nums != 0:
+        parts.append(_I8(it.replica_nums))
+        off = s1 = off + 1
+    if it.retention_period_ms != 0:
+        off = s2 = _int64_slot(parts, off, it.retention_period_ms)
+    return (s1, s2, 0), off, bool(s2)
 
 
 def _wrote_int64(items: Sequence[Any]) -> bool:
@@ -376,6 +360,21 @@ def put_stream_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool
     """Write a vector of StreamResult ``items`` (``stream``: a Stream or None, ``status``) into
     builder ``b``; a status that is not OK (``is_ok``) has ``fallback(b, items)`` write it.
     Returns the vector's offset."""
+    return _put_stream_tables(b, items, is_ok, fallback, _status_only)
+
+
+def _status_only(parts: list[bytes], off: int, it: Any) -> tuple[tuple[int, ...], int, bool]:
+    return (0,), off, False  # the status slot, left out (OK)
+
+
+def _put_stream_tables(
+    b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool],
+    fallback: Callable[[Any, Sequence[Any]], int],
+    fields: Callable[[list[bytes], int, Any], tuple[tuple[int, ...], int, bool]],
+) -> int:
+    """The vector of tables whose first slot is a ``stream`` (a Stream or None); ``fields``
+    writes the rest of an item's table in slot order and gives (their slot offsets, the offset
+    after them, whether an int64 was written)."""
     if not all(is_ok(it.status) for it in items):
         return fallback(b, items)
     b.assertNotNested()
@@ -393,7 +392,9 @@ def put_stream_results(b: Any, items: Sequence[Any], is_ok: Callable[[Any], bool
         s0 = 0
         if st:
             off = s0 = _uoffset_slot(parts, off, st)
-        o, off = _end(parts, off, vtables, (s0, 0), start)
+        rest, off, w = fields(parts, off, it)
+        wide |= w
+        o, off = _end(parts, off, vtables, (s0, *rest), start)
         results.append(o)
     off = _vector(parts, off, results)
     return _commit(b, parts, off0, off, wide)
