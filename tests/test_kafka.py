@@ -546,8 +546,11 @@ def test_a_group_is_read_by_kafka_or_sdk_members_never_both(cluster: LocalCluste
                     return True
 
                 # the SDK member joined and was handed nothing: the gateway holds both streams
+                # (the PM's even split targets one of them at the SDK member, but a stream held
+                # by another member is never assigned; the gateway's own `assigned` shows that
+                # split after its next heartbeat, so it is not what this checks)
                 eventually(lambda: polled() and len(sdk.describe_group(group).members) == 2
-                           and members()["kafka-gateway"] == (ids, ids)
+                           and members()["kafka-gateway"][0] == ids
                            and all(a == set() for cid, (_, a) in members().items()
                                    if cid != "kafka-gateway"), timeout=30,
                            what=lambda: f"both members, the SDK one without streams: "
