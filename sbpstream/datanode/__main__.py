@@ -12,7 +12,7 @@ from sbpstream.auth.cli_args import add_security_args, security_from_args
 from sbpstream.datanode.config import DEFAULT_HOST, DEFAULT_PM, DataNodeConfig
 from sbpstream.datanode.limits import DEFAULT_COMPACTION_INTERVAL_MS, DEFAULT_RETENTION_INTERVAL_MS
 from sbpstream.datanode.node import run_datanode
-from sbpstream.net.loop import run
+from sbpstream.net.loop import run_server
 from sbpstream.store import FsyncPolicy
 
 LOG_FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
@@ -56,7 +56,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     try:
-        run(run_datanode(config))
+        run_server(run_datanode(config))
     except KeyboardInterrupt:
         pass
     except Exception as exc:

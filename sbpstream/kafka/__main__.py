@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
 
 from sbpstream.kafka.gateway import KafkaGateway, run_gateway
+from sbpstream.net.loop import run_server
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
                       auto_create=not args.no_auto_create, default_partitions=args.partitions,
                       replicas=args.replicas)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_gateway(gw))
+        run_server(run_gateway(gw))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import signal
 import sys
 
 from sbpstream.auth.cli_args import add_security_args, security_from_args
-from sbpstream.net.loop import run
+from sbpstream.net.loop import run_server
 from sbpstream.pm.config import (
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_NODE_TIMEOUT_MS,
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sbpstream pm: {e}", file=sys.stderr)
         return 2
     try:
-        run(_serve(config))
+        run_server(_serve(config))
     except Exception as e:  # a bind or metadata failure at start, reported once, clearly
         logging.getLogger("sbpstream.pm").error("event=pm_failed error=%r", str(e))
         return 1
