@@ -28,12 +28,11 @@ import enum
 import functools
 import pkgutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
 from sbpstream.protocol import rangelist
 from sbpstream.protocol.errors import LimitExceededError, SbpError, error_for
-from sbpstream.protocol.fbtable import Codec, Table, parse_schema, put_tables
+from sbpstream.protocol.fbtable import Codec, Table, frozen_dataclass, parse_schema, put_tables
 from sbpstream.protocol.opcodes import Opcode
 
 __all__ = [
@@ -130,7 +129,7 @@ def table(*, fixed: bool = False, omit_default: bool = False, **renames: str) ->
     """
 
     def bind(cls: type[_T]) -> type[_T]:
-        cls = dataclass(frozen=True, slots=True)(cls)
+        cls = frozen_dataclass(cls)
         _CODEC.bind(cls, renames=renames, fixed=fixed, omit_default=omit_default)
         return cls
 
@@ -145,7 +144,7 @@ def _message(opcode: Opcode, is_response: bool, renames: dict[str, str]) -> Call
     def bind(cls: type[_M]) -> type[_M]:
         if opcode in registry:
             raise TypeError(f"two classes for {opcode!r}: {registry[opcode]} and {cls}")
-        cls = dataclass(frozen=True, slots=True)(cls)
+        cls = frozen_dataclass(cls)
         cls.OPCODE, cls.IS_RESPONSE = opcode, is_response
         _CODEC.bind(cls, renames=renames, limit=None if is_response else _check_items)
         registry[opcode] = cls
