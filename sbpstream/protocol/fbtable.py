@@ -9,10 +9,12 @@ checks names, order and defaults against the schema and compiles a writer and a 
 The writer makes exactly the builder calls flatc's generated code makes (children first, in field
 order, then the fields in slot order), so the bytes are those of the generated code. The reader
 does not use the generated accessors: it reads a table's vtable once and unpacks each present
-field with :mod:`struct`. Both are compiled per table from the field table (``exec`` of a few
-lines, as :mod:`dataclasses` does): the compiled code is what one would write by hand for the
-table, whereas a loop over field descriptors adds a Python call per field, which the hundred
-items of an APPEND or FETCH header would pay a hundred times.
+field with :mod:`struct`. Both are written per table from the field table, as source (a few
+lines, as :mod:`dataclasses` does): the code is what one would write by hand for the table,
+whereas a loop over field descriptors adds a Python call per field, which the hundred items of
+an APPEND or FETCH header would pay a hundred times. The source is not compiled at import:
+:func:`compiled` takes its code from ``_precompiled.py``, written ahead of time by
+``python -m sbpstream.protocol.codegen`` (see :mod:`.codegen`).
 
 Fast path: a vector of a table bound with ``fixed=True`` (scalars and at most one status) is
 written as one block, every scalar present, in a layout derived from the field table: 8-byte

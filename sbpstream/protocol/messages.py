@@ -2,7 +2,8 @@
 
 The wire format is the FlatBuffers schema ``schema/sbp.fbs``, and it is the only statement of it:
 each class below is bound to the schema table of its name by :mod:`.fbtable`, which checks the
-class's fields (names, order, defaults) against the schema at import and compiles its codec. A
+class's fields (names, order, defaults) against the schema at import and gives it its codec and
+frozen-dataclass methods, compiled ahead of time into ``_precompiled.py`` (:mod:`.codegen`). A
 class declares its fields, one line each; ``@request``/``@response`` also register it for its
 opcode and refuse a second class for the same one. The flatc-generated code in ``fbs/`` is not
 imported here: the tests use it as an independent reader of what this module writes.
