@@ -25,11 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from scramp import ScramClient, ScramException
-
-from sbpstream.auth import scram, tokens
+from sbpstream.auth import tokens
 from sbpstream.auth.config import TlsConfig
-from sbpstream.auth.gate import MECH_TOKEN
 from sbpstream.auth.tls import client_context
 from sbpstream.net.client import Connection
 from sbpstream.protocol import messages as m
@@ -61,6 +58,10 @@ async def _call(conn: Connection, req: m.AuthenticateRequest) -> m.AuthenticateR
 
 async def scram_login(conn: Connection, user: str, password: str) -> m.AuthenticateResponse:
     """Log in on ``conn`` (a PM); the answer carries the token."""
+    from scramp import ScramClient, ScramException  # only a login needs it (0.05 s to import)
+
+    from sbpstream.auth import scram
+
     client = ScramClient([scram.MECHANISM], user, password)
     first = await _call(conn, m.AuthenticateRequest(scram.MECHANISM,
                                                     client.get_client_first().encode()))
@@ -154,6 +155,8 @@ class Credentials:
                 self._token = await self._fresh_token()
             tok = self._token
             assert tok is not None
+        from sbpstream.auth.gate import MECH_TOKEN  # the gate imports the server side
+
         await _call(conn, m.AuthenticateRequest(MECH_TOKEN, tok.text.encode()))
         conn.auth_renew_at_ms = tok.renew_at_ms
 

@@ -9,10 +9,12 @@ checks names, order and defaults against the schema and compiles a writer and a 
 The writer makes exactly the builder calls flatc's generated code makes (children first, in field
 order, then the fields in slot order), so the bytes are those of the generated code. The reader
 does not use the generated accessors: it reads a table's vtable once and unpacks each present
-field with :mod:`struct`. Both are compiled per table from the field table (``exec`` of a few
-lines, as :mod:`dataclasses` does): the compiled code is what one would write by hand for the
-table, whereas a loop over field descriptors adds a Python call per field, which the hundred
-items of an APPEND or FETCH header would pay a hundred times.
+field with :mod:`struct`. Both are written per table from the field table, as source (a few
+lines, as :mod:`dataclasses` does): the code is what one would write by hand for the table,
+whereas a loop over field descriptors adds a Python call per field, which the hundred items of
+an APPEND or FETCH header would pay a hundred times. The source is not compiled at import:
+:func:`compiled` takes its code from ``_precompiled.py``, written ahead of time by
+``python -m sbpstream.protocol.codegen`` (see :mod:`.codegen`).
 
 Fast path: a vector of a table bound with ``fixed=True`` (scalars and at most one status) is
 written as one block, every scalar present, in a layout derived from the field table: 8-byte
@@ -33,9 +35,11 @@ import inspect
 import re
 import struct
 import sys
+import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Final, Self, TypeVar
+from typing import Any, ClassVar, Final, Self, TypeVar, dataclass_transform
 
+from sbpstream.protocol import _precompiled
 from sbpstream.protocol.errors import BadHeaderError
 
 
@@ -77,11 +81,124 @@ def _import_flatbuffers() -> Any:
 flatbuffers: Final = _import_flatbuffers()
 
 __all__ = [
-    "Bound", "Codec", "Field", "FixedLayout", "Kind", "Schema", "Table", "TableDef", "maker",
-    "parse_schema", "put_tables",
+    "MAX_PRECOMPILED_MAKER", "RUNTIME_COMPILED", "SOURCES", "Bound", "Codec", "Field",
+    "FixedLayout", "Kind", "Schema", "Table", "TableDef", "compiled", "frozen_dataclass", "maker",
+    "maker_source", "parse_schema", "put_tables",
 ]  # fmt: skip
 
 _T = TypeVar("_T")
+
+# ------------------------------------------------------------------------- compiled code, ahead
+
+SOURCES: Final[dict[tuple[int, int], tuple[str, str, tuple[str, ...]]]] = {}
+"""Every source :func:`compiled` was given in this process: key -> (label, source, env names).
+``python -m sbpstream.protocol.codegen`` writes them to ``_precompiled.py``."""
+
+RUNTIME_COMPILED: Final[list[str]] = []
+"""Labels of the sources compiled in this process because ``_precompiled`` lacks them (stale or
+new code). Empty after importing messages when the committed module is current (tested)."""
+
+
+def _key(source: str) -> tuple[int, int]:
+    return len(source), zlib.crc32(source.encode())
+
+
+def compiled(label: str, source: str, env: dict[str, Any]) -> dict[str, Any]:
+    """The functions that ``source`` (top-level ``def`` statements, annotated with ``Any``)
+    defines, run with the names of ``env``.
+
+    The code comes from ``_precompiled`` when it holds this exact source (keyed by its length and
+    CRC-32): a factory taking ``env``, compiled into the package's bytecode ahead of time, so
+    that importing the messages compiles nothing. A source it lacks is compiled here, as
+    :mod:`dataclasses` does, and listed in :data:`RUNTIME_COMPILED`: the behaviour is the same,
+    only the import is slower (``tests/test_precompiled.py`` fails until the module is rewritten).
+    """
+    key = _key(source)
+    if key not in SOURCES:
+        SOURCES[key] = (label, source, tuple(env))
+    factory = _precompiled.CODE.get(key)
+    if factory is not None:
+        return factory(env)
+    namespace = dict(env, Any=Any)
+    exec(compile(source, f"<{label}>", "exec"), namespace)
+    RUNTIME_COMPILED.append(label)
+    return namespace
+
+
+_DATACLASS_METHODS: Final = (
+    "__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__", "__getstate__",
+    "__setstate__",
+)  # fmt: skip
+
+
+@dataclass_transform(frozen_default=True)
+def frozen_dataclass(cls: type[_T]) -> type[_T]:
+    """``dataclass(frozen=True, slots=True)(cls)``, its methods taken from :func:`compiled`.
+
+    :mod:`dataclasses` compiles six methods per class (``exec``), 0.18 s for the hundred message
+    classes, in every process that imports them. Here :func:`dataclasses.dataclass` only collects
+    the fields and makes the slotted class (``init``, ``repr``, ``eq`` off, so it compiles
+    nothing), and the methods, the ones a frozen dataclass has, come precompiled: ``__init__``
+    (every field with its default; set through the slots' descriptors), ``__repr__``, ``__eq__``
+    and ``__hash__`` over the fields' tuple, ``__setattr__``/``__delattr__`` raising
+    :class:`dataclasses.FrozenInstanceError`, and the pickling pair. :func:`dataclasses.fields`,
+    :func:`dataclasses.replace` and :func:`dataclasses.is_dataclass` work as before, and
+    ``__dataclass_params__`` is set to what the class is (``frozen``, ``eq``...). No field may
+    have a ``default_factory``.
+    """
+    if not cls.__doc__:  # else dataclass() writes one, through a costly inspect.signature
+        cls.__doc__ = f"{cls.__name__}({', '.join(inspect.get_annotations(cls))})"
+    cls = dataclasses.dataclass(init=False, repr=False, eq=False, slots=True)(cls)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    names = [f.name for f in fields]
+    env: dict[str, Any] = {"cls_": cls, "frozen_": dataclasses.FrozenInstanceError}
+    for k, f in enumerate(fields):
+        if f.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: a default_factory is not supported")
+        env[f"d{k}"], env[f"s{k}"] = f.default, getattr(cls, f.name).__set__
+    env["setters_"] = tuple(env[f"s{k}"] for k in range(len(names)))
+    if set(names) & {*env, "self", "other_", "attr_", "value_", "state_", "set_", "Any"}:
+        raise TypeError(f"{cls.__name__}: a field name is one of the generated code's names")
+    mine = "".join(f"self.{n}, " for n in names)
+    theirs = "".join(f"other_.{n}, " for n in names)
+    shown = f'f"({", ".join(f"{n}={{self.{n}!r}}" for n in names)})"' if names else '"()"'
+    frozen = f"type(self) is cls_ or attr_ in {tuple(names)!r}" if names else "type(self) is cls_"
+    init_body = "".join(f"    s{k}(self, {n})\n" for k, n in enumerate(names)) or "    pass\n"
+    params = "".join(f", {f.name}: Any" + ("" if f.default is dataclasses.MISSING else f" = d{k}")
+                     for k, f in enumerate(fields))
+    source = (
+        f"def __init__(self: Any{params}) -> None:\n{init_body}"
+        "def __repr__(self: Any) -> Any:\n"
+        f"    return self.__class__.__qualname__ + {shown}\n"
+        "def __eq__(self: Any, other_: Any) -> Any:\n"
+        "    if other_.__class__ is self.__class__:\n"
+        f"        return ({mine}) == ({theirs})\n"
+        "    return NotImplemented\n"
+        "def __hash__(self: Any) -> Any:\n"
+        f"    return hash(({mine}))\n"
+        "def __setattr__(self: Any, attr_: Any, value_: Any) -> None:\n"
+        f"    if {frozen}:\n"
+        "        raise frozen_(f\"cannot assign to field {attr_!r}\")\n"
+        "    super(cls_, self).__setattr__(attr_, value_)\n"
+        "def __delattr__(self: Any, attr_: Any) -> None:\n"
+        f"    if {frozen}:\n"
+        "        raise frozen_(f\"cannot delete field {attr_!r}\")\n"
+        "    super(cls_, self).__delattr__(attr_)\n"
+        "def __getstate__(self: Any) -> Any:\n"
+        f"    return [{mine}]\n"
+        "def __setstate__(self: Any, state_: Any) -> None:\n"
+        "    for set_, value_ in zip(setters_, state_, strict=True):\n"
+        "        set_(self, value_)\n"
+    )
+    namespace = compiled(f"dataclass {cls.__name__}", source, env)
+    for method in _DATACLASS_METHODS:
+        fn = namespace[method]
+        fn.__qualname__ = f"{cls.__qualname__}.{method}"
+        setattr(cls, method, fn)
+    params = cls.__dataclass_params__  # type: ignore[attr-defined]
+    for attr in ("init", "repr", "eq", "frozen"):  # what the class now is
+        setattr(params, attr, True)
+    return cls
 
 # struct format of each scalar type, and the builder method that writes it into a slot.
 _SCALARS: Final = {
@@ -110,7 +227,7 @@ class Kind(enum.Enum):
     UNION = "union"  # two slots: the member's type (ubyte), then the member
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class Field:
     """One field of a table: ``slot`` is its vtable index (a union's value is at ``slot + 1``)."""
 
@@ -122,7 +239,7 @@ class Field:
     ref: str = ""  # the table, enum or union named by the type
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class TableDef:
     name: str
     fields: tuple[Field, ...]
@@ -132,7 +249,7 @@ class TableDef:
         return sum(2 if f.kind is Kind.UNION else 1 for f in self.fields)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class Schema:
     tables: dict[str, TableDef]
     enums: dict[str, dict[str, int]]  # name -> {member: value}
@@ -358,15 +475,16 @@ class FixedLayout:
         # rows(items): each item's scalars in layout order; errors(b, items): each item's status
         # written (its offset), or 0 if it is OK. Compiled: a listcomp reads a slotted attribute
         # about twice as fast as attrgetter does.
-        env: dict[str, Any] = {}
         values = ", ".join(f"i.{names[f.name]}" for f in order if f in scalars)
-        self.rows = eval(f"lambda items: [({values},) for i in items]", env)
+        source = f"def rows(items: Any) -> Any:\n    return [({values},) for i in items]\n"
+        self.rows = compiled(f"rows {table.name}", source, {})["rows"]
         self.errors: Callable[[Any, Sequence[Any]], list[int]] | None = None
         if status is not None and tables:
-            env.update(k=status.omit, K=status.omit_values, build=status.build)
+            env = {"k": status.omit, "K": status.omit_values, "build": status.build}
             ok = _omitted("s", status, "k", "K")
-            self.errors = eval(f"lambda b, items: [0 if {ok} else build(b, s) for s in "
-                               f"[i.{names[tables[0].name]} for i in items]]", env)  # fmt: skip
+            source = (f"def errors(b: Any, items: Any) -> Any:\n    return [0 if {ok} else "
+                      f"build(b, s) for s in [i.{names[tables[0].name]} for i in items]]\n")
+            self.errors = compiled(f"errors {table.name}", source, env)["errors"]
         self.status_at = at[tables[0].slot] if tables else 0
         head = (4 + 2 * len(at), inline)
         every = [at[f.slot] for f in table.fields]
@@ -432,15 +550,22 @@ def maker(cls: type[_T]) -> Callable[..., _T]:
         raise TypeError(f"{cls.__name__} has a __post_init__: make it with its __init__")
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     env: dict[str, Any] = {"new": object.__new__, "cls": cls}
-    lines = []
     for k, name in enumerate(names):
         env[f"s{k}"] = getattr(cls, name).__set__  # the slot's member descriptor
-        lines.append(f"s{k}(o, v{k})")
-    args = ", ".join(f"v{k}" for k in range(len(names)))
-    body = "\n    ".join(lines)
-    exec(f"def make({args}):\n    o = new(cls)\n    {body}\n    return o\n", env)
-    make: Callable[..., _T] = env["make"]
+    make: Callable[..., _T] = compiled(f"maker {len(names)}", maker_source(len(names)), env)["make"]
     return make
+
+
+MAX_PRECOMPILED_MAKER: Final = 24
+"""``_precompiled`` holds the :func:`maker` of every class of up to this many fields."""
+
+
+def maker_source(n: int) -> str:
+    """The source of :func:`maker`'s ``make`` for a class of ``n`` fields (it depends on ``n``
+    only: the class and its slots' descriptors are the names ``cls`` and ``s0``... of its env)."""
+    args = ", ".join(f"v{k}: Any" for k in range(n))
+    body = "".join(f"    s{k}(o, v{k})\n" for k in range(n))
+    return f"def make({args}) -> Any:\n    o = new(cls)\n{body}    return o\n"
 
 
 # ------------------------------------------------------------------------------------ the codec
@@ -452,7 +577,7 @@ _DECODE_ERRORS: Final = (struct.error, IndexError, ValueError, TypeError, Overfl
 _ENCODE_ERRORS: Final = (struct.error, TypeError, OverflowError)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class Bound:
     """A dataclass bound to its schema table: ``build(builder, obj) -> offset`` and
     ``read(buf, pos) -> obj``; ``omit`` is the value not written at all (None: any is written).
@@ -528,7 +653,7 @@ class Codec:
             raise TypeError(f"{cls.__name__}: no table of that name, or bound twice")
         names = self._check(cls, table, renames or {})
         source, env = self._source(cls, table, names, limit)
-        exec(compile(source, f"<codec {table.name}>", "exec"), env)
+        env = compiled(f"codec {table.name}", source, env)
         layout = None
         if fixed:
             status = [self.bound[f.ref] for f in table.fields if f.kind is Kind.TABLE]
@@ -637,12 +762,12 @@ class Codec:
             adds.append(f"b.PrependUOffsetTRelativeSlot({f.slot}, f{i}, 0)")
             if limit is not None and f.kind in (Kind.SCALARS, Kind.TABLES):
                 checks.append(f"limit(len(v{i}))")
-        values = "".join(f"v{i}, " for i in range(len(table.fields)))
-        get = "".join(f"obj.{names[f.name]}, " for f in table.fields)
-        offsets = "".join(f"o{s}, " for s in range(table.slots))
+        values = ", ".join(f"v{i}" for i in range(len(table.fields)))
+        get = ", ".join(f"obj.{names[f.name]}" for f in table.fields)
+        offsets = ", ".join(f"o{s}" for s in range(table.slots))
         writer = [
-            "def build(b, obj):",
-            *([f"{values}= {get}"] if values else []),
+            "def build(b: Any, obj: Any) -> Any:",
+            *([f"{values} = {get}"] if values else []),
             *checks,
             *children,
             f"b.StartObject({table.slots})",
@@ -650,8 +775,9 @@ class Codec:
             "return b.EndObject()",
         ]
         reader = [
-            "def read(buf, pos):",
-            *([f"{offsets}= slots(buf, pos, {table.slots})"] if offsets else []),
+            "def read(buf: Any, pos: Any) -> Any:",
+            *([f"{offsets}{',' * (table.slots == 1)} = slots(buf, pos, {table.slots})"]
+              if offsets else []),
             f"return cls({', '.join(reads)})",
         ]
         return "\n    ".join(writer) + "\n" + "\n    ".join(reader) + "\n", env

@@ -2,7 +2,8 @@
 
 The wire format is the FlatBuffers schema ``schema/sbp.fbs``, and it is the only statement of it:
 each class below is bound to the schema table of its name by :mod:`.fbtable`, which checks the
-class's fields (names, order, defaults) against the schema at import and compiles its codec. A
+class's fields (names, order, defaults) against the schema at import and gives it its codec and
+frozen-dataclass methods, compiled ahead of time into ``_precompiled.py`` (:mod:`.codegen`). A
 class declares its fields, one line each; ``@request``/``@response`` also register it for its
 opcode and refuse a second class for the same one. The flatc-generated code in ``fbs/`` is not
 imported here: the tests use it as an independent reader of what this module writes.
@@ -28,12 +29,11 @@ import enum
 import functools
 import pkgutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
 from sbpstream.protocol import rangelist
 from sbpstream.protocol.errors import LimitExceededError, SbpError, error_for
-from sbpstream.protocol.fbtable import Codec, Table, parse_schema, put_tables
+from sbpstream.protocol.fbtable import Codec, Table, frozen_dataclass, parse_schema, put_tables
 from sbpstream.protocol.opcodes import Opcode
 
 __all__ = [
@@ -130,7 +130,7 @@ def table(*, fixed: bool = False, omit_default: bool = False, **renames: str) ->
     """
 
     def bind(cls: type[_T]) -> type[_T]:
-        cls = dataclass(frozen=True, slots=True)(cls)
+        cls = frozen_dataclass(cls)
         _CODEC.bind(cls, renames=renames, fixed=fixed, omit_default=omit_default)
         return cls
 
@@ -145,7 +145,7 @@ def _message(opcode: Opcode, is_response: bool, renames: dict[str, str]) -> Call
     def bind(cls: type[_M]) -> type[_M]:
         if opcode in registry:
             raise TypeError(f"two classes for {opcode!r}: {registry[opcode]} and {cls}")
-        cls = dataclass(frozen=True, slots=True)(cls)
+        cls = frozen_dataclass(cls)
         cls.OPCODE, cls.IS_RESPONSE = opcode, is_response
         _CODEC.bind(cls, renames=renames, limit=None if is_response else _check_items)
         registry[opcode] = cls
