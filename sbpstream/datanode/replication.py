@@ -43,10 +43,12 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from sbpstream.protocol.errors import ReplicaUnavailableError, SbpError
+from sbpstream.protocol.frame import Buffer, ChecksummedPayload
 from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse, AppendResult
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records.header import BASE_OFFSET_STRUCT, read_header
@@ -361,8 +363,9 @@ class _Channel:
             committed_offset=committed[0] if one else -1,
             committed_offsets=() if one else tuple(committed),
         ).encode()
+        body = ChecksummedPayload(payload)  # one CRC for every secondary
         results = await asyncio.gather(
-            *(self._send(addr, header, payload, timeout_s) for addr in self.targets),
+            *(self._send(addr, header, body, timeout_s) for addr in self.targets),
             return_exceptions=True)
         failed: dict[RangeReplicator, SbpError] = {}
         for addr, res in zip(self.targets, results, strict=True):
@@ -420,7 +423,7 @@ class _Channel:
             else:
                 self._owed[rep] = left
 
-    async def _send(self, addr: str, header: bytes, payload: list[bytes | memoryview],
+    async def _send(self, addr: str, header: bytes, payload: Sequence[Buffer],
                     timeout_s: float) -> list[AppendResult]:
         async with asyncio.timeout(timeout_s):  # the connect too
             conn = await self.ctx.pool.get(addr)
