@@ -6,9 +6,9 @@ set of secondaries (:class:`_Channel`) forwards everything queued by all its ran
 replication APPEND (``replication=True``, batches carrying their base offsets, and what the
 primary has acknowledged so far: ``committed_offset`` for a round of one range,
 ``committed_offsets`` per item for several) to every secondary at once, and resolves the batches'
-futures when **all** secondaries answered OK. Rounds are strictly sequential, so a secondary
-always receives a range's batches in offset order (it rejects a batch that does not start at its
-next offset).
+futures when **all** secondaries answered OK. Several rounds may be out at once, but a range is
+in at most one of them, so a secondary always receives a range's batches in offset order (it
+rejects a batch that does not start at its next offset).
 
 The first failed round breaks the replicator for good: that batch and every later one fail with
 REPLICA_UNAVAILABLE, nothing more is forwarded, and the writer seals the range at the PM (which
@@ -43,13 +43,15 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from sbpstream.protocol.errors import ReplicaUnavailableError, SbpError
+from sbpstream.protocol.frame import Buffer, ChecksummedPayload
 from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse, AppendResult
 from sbpstream.protocol.opcodes import Opcode
-from sbpstream.records.header import patch_base_offset, read_header
+from sbpstream.records.header import BASE_OFFSET_STRUCT, read_header
 
 if TYPE_CHECKING:
     from sbpstream.datanode.context import NodeContext
@@ -62,6 +64,9 @@ log = logging.getLogger("sbpstream.datanode.replication")
 MAX_ROUND_BYTES: Final = 8 * 1024 * 1024
 # ...and at most this many batches (the header's item vector grows with it).
 MAX_ROUND_ITEMS: Final = 1000
+# Rounds out at once per set of secondaries (each range in at most one of them): the transfer of
+# the next round overlaps the secondaries' write and fsync of the previous ones.
+MAX_ROUNDS_IN_FLIGHT: Final = 4
 # A secondary that does not answer a round by the latest deadline of the requests whose batches
 # it carries is treated as failed, and never later than this bound (a request with a longer or
 # no timeout_ms still cannot hold a range's replication, and its writers, longer)...
@@ -82,7 +87,11 @@ COMMIT_IDLE_TICKS: Final = 100
 
 @dataclass(slots=True)
 class _Pending:
-    data: bytearray  # the batch with its base offset written in
+    # the batch as sent: its base offset (8 bytes), then the rest of it, a view of the client's
+    # request (immutable bytes; nothing is copied to write the offset in)
+    head: bytes
+    rest: memoryview
+    size: int
     done: asyncio.Future[None]
     next_offset: int  # the offset after the batch
     deadline: float  # time.monotonic() by which the request that wrote it wants its answer
@@ -130,12 +139,12 @@ class RangeReplicator:
         if self.broken is not None:
             fut.set_exception(self.broken)
             return fut
-        data = bytearray(batch)
-        patch_base_offset(data, base_offset)
-        nxt = base_offset + read_header(data).record_count
-        self.queue.append(_Pending(data, fut, nxt, deadline))
+        nxt = base_offset + read_header(batch).record_count
+        size = len(batch)
+        self.queue.append(_Pending(BASE_OFFSET_STRUCT.pack(base_offset),
+                                   batch[BASE_OFFSET_STRUCT.size:], size, fut, nxt, deadline))
         self.submitted_offset = max(self.submitted_offset, nxt)
-        self.queued_bytes += len(data)
+        self.queued_bytes += size
         self.channel.ready(self)
         return fut
 
@@ -205,15 +214,21 @@ class _Channel:
     MAX_ROUND_ITEMS / MAX_ROUND_BYTES) and forwards it as ONE replication APPEND to every
     secondary at once: with 1,000 streams, a few frames per round instead of two per range. A
     request of one range carries ``committed_offset``; of several, ``committed_offsets`` (each
-    item its range's). Rounds are strictly sequential, so every range's batches reach a secondary
-    in offset order. A failed send fails every range of the round; an item a secondary refused
-    fails its range only.
+    item its range's). Up to MAX_ROUNDS_IN_FLIGHT rounds are out at once, but **a range is in at
+    most one of them**: a range's next round starts only after its previous one was settled, so
+    its batches reach a secondary in offset order whatever the secondary does with concurrent
+    requests (e.g. look a range up at the PM), and each range's rounds succeed or fail in order.
+    A failed send fails every range of the round; an item a secondary refused fails its range
+    only.
     """
 
     def __init__(self, ctx: NodeContext, targets: tuple[str, ...]) -> None:
         self.ctx = ctx
         self.targets = targets
         self._ready: dict[RangeReplicator, None] = {}  # insertion-ordered set
+        # ranges with a round out: not taken again until it is settled
+        self._busy: set[RangeReplicator] = set()
+        self._rounds: set[asyncio.Task[None]] = set()
         # ranges whose secondaries may not know the last commit: idle periods left to tell them
         self._owed: dict[RangeReplicator, int] = {}
         self._wake = asyncio.Event()
@@ -228,68 +243,98 @@ class _Channel:
     def _take(self) -> list[tuple[RangeReplicator, list[_Pending]]]:
         round_: list[tuple[RangeReplicator, list[_Pending]]] = []
         items = size = 0
+        busy = self._busy
         for rep in list(self._ready):
             if items >= MAX_ROUND_ITEMS or size >= MAX_ROUND_BYTES:
                 break
+            if rep in busy:
+                continue  # its round is out: stays ready for a later one
             taken: list[_Pending] = []
             q = rep.queue
             while q and items < MAX_ROUND_ITEMS and (
-                    not items or size + len(q[0].data) <= MAX_ROUND_BYTES):
+                    not items or size + q[0].size <= MAX_ROUND_BYTES):
                 p = q.popleft()
                 taken.append(p)
                 items += 1
-                size += len(p.data)
-                rep.queued_bytes -= len(p.data)
+                size += p.size
+                rep.queued_bytes -= p.size
             if not q:
                 del self._ready[rep]
-            if taken:
+            if taken and rep.broken is None:
                 round_.append((rep, taken))
         return round_
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            if not self._ready:
-                self._wake.clear()
-                if not self._owed:
+            self._wake.clear()
+            while len(self._rounds) < MAX_ROUNDS_IN_FLIGHT:
+                round_ = self._take()
+                if not round_:
+                    break
+                self._busy.update(rep for rep, _ in round_)
+                task = loop.create_task(self._run_round(round_))
+                self._rounds.add(task)
+            if self._rounds or self._ready:
+                # a round out, or ranges waiting for theirs: a settled round or new data wakes
+                await self._wake.wait()
+                continue
+            if not self._owed:
+                await self._wake.wait()
+                continue
+            try:
+                async with asyncio.timeout(COMMIT_IDLE_S):
                     await self._wake.wait()
-                    continue
-                try:
-                    async with asyncio.timeout(COMMIT_IDLE_S):
-                        await self._wake.wait()
-                except TimeoutError:
-                    await self._commit_round()
-                continue
-            round_ = [(rep, taken) for rep, taken in self._take() if rep.broken is None]
-            if not round_:
-                continue
+            except TimeoutError:
+                await self._commit_round()
+
+    async def _run_round(self, round_: list[tuple[RangeReplicator, list[_Pending]]]) -> None:
+        try:
             try:
                 failed = await self._round(round_)
             except SbpError as exc:
                 failed = {rep: exc for rep, _ in round_}
+            except asyncio.CancelledError:  # the node closes: no writer may be left hanging
+                err = ReplicaUnavailableError("replication stopped: the node is closing")
+                for rep, taken in round_:
+                    for p in taken:
+                        if not p.done.done():
+                            p.done.set_exception(err)
+                    rep._break(err, failure=False)
+                raise
             except Exception as exc:  # a failed round must never leave writers hanging
                 err = ReplicaUnavailableError(f"replication failed: {type(exc).__name__}: {exc}")
                 failed = {rep: err for rep, _ in round_}
-            for rep, taken in round_:
-                why = failed.get(rep)
-                if why is None and rep.broken is not None:
-                    # closed while the round was out (a seal's stop, a delete, re-adoption):
-                    # the stop already answered its end from replicated_offset, so these
-                    # batches are past that end and must not be acknowledged (the seal cuts
-                    # them), nor committed (a reader would get records the seal then drops)
-                    why = rep.broken
-                if why is not None:
-                    rep.fail(taken, why)
-                    continue
-                # every secondary holds these batches: raise the mark BEFORE any writer can be
-                # acknowledged (the futures' callbacks run later), so that whatever was
-                # acknowledged is below it when a seal reads it (docs/operations.md)
-                rep.rng.replicated_offset = max(rep.rng.replicated_offset,
-                                                taken[-1].next_offset)
-                self._owed[rep] = COMMIT_IDLE_TICKS
-                for p in taken:
-                    if not p.done.done():
-                        p.done.set_result(None)
-                rep.replicated()
+            self._settle(round_, failed)
+        finally:
+            self._busy.difference_update(rep for rep, _ in round_)
+            task = asyncio.current_task()
+            if task is not None:
+                self._rounds.discard(task)
+            self._wake.set()
+
+    def _settle(self, round_: list[tuple[RangeReplicator, list[_Pending]]],
+                failed: dict[RangeReplicator, SbpError]) -> None:
+        for rep, taken in round_:
+            why = failed.get(rep)
+            if why is None and rep.broken is not None:
+                # closed while the round was out (a seal's stop, a delete, re-adoption):
+                # the stop already answered its end from replicated_offset, so these
+                # batches are past that end and must not be acknowledged (the seal cuts
+                # them), nor committed (a reader would get records the seal then drops)
+                why = rep.broken
+            if why is not None:
+                rep.fail(taken, why)
+                continue
+            # every secondary holds these batches: raise the mark BEFORE any writer can be
+            # acknowledged (the futures' callbacks run later), so that whatever was
+            # acknowledged is below it when a seal reads it (docs/operations.md)
+            rep.rng.replicated_offset = max(rep.rng.replicated_offset, taken[-1].next_offset)
+            self._owed[rep] = COMMIT_IDLE_TICKS
+            for p in taken:
+                if not p.done.done():
+                    p.done.set_result(None)
+            rep.replicated()
 
     async def _round(
         self, round_: list[tuple[RangeReplicator, list[_Pending]]]
@@ -298,16 +343,17 @@ class _Channel:
         owners: list[RangeReplicator] = []
         items: list[AppendItem] = []
         committed: list[int] = []
-        payload: list[bytearray] = []
+        payload: list[bytes | memoryview] = []
         deadline = 0.0
         for rep, taken in round_:
             rng = rep.rng
             for p in taken:
                 items.append(AppendItem(stream_id=rng.stream_id, request_index=len(items),
-                                        batch_length=len(p.data), range_index=rng.range_index))
+                                        batch_length=p.size, range_index=rng.range_index))
                 committed.append(rng.committed_offset)
                 owners.append(rep)
-                payload.append(p.data)
+                payload.append(p.head)
+                payload.append(p.rest)
                 deadline = max(deadline, p.deadline)
             rep.sent_committed = max(rep.sent_committed, rng.committed_offset)
         one = len(round_) == 1
@@ -317,8 +363,9 @@ class _Channel:
             committed_offset=committed[0] if one else -1,
             committed_offsets=() if one else tuple(committed),
         ).encode()
+        body = ChecksummedPayload(payload)  # one CRC for every secondary
         results = await asyncio.gather(
-            *(self._send(addr, header, payload, timeout_s) for addr in self.targets),
+            *(self._send(addr, header, body, timeout_s) for addr in self.targets),
             return_exceptions=True)
         failed: dict[RangeReplicator, SbpError] = {}
         for addr, res in zip(self.targets, results, strict=True):
@@ -376,7 +423,7 @@ class _Channel:
             else:
                 self._owed[rep] = left
 
-    async def _send(self, addr: str, header: bytes, payload: list[bytearray],
+    async def _send(self, addr: str, header: bytes, payload: Sequence[Buffer],
                     timeout_s: float) -> list[AppendResult]:
         async with asyncio.timeout(timeout_s):  # the connect too
             conn = await self.ctx.pool.get(addr)
@@ -386,6 +433,8 @@ class _Channel:
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for task in list(self._rounds):
+            task.cancel()
 
 
 class Replicators:

@@ -131,6 +131,21 @@ def _crc(parts: Iterable[Buffer]) -> int:
     return crc
 
 
+class ChecksummedPayload(list[Buffer]):
+    """A payload's non-empty parts with their CRC-32 computed once: a frame sent to several peers
+    (a replication round to every secondary) is checksummed once, not once per peer. The parts
+    must not change afterwards. Computed over whole parts (a large part releases the GIL)."""
+
+    __slots__ = ("crc",)
+
+    def __init__(self, parts: Iterable[Buffer]) -> None:
+        super().__init__(p for p in parts if len(memoryview(p)))
+        crc = 0
+        for p in self:
+            crc = zlib.crc32(p, crc)
+        self.crc = crc
+
+
 def encode_frame_parts(
     opcode: int,
     request_id: int,
@@ -143,7 +158,10 @@ def encode_frame_parts(
 ) -> list[Buffer]:
     """Encode one frame as a list of buffers for ``transport.writelines`` (payload not copied)."""
     parts: Sequence[Buffer]
-    if isinstance(payload, bytes | bytearray | memoryview):
+    known_crc: int | None = None
+    if isinstance(payload, ChecksummedPayload):
+        parts, known_crc = payload, payload.crc
+    elif isinstance(payload, bytes | bytearray | memoryview):
         parts = (payload,) if len(payload) else ()
     else:
         parts = [p for p in payload if len(p)]
@@ -160,7 +178,7 @@ def encode_frame_parts(
     fixed = FIXED_STRUCT.pack(
         frame_length, MAGIC, opcode, flags, request_id, header_format, header_len.to_bytes(3, "big")
     )
-    crc = _crc(parts) if payload_len else 0
+    crc = known_crc if known_crc is not None else _crc(parts) if payload_len else 0
     out: list[Buffer] = [fixed + bytes(header)] if header_len else [fixed]
     out.extend(parts)
     out.append(CRC_STRUCT.pack(crc))
