@@ -304,8 +304,8 @@ def micro(n: int = 100_000) -> dict[str, float]:
     """The per-request enforcement cost alone, in microseconds (timeit, best of 9): an APPEND
     of one batch charged on the data node's own path (``AppendHandler._charge`` ->
     ``NodeQuotas.charge``: connection plan check, clock read, client produce and requests
-    counters, the stream's two) against quotas that never throttle, with 5,000 other live
-    counters; the same with a principal; and with no quota stored."""
+    counters, the stream's two) against quotas that never throttle, with 5,000 other
+    counters in the table; the same with a principal; and with no quota stored."""
     high = (MAX_BYTES_PER_S, MAX_BYTES_PER_S, MAX_REQUESTS_PER_S)
     out: dict[str, float] = {}
     server = Server({})
@@ -332,7 +332,7 @@ def micro(n: int = 100_000) -> dict[str, float]:
         if principal is not None:
             assert quotas.enforcer.charged[PRODUCE] >= n * 9 and not quotas.enforcer.throttled
     print("per-APPEND enforcement on the node's path (timeit, best of 9): " + ", ".join(
-        f"{k} {v:.2f} us" for k, v in out.items()) + "; 5,000 other live counters")
+        f"{k} {v:.2f} us" for k, v in out.items()) + "; 5,000 other counters in the table")
     return out
 
 
