@@ -26,7 +26,7 @@
 
     .venv/bin/python -m bench.bench_quota [--only achieved|cost|micro] [--quota 262144]
         [--seconds 8] [--records 30000] [--blocks 16] [--swarm 200] [--client-quotas 200]
-        [--batch-bytes 524288] [--fsync none|interval|always]
+        [--batch-bytes 524288] [--fsync none|interval|always] [--heartbeat-ms 1000]
 """
 
 from __future__ import annotations
@@ -103,10 +103,12 @@ async def offered(c: AsyncClient, sid: int, rate_bps: float, seconds: float) -> 
 async def achieved(pm: str, quota: int, seconds: float) -> list[dict[str, Any]]:
     out = []
     async with AsyncClient(pm, client_id="bench-admin") as admin:
-        for factor in (1, 2, 10):
+        addr = (await admin.data_node_addresses())[0]
+        held = len(await admin.list_quotas())
+        for n, factor in enumerate((1, 2, 10), 1):
             cid = f"bench-{factor}x"
             await admin.set_quota(QuotaSpec(QuotaKind.CLIENT, cid, quota))
-            await asyncio.sleep(1.0)  # the data node pulls quotas every heartbeat (200 ms)
+            await _quotas_applied(admin, addr, held + n)  # pulled at the node's next heartbeat
             sid = await admin.create_stream()
             async with AsyncClient(pm, client_id=cid) as c:
                 acked = await offered(c, sid, factor * quota, seconds)
@@ -198,8 +200,19 @@ def bootstrap_median(values: list[float], rounds: int = 5000,
     return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
 
 
-async def unthrottled(pm: str, metrics_port: int, records: int, blocks: int, swarm_n: int,
-                      client_quotas: int, batch_bytes: int) -> dict[str, Any]:
+def _cpu_ns(pid: int) -> int:
+    """CPU time a process has used, in ns: the sum over its threads' schedstat (ns resolution,
+    where /proc/<pid>/stat counts 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+async def unthrottled(pm: str, metrics_port: int, node_pid: int, pm_pid: int, records: int,
+                      blocks: int, swarm_n: int, client_quotas: int,
+                      batch_bytes: int) -> dict[str, Any]:
     """A B B A blocks: appends with no quota stored (A) and with quotas far above what is sent
     (B: a default, ``client_quotas`` client-id quotas, and a quota on every stream written; all
     with every rate set, so each APPEND charges its client's produce and request counters and
@@ -236,10 +249,11 @@ async def unthrottled(pm: str, metrics_port: int, records: int, blocks: int, swa
                     await asyncio.sleep(SETTLE_S)  # the PM's writes of the switch are done
                 before = await asyncio.to_thread(_node_metrics, metrics_port)
                 async with c.producer(linger_ms=2, batch_max_bytes=batch_bytes) as p:
-                    t0 = loop.time()
+                    pm0, cpu0, t0 = _cpu_ns(pm_pid), _cpu_ns(node_pid), loop.time()
                     futs = [await p.send(sid, small) for _ in range(records)]
                     await p.flush()
-                    took = loop.time() - t0
+                    took, cpu = loop.time() - t0, _cpu_ns(node_pid) - cpu0
+                    pm_cpu = _cpu_ns(pm_pid) - pm0
                     assert all(f.exception() is None for f in futs)
                 after = await asyncio.to_thread(_node_metrics, metrics_port)
                 appends = int(after["appends"] - before["appends"])
@@ -247,6 +261,7 @@ async def unthrottled(pm: str, metrics_port: int, records: int, blocks: int, swa
                 # honesty: B counts every APPEND against the quotas, A none
                 assert charged == (appends if mode == "B" else 0), (mode, appends, charged)
                 rounds.append({"mode": mode, "records_per_s": records / took, "seconds": took,
+                               "node_cpu_s": cpu / 1e9, "pm_cpu_s": pm_cpu / 1e9,
                                "appends": appends, "charged": charged})
                 if mode == "B":
                     live = max(live, len((await admin.quota_counters(addr)).counters))
@@ -254,48 +269,70 @@ async def unthrottled(pm: str, metrics_port: int, records: int, blocks: int, swa
         finally:
             stop.set()
             await swarm_task
-    ratios = []
+    rounds = rounds[1:]  # the warm-up round
+    throughput, node_cpu = [], []  # per A B B A block: the cost, > 0 when B is worse
     for k in range(blocks):
-        blk = rounds[1 + 4 * k:5 + 4 * k]  # A B B A, after the warm-up round
-        a = blk[0]["records_per_s"] + blk[3]["records_per_s"]
-        ratios.append((blk[1]["records_per_s"] + blk[2]["records_per_s"]) / a)
-    return {"rounds": rounds[1:], "block_ratios": ratios, "live_counters_in_b": live}
+        a, b1, b2, a2 = rounds[4 * k:4 * k + 4]
+        throughput.append(1 - (b1["records_per_s"] + b2["records_per_s"])
+                          / (a["records_per_s"] + a2["records_per_s"]))
+        node_cpu.append((b1["node_cpu_s"] + b2["node_cpu_s"])
+                        / (a["node_cpu_s"] + a2["node_cpu_s"]) - 1)
+    return {"rounds": rounds, "throughput_cost": throughput, "node_cpu_cost": node_cpu,
+            "live_counters_in_b": live}
+
+
+def summary(costs: list[float]) -> dict[str, Any]:
+    """Median, quartiles, bootstrap 95% interval of the median, min and max."""
+    med = statistics.median(costs)
+    q1, _, q3 = statistics.quantiles(costs, n=4) if len(costs) > 1 else (med, med, med)
+    lo, hi = bootstrap_median(costs)
+    return {"median": med, "quartiles": [q1, q3], "bootstrap95": [lo, hi],
+            "min_max": [min(costs), max(costs)], "blocks": costs}
+
+
+def _pct(v: dict[str, Any]) -> str:
+    return (f"median {v['median']:+.2%}; quartiles {v['quartiles'][0]:+.2%} .. "
+            f"{v['quartiles'][1]:+.2%}; bootstrap 95% of the median {v['bootstrap95'][0]:+.2%} .. "
+            f"{v['bootstrap95'][1]:+.2%}; blocks {v['min_max'][0]:+.2%} .. {v['min_max'][1]:+.2%}")
 
 
 def report_cost(res: dict[str, Any], micro_us: float, records: int, swarm_n: int,
                 client_quotas: int, batch_bytes: int) -> dict[str, Any]:
-    ratios: list[float] = res["block_ratios"]
     rounds: list[dict[str, Any]] = res["rounds"]
-    med = statistics.median(ratios)
-    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (med, med, med)
-    lo, hi = bootstrap_median(ratios)
+    thr, cpu = summary(res["throughput_cost"]), summary(res["node_cpu_cost"])
     per_append_us = {m: statistics.median(r["seconds"] / r["appends"] * 1e6
                                           for r in rounds if r["mode"] == m) for m in "AB"}
+    cpu_per_append_us = {m: statistics.median(r["node_cpu_s"] / r["appends"] * 1e6
+                                              for r in rounds if r["mode"] == m) for m in "AB"}
     recs_per_append = statistics.median(records / r["appends"] for r in rounds)
     bound = micro_us / per_append_us["A"]
     rates = {m: statistics.median(r["records_per_s"] for r in rounds if r["mode"] == m)
              for m in "AB"}
     load = os.getloadavg()
-    print(f"rounds of {records} x 100 B (batch_max_bytes {batch_bytes}), {len(ratios)} ABBA "
-          f"blocks, {swarm_n} swarm client ids, {res['live_counters_in_b']} live counters in B; "
-          f"load average "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"rounds of {records} x 100 B (batch_max_bytes {batch_bytes}), {len(rounds) // 4} "
+          f"A B B A blocks, {swarm_n} swarm client ids, {res['live_counters_in_b']} live "
+          f"counters in B; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"A (no quotas) median {rates['A']:,.0f} rec/s, B (quotas) {rates['B']:,.0f} rec/s; "
           f"{recs_per_append:.0f} records per APPEND; every B APPEND charged "
           f"({sum(r['charged'] for r in rounds)} charges, none in A)")
-    print("block ratios B/A: " + " ".join(f"{r:.3f}" for r in ratios))
-    print(f"cost of enforcement (1 - B/A): median {1 - med:+.2%}; quartiles "
-          f"{1 - q3:+.2%} .. {1 - q1:+.2%}; bootstrap 95% of the median "
-          f"{1 - hi:+.2%} .. {1 - lo:+.2%}; blocks {1 - max(ratios):+.2%} .. "
-          f"{1 - min(ratios):+.2%}")
+    print("throughput cost per block (1 - B/A): "
+          + " ".join(f"{c:+.1%}" for c in res["throughput_cost"]))
+    print(f"  throughput cost: {_pct(thr)}")
+    print("node CPU cost per block (B/A - 1): "
+          + " ".join(f"{c:+.1%}" for c in res["node_cpu_cost"]))
+    print(f"  node CPU cost: {_pct(cpu)}; node CPU per APPEND A {cpu_per_append_us['A']:.0f} us,"
+          f" B {cpu_per_append_us['B']:.0f} us")
+    pm_cpu = {m: statistics.median(r["pm_cpu_s"] / r["seconds"] for r in rounds
+                                   if r["mode"] == m) for m in "AB"}
+    print(f"  PM CPU while appending (median share of one core): A {pm_cpu['A']:.1%}, "
+          f"B {pm_cpu['B']:.1%} (it serves the data node's quota pulls)")
     print(f"cross-check: {micro_us:.2f} us per APPEND charge / {per_append_us['A']:.0f} us per "
           f"APPEND unthrottled (A rounds) = at most {bound:.2%}")
-    return {"records": records, "batch_bytes": batch_bytes, "blocks": len(ratios), "swarm": swarm_n,
-            "client_quotas": client_quotas, "rounds": rounds,
-            "block_ratios": [round(r, 4) for r in ratios], "median_ratio": round(med, 4),
-            "quartiles": [round(q1, 4), round(q3, 4)], "bootstrap95": [round(lo, 4), round(hi, 4)],
-            "min_max": [round(min(ratios), 4), round(max(ratios), 4)],
-            "records_per_append": recs_per_append, "per_append_us": per_append_us,
+    return {"records": records, "batch_bytes": batch_bytes, "swarm": swarm_n,
+            "client_quotas": client_quotas, "rounds": rounds, "throughput_cost": thr,
+            "node_cpu_cost": cpu, "records_per_append": recs_per_append,
+            "per_append_us": per_append_us, "node_cpu_per_append_us": cpu_per_append_us,
+            "pm_cpu_share": pm_cpu,
             "micro_us": micro_us, "bound": bound, "loadavg": load,
             "live_counters_in_b": res["live_counters_in_b"]}
 
@@ -349,6 +386,9 @@ def main() -> None:
     ap.add_argument("--batch-bytes", type=int, default=512 * 1024,
                     help="the producer's batch_max_bytes in the cost rounds (small: many "
                     "small APPENDs, the worst case for a per-request cost)")
+    ap.add_argument("--heartbeat-ms", type=int, default=1000,
+                    help="the data node's heartbeat interval, which is also how often it pulls "
+                    "the quotas from the PM (1000 is the default of a data node)")
     ap.add_argument("--fsync", default="none", choices=("none", "interval", "always"),
                     help="the data node's fsync policy (none: no disk wait hides the CPU cost)")
     ap.add_argument("--only", choices=("achieved", "cost", "micro"), default=None)
@@ -360,14 +400,17 @@ def main() -> None:
     if args.only != "micro":
         port = _metrics_ports()
         with tempfile.TemporaryDirectory(prefix="bench-quota-") as d, \
-                LocalCluster(Path(d), datanodes=1, heartbeat_interval_ms=200,
+                LocalCluster(Path(d), datanodes=1, heartbeat_interval_ms=args.heartbeat_ms,
                              metrics_port=port, fsync=args.fsync) as cluster:
             if args.only in (None, "achieved"):
                 figures["achieved"] = run(achieved(cluster.pm_address, args.quota,
                                                    args.seconds))
             if args.only in (None, "cost"):
-                res = run(unthrottled(cluster.pm_address, port + 1, args.records, args.blocks,
-                                      args.swarm, args.client_quotas, args.batch_bytes))
+                node, pm = cluster.datanodes[0].proc, cluster.pm.proc
+                assert node is not None and pm is not None
+                res = run(unthrottled(cluster.pm_address, port + 1, node.pid, pm.pid,
+                                      args.records, args.blocks, args.swarm, args.client_quotas,
+                                      args.batch_bytes))
                 figures["unthrottled"] = report_cost(
                     res, figures["micro_us"]["client quota + stream quota"], args.records,
                     args.swarm, args.client_quotas, args.batch_bytes)
