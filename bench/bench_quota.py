@@ -318,6 +318,9 @@ def report_cost(res: dict[str, Any], micro_us: float, records: int, swarm_n: int
     print("throughput cost per block (1 - B/A): "
           + " ".join(f"{c:+.1%}" for c in res["throughput_cost"]))
     print(f"  throughput cost: {_pct(thr)}")
+    aa = summary([1 - b[3]["records_per_s"] / b[0]["records_per_s"]
+                  for b in (rounds[k:k + 4] for k in range(0, len(rounds), 4))])
+    print(f"  noise floor, A/A (1 - second A / first A of each block): {_pct(aa)}")
     print("node CPU cost per block (B/A - 1): "
           + " ".join(f"{c:+.1%}" for c in res["node_cpu_cost"]))
     print(f"  node CPU cost: {_pct(cpu)}; node CPU per APPEND A {cpu_per_append_us['A']:.0f} us,"
@@ -330,7 +333,7 @@ def report_cost(res: dict[str, Any], micro_us: float, records: int, swarm_n: int
           f"APPEND unthrottled (A rounds) = at most {bound:.2%}")
     return {"records": records, "batch_bytes": batch_bytes, "swarm": swarm_n,
             "client_quotas": client_quotas, "rounds": rounds, "throughput_cost": thr,
-            "node_cpu_cost": cpu, "records_per_append": recs_per_append,
+            "node_cpu_cost": cpu, "a_a_throughput": aa, "records_per_append": recs_per_append,
             "per_append_us": per_append_us, "node_cpu_per_append_us": cpu_per_append_us,
             "pm_cpu_share": pm_cpu,
             "micro_us": micro_us, "bound": bound, "loadavg": load,
