@@ -103,13 +103,13 @@ async def offered(c: AsyncClient, sid: int, rate_bps: float, seconds: float) -> 
 async def achieved(pm: str, quota: int, seconds: float) -> list[dict[str, Any]]:
     out = []
     async with AsyncClient(pm, client_id="bench-admin") as admin:
-        addr = (await admin.data_node_addresses())[0]
+        sids = [await admin.create_stream() for _ in range(3)]
+        addr = await _data_node(admin)
         held = len(await admin.list_quotas())
-        for n, factor in enumerate((1, 2, 10), 1):
+        for n, (factor, sid) in enumerate(zip((1, 2, 10), sids, strict=True), 1):
             cid = f"bench-{factor}x"
             await admin.set_quota(QuotaSpec(QuotaKind.CLIENT, cid, quota))
             await _quotas_applied(admin, addr, held + n)  # pulled at the node's next heartbeat
-            sid = await admin.create_stream()
             async with AsyncClient(pm, client_id=cid) as c:
                 acked = await offered(c, sid, factor * quota, seconds)
                 throttle_ms = c.routing.throttle.throttle_time_ms_total
@@ -151,6 +151,16 @@ async def swarm(addr: str, sid: int, n: int, stop: asyncio.Event) -> None:
     finally:
         for c in conns:
             c.close()
+
+
+async def _data_node(admin: AsyncClient) -> str:
+    """The one data node's address, once a stream's range names it (bounded wait; found
+    through the streams' ranges, so some stream must exist)."""
+    for _ in range(200):
+        if addrs := await admin.data_node_addresses():
+            return addrs[0]
+        await asyncio.sleep(0.05)
+    raise RuntimeError("no data node registered with the PM")
 
 
 async def _quotas_applied(admin: AsyncClient, addr: str, count: int) -> None:
@@ -224,7 +234,7 @@ async def unthrottled(pm: str, metrics_port: int, node_pid: int, pm_pid: int, re
         await asyncio.gather(*(admin.delete_quota(q.kind, q.name, q.user)
                                for q in await admin.list_quotas()))
         swarm_sid = await admin.create_stream()
-        addr = (await admin.data_node_addresses())[0]
+        addr = await _data_node(admin)
         stop = asyncio.Event()
         swarm_task = asyncio.create_task(swarm(addr, swarm_sid, swarm_n, stop))
         small = b"r" * 100
