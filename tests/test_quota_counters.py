@@ -149,6 +149,60 @@ def test_user_and_client_id_counter_keys_never_collide() -> None:
     assert len({v.key for v in enf.counters.query(0)}) == 3
 
 
+def test_a_remembered_record_is_left_once_it_expires_or_is_purged() -> None:
+    # the enforcer's meters keep their live record: after its TTL, a purge or a clear, the
+    # next charge must open a fresh record in the table, never count into the dead one
+    enf = QuotaEnforcer()
+    enf.load([QuotaSpec(QuotaKind.DEFAULT, "", 1000)])
+    assert enf.charge("a", PRODUCE, 900, {}, 0) == 0
+    assert enf.charge("a", PRODUCE, 900, {}, S) == 0  # the first window ended at S
+    assert enf.counters.purge("c/a/produce")
+    assert enf.charge("a", PRODUCE, 900, {}, S + 1) == 0  # a fresh record, a full quota
+    assert [v.quota for v in enf.counters.query(S + 1)] == [100]
+    enf.counters.clear()
+    assert enf.charge("a", PRODUCE, 900, {}, S + 2) == 0
+    assert enf.charge("a", PRODUCE, 200, {}, S + 3) > 0  # still counted in the table's record
+    assert len(enf.counters) == 1
+
+
+def test_a_key_charged_to_the_overflow_record_gets_its_own_when_there_is_room() -> None:
+    enf = QuotaEnforcer(max_counters=4)
+    enf.load([QuotaSpec(QuotaKind.DEFAULT, "", 1000)])
+    for cid in "abc":  # the table is full: three records, the last place is the overflow's
+        enf.charge(cid, PRODUCE, 1, {}, 0)
+    enf.charge("d", PRODUCE, 1, {}, 0)
+    enf.charge("d", PRODUCE, 1, {}, 0)
+    assert enf.counters.overflowed == 2
+    assert enf.counters.purge("c/a/produce") and enf.counters.purge("c/b/produce")
+    enf.charge("d", PRODUCE, 1, {}, 1)
+    assert "c/d/produce" in {v.key for v in enf.counters.query(1)}
+
+
+def test_reloading_the_same_quotas_keeps_plans_and_another_set_drops_them() -> None:
+    enf = QuotaEnforcer()
+    specs = [QuotaSpec(QuotaKind.DEFAULT, "", 1000, UNLIMITED, 10)]
+    enf.load(specs)
+    version, plan = enf.version, enf.plan("", "a")
+    enf.load(list(specs))
+    assert enf.version == version and enf.plan("", "a") is plan
+    enf.load([QuotaSpec(QuotaKind.DEFAULT, "", 2000)])
+    assert enf.version == version + 1
+    assert [(m.key, m.quota) for m in enf.plan("", "a")[PRODUCE]] == [("c/a/produce", 2000)]
+    enf.load([])
+    assert enf.empty and enf.charge("a", PRODUCE, 10**9, {}, 0) == 0
+
+
+def test_every_charge_is_counted_by_rate() -> None:
+    enf = QuotaEnforcer()
+    enf.load([QuotaSpec(QuotaKind.STREAM, "7", 10**6, 10**6, 10**6)])
+    for _ in range(3):
+        enf.charge("a", PRODUCE, 100, {7: 100}, 0)
+    enf.charge("a", FETCH, 0, {}, 0)
+    assert enf.charged == [3, 1]
+    assert {v.key: v.quota for v in enf.counters.query(0)} == {
+        "s/7/produce": 10**6 - 300, "s/7/requests": 10**6 - 3}
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     (QuotaSpec(QuotaKind.CLIENT, "a", 0), "= 0 would stop all traffic"),
     (QuotaSpec(QuotaKind.CLIENT, "a", -5), "is negative"),
@@ -188,3 +242,26 @@ def test_throttle_time_is_read_off_response_headers() -> None:
         assert throttle_time_ms_of(resp.encode()) == resp.throttle_time_ms
     for junk in (b"", b"\x00" * 3, b"\xff" * 16, bytes(range(40))):
         assert throttle_time_ms_of(junk) >= 0  # never raises; malformed reads as some count
+
+
+def test_a_connections_plan_follows_its_client_id_claims_and_the_quota_set() -> None:
+    from sbpstream.auth.gate import CONN_CLAIMS
+    from sbpstream.auth.tokens import KIND_USER, Claims
+    from sbpstream.datanode.quota import NodeQuotas
+    from sbpstream.net.server import Server, ServerConnection
+
+    nq = NodeQuotas()
+    nq.enforcer.load([QuotaSpec(QuotaKind.DEFAULT, "", UNLIMITED, UNLIMITED, 10**6),
+                      QuotaSpec(QuotaKind.USER, "", UNLIMITED, UNLIMITED, 10**6, user="alice")])
+    conn = ServerConnection(Server({}))
+    conn.client_id = "one"
+    nq.charge(conn, PRODUCE, 10, {})
+    conn.client_id = "two"  # a later HEARTBEAT declares another client id
+    nq.charge(conn, PRODUCE, 10, {})
+    conn.attributes[CONN_CLAIMS] = Claims("alice", KIND_USER, 0, 1 << 50)  # authenticated
+    nq.charge(conn, PRODUCE, 10, {})
+    nq.enforcer.load([QuotaSpec(QuotaKind.CLIENT, "two", UNLIMITED, UNLIMITED, 10**6)])
+    nq.charge(conn, PRODUCE, 10, {})
+    left = {v.key: v.quota for v in nq.enforcer.counters.query(0)}
+    assert left == {"c/one/requests": 10**6 - 1, "u/alice/requests": 10**6 - 1,
+                    "c/two/requests": 10**6 - 2}

@@ -211,10 +211,17 @@ class AppendHandler:
     def _charge(self, req: Request, m: AppendRequest) -> int:
         """Quotas (issue 22): the payload's bytes as produce, by stream; the throttle time."""
         quotas = self.ctx.quotas
+        if quotas.enforcer.empty:
+            return 0
+        items = m.items
+        if not quotas.enforcer.has_stream_quotas:  # no byte count per stream is needed
+            return quotas.charge(req.conn, PRODUCE, len(req.payload), {})
+        if len(items) == 1:  # the common case
+            return quotas.charge(req.conn, PRODUCE, len(req.payload),
+                                 {items[0].stream_id: items[0].batch_length})
         per_stream: dict[int, int] = {}
-        if quotas.enforcer.has_stream_quotas:  # else no byte count per stream is needed
-            for it in m.items:
-                per_stream[it.stream_id] = per_stream.get(it.stream_id, 0) + it.batch_length
+        for it in items:
+            per_stream[it.stream_id] = per_stream.get(it.stream_id, 0) + it.batch_length
         return quotas.charge(req.conn, PRODUCE, len(req.payload), per_stream)
 
     def _account(self, sent: list[AppendResult], t0: float) -> None:

@@ -79,6 +79,8 @@ from sbpstream.protocol.messages import (
     DataNode as DataNodeMsg,
 )
 from sbpstream.protocol.opcodes import Opcode
+from sbpstream.quota.enforcer import FETCH as FETCH_RATE
+from sbpstream.quota.enforcer import PRODUCE as PRODUCE_RATE
 from sbpstream.quota.model import validate_client_id
 from sbpstream.store import Store, StoreConfig
 
@@ -239,6 +241,10 @@ class DataNode:
                    self.ctx.quotas.enforcer.throttled),
             Sample(f"{p}_quota_throttle_ms", "counter", "throttle times handed out, added up",
                    self.ctx.quotas.enforcer.throttle_ms_total),
+            Sample(f"{p}_quota_charged", "counter", "requests charged against quotas, by rate",
+                   self.ctx.quotas.enforcer.charged[PRODUCE_RATE], {"rate": "produce"}),
+            Sample(f"{p}_quota_charged", "counter", "requests charged against quotas, by rate",
+                   self.ctx.quotas.enforcer.charged[FETCH_RATE], {"rate": "fetch"}),
             Sample(f"{p}_quota_counters", "gauge", "live quota counters",
                    len(self.ctx.quotas.enforcer.counters)),
             Sample(f"{p}_quota_overflowed", "counter",

@@ -11,6 +11,10 @@
   (fetch), each one request (requests/s), through :class:`~sbpstream.quota.enforcer.QuotaEnforcer`.
 - **Then.** Over a quota, the response goes out at once with ``throttle_time_ms``, and the
   connection is muted for that long (KIP-219): a client that ignores the field is held anyway.
+- **Cost.** A connection's client id and principal do not change between its requests, so its
+  plan (:meth:`~sbpstream.quota.enforcer.QuotaEnforcer.plan`: its counters' meters) is kept on
+  the connection (:class:`ConnectionPlan`) and used while the quota set, the client id and the
+  claims it was resolved under are the ones in force; the clock is read once per request.
 - **Which quotas.** The node pulls every quota from the PM (DESCRIBE_QUOTAS) at start and every
   heartbeat interval, and enforces each one in full for its own traffic (per node, like Kafka
   per broker).
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 from sbpstream.auth.gate import CONN_CLAIMS
 from sbpstream.auth.tokens import Claims
@@ -36,10 +41,13 @@ from sbpstream.protocol.messages import (
     QuotaCountersResponse,
 )
 from sbpstream.quota.counters import TtlType
-from sbpstream.quota.enforcer import DEFAULT_QUOTA_WINDOW_MS, QuotaEnforcer
+from sbpstream.quota.enforcer import DEFAULT_QUOTA_WINDOW_MS, Plan, QuotaEnforcer
 from sbpstream.quota.model import QuotaKind, QuotaSpec
 
 log = logging.getLogger("sbpstream.datanode.quota")
+
+CONN_QUOTA_PLAN: Final = "quota.plan"
+"""The key of a connection's :class:`ConnectionPlan` in its ``attributes``."""
 
 
 def principal_of(conn: ServerConnection) -> str:
@@ -50,19 +58,41 @@ def principal_of(conn: ServerConnection) -> str:
     return ""
 
 
+class ConnectionPlan:
+    """A connection's resolved plan and what it was resolved under: the enforcer's quota-set
+    version, the connection's client id and its claims (compared by identity: a HEARTBEAT that
+    declares another client id, a new token or a new quota set makes it stale)."""
+
+    __slots__ = ("claims", "client_id", "plan", "version")
+
+    def __init__(self, version: int, client_id: str, claims: object, plan: Plan) -> None:
+        self.version = version
+        self.client_id = client_id
+        self.claims = claims
+        self.plan = plan
+
+
 class NodeQuotas:
     def __init__(self, window_ms: int = DEFAULT_QUOTA_WINDOW_MS) -> None:
         self.enforcer = QuotaEnforcer(window_ms)
         self.loaded = 0  # quotas held, as last pulled
         self.specs: list[QuotaSpec] = []
+        self._pulled: tuple[Quota, ...] = ()  # the PM's last answer, as received
 
     def charge(self, conn: ServerConnection, rate: int, amount: int,
                per_stream: Mapping[int, int]) -> int:
         """Count one request; over quota, mute ``conn``. Returns its throttle_time_ms."""
-        if self.enforcer.book.empty:
+        enf = self.enforcer
+        if enf.empty:
             return 0
-        ms = self.enforcer.charge(conn.client_id, rate, amount, per_stream, time.monotonic_ns(),
-                                  principal_of(conn))
+        attrs = conn.attributes
+        cp = attrs.get(CONN_QUOTA_PLAN)
+        if (not isinstance(cp, ConnectionPlan) or cp.version != enf.version
+                or cp.client_id is not conn.client_id or cp.claims is not attrs.get(CONN_CLAIMS)):
+            cp = attrs[CONN_QUOTA_PLAN] = ConnectionPlan(
+                enf.version, conn.client_id, attrs.get(CONN_CLAIMS),
+                enf.plan(principal_of(conn), conn.client_id))
+        ms = enf.charge_plan(cp.plan, rate, amount, per_stream, time.monotonic_ns())
         if ms:
             conn.mute(ms)
         return ms
@@ -88,6 +118,9 @@ class NodeQuotas:
         r = await pm.call(DescribeQuotasRequest(timeout_ms=int(PM_CALL_TIMEOUT_S * 1000)),
                           DescribeQuotasResponse)
         r.status.raise_for_error()
+        if r.quotas == self._pulled:  # unchanged (the usual case): nothing to rebuild
+            return
+        self._pulled = r.quotas
         specs = [QuotaSpec(QuotaKind(q.kind), q.name, q.produce_bytes_per_s,
                            q.fetch_bytes_per_s, q.requests_per_s, q.user) for q in r.quotas]
         self.enforcer.load(specs)

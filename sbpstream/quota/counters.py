@@ -60,8 +60,14 @@ _NS_PER: Final = {TtlType.NANOSECONDS: 1, TtlType.MICROSECONDS: 1_000,
                   TtlType.MINUTES: 60_000_000_000, TtlType.HOURS: 3_600_000_000_000}
 
 
+DEAD_NS: Final = -(1 << 62)
+"""The expiry a purged record is given: whoever still holds it (an enforcer's meter caches its
+record) sees it expired and goes back to the table."""
+
+
 @dataclass(slots=True)
 class Counter:
+    key: str
     quota: int  # left to consume in this window (Throttr's QUOTA)
     expires_ns: int  # now + TTL at creation, moved by an overdraft
 
@@ -92,27 +98,44 @@ class CounterTable:
     def consume(self, key: str, amount: int, quota: int, window_ns: int, now_ns: int) -> int:
         """Take ``amount`` from ``key``'s window of ``quota`` units per ``window_ns``; return
         the nanoseconds the key must hold off (0: still within its quota)."""
-        rec = self._live(key, now_ns)
-        if rec is None:
-            self._purge_front(now_ns)
-            if len(self._records) >= self.max_counters - 1 and key != OVERFLOW_KEY:
-                self._sweep(now_ns)
-                if len(self._records) >= self.max_counters - 1:
-                    self.overflowed += 1
-                    key = OVERFLOW_KEY
-                    rec = self._live(key, now_ns)
-            if rec is None:
-                rec = self._records[key] = Counter(quota, now_ns + window_ns)
+        rec = self._records.get(key)
+        if rec is None or rec.expires_ns <= now_ns:
+            rec = self.open(key, quota, window_ns, now_ns)
         rec.quota -= amount
         if rec.quota >= 0:
             return 0
-        # Overdrawn by D: hold off until the window ends plus the time the rate needs for D.
+        return self.overdraw(rec, quota, window_ns, now_ns)
+
+    def open(self, key: str, quota: int, window_ns: int, now_ns: int) -> Counter:
+        """``key``'s live record, created (Throttr's INSERT) with the full ``quota`` and a TTL
+        of one window if it has none; the shared :data:`OVERFLOW_KEY` record instead when the
+        table is full of live records (its ``key`` then says so)."""
+        rec = self._live(key, now_ns)
+        if rec is not None:
+            return rec
+        self._purge_front(now_ns)
+        if len(self._records) >= self.max_counters - 1 and key != OVERFLOW_KEY:
+            self._sweep(now_ns)
+            if len(self._records) >= self.max_counters - 1:
+                self.overflowed += 1
+                key = OVERFLOW_KEY
+                rec = self._live(key, now_ns)
+                if rec is not None:
+                    return rec
+        rec = self._records[key] = Counter(key, quota, now_ns + window_ns)
+        return rec
+
+    def overdraw(self, rec: Counter, quota: int, window_ns: int, now_ns: int) -> int:
+        """``rec`` went below 0 (by D units): extend its TTL by the time ``quota`` per
+        ``window_ns`` needs to earn D back (Throttr's UPDATE TTL), set its quota to 0, and
+        return the nanoseconds its key must hold off: until the extended TTL ends."""
         debt = -rec.quota
-        debt_ns = -(-debt * window_ns // quota)  # rounded up
-        rec.expires_ns += debt_ns
+        rec.expires_ns += -(-debt * window_ns // quota)  # rounded up
         rec.quota = 0
-        del self._records[key]  # keep the table roughly in expiry order for _purge_front
-        self._records[key] = rec
+        records = self._records
+        if records.get(rec.key) is rec:  # keep the table roughly in expiry order (_purge_front)
+            del records[rec.key]
+            records[rec.key] = rec
         return rec.expires_ns - now_ns
 
     def _live(self, key: str, now_ns: int) -> Counter | None:
@@ -151,7 +174,13 @@ class CounterTable:
 
     def purge(self, key: str) -> bool:
         """Remove one record (Throttr's PURGE); False when there was none."""
-        return self._records.pop(key, None) is not None
+        rec = self._records.pop(key, None)
+        if rec is None:
+            return False
+        rec.expires_ns = DEAD_NS
+        return True
 
     def clear(self) -> None:
+        for rec in self._records.values():
+            rec.expires_ns = DEAD_NS
         self._records.clear()

@@ -19,10 +19,16 @@ Each data node enforces every quota for the traffic it serves, independently of 
 enforces its quotas per broker the same way): a client writing to N nodes may move up to N times
 its quota in total.
 
-The cost on requests that are not throttled is kept small: the counter keys and rates of one
-(principal, client id) are resolved once per loaded quota set and remembered (:attr:`_plans`,
-bounded by :data:`MAX_PLANS`), so a request makes one dictionary lookup and one counter update
-per rate that applies, with no string built per request.
+The cost on requests that are not throttled is kept to a few integer operations per counter:
+the counters of one (principal, client id) are resolved once per loaded quota set into a
+:class:`Plan` (remembered in :attr:`QuotaEnforcer._plans`, bounded by :data:`MAX_PLANS`; the data
+node also keeps it on the connection, :mod:`sbpstream.datanode.quota`), each stream's the same
+way, and a plan's :class:`Meter` keeps a reference to its live counter record. Charging a
+request walks the meters of its rate: while the record is live (its expiry is after now), it is
+one subtraction and one comparison, with no string, tuple or dictionary lookup per request; only
+a record that expired (or was purged) sends the meter back to the table, which expires lazily.
+Loading a quota set that differs from the one held bumps :attr:`QuotaEnforcer.version`, which
+invalidates every plan.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from sbpstream.quota.counters import MAX_QUOTA_COUNTERS, CounterTable
+from sbpstream.quota.counters import MAX_QUOTA_COUNTERS, Counter, CounterTable
 from sbpstream.quota.model import UNLIMITED, QuotaKind, QuotaSpec
 
 DEFAULT_QUOTA_WINDOW_MS: Final = 1000
@@ -47,8 +53,36 @@ MAX_PLANS: Final = MAX_QUOTA_COUNTERS
 """Most (principal, client id) resolutions remembered; past it the memo is cleared and refilled
 (a flood of client ids costs resolution time, never memory)."""
 
-Plan = tuple["tuple[str, int] | None", "tuple[str, int] | None", "tuple[str, int] | None"]
-"""Per rate (PRODUCE, FETCH, REQUESTS): the counter key and its quota, or None (not limited)."""
+
+class Meter:
+    """One counter a request may charge: its key, its quota (units per window), whether it
+    counts requests (1 each) or the request's units, and the counter record last seen live
+    (None until the first charge, and while the key is charged to the overflow record)."""
+
+    __slots__ = ("key", "per_request", "quota", "rec")
+
+    def __init__(self, key: str, quota: int, per_request: bool) -> None:
+        self.key = key
+        self.quota = quota
+        self.per_request = per_request
+        self.rec: Counter | None = None
+
+
+Plan = tuple[tuple[Meter, ...], tuple[Meter, ...]]
+"""Per charged rate (PRODUCE, FETCH): the meters one request of that rate charges, that rate's
+byte counter and the requests counter, each only when a quota sets it."""
+
+_UNRESOLVED: Final[Plan] = ((), ())
+"""A miss in ``_stream_plans`` (compared by identity; a stream without a quota maps to None)."""
+
+
+def _plan_of(entries: tuple[tuple[str, int] | None, ...]) -> Plan:
+    """The plan of per-rate (key, quota) entries (PRODUCE, FETCH, REQUESTS; None: unset)."""
+    req = entries[REQUESTS]
+    req_meter = () if req is None else (Meter(req[0], req[1], True),)
+    by_rate = tuple(req_meter if e is None else (Meter(e[0], e[1], False), *req_meter)
+                    for e in entries[:REQUESTS])
+    return by_rate[PRODUCE], by_rate[FETCH]
 
 
 @dataclass(slots=True)
@@ -99,8 +133,9 @@ class QuotaBook:
         return None
 
     def plan(self, user: str, client_id: str) -> Plan:
-        return (self.resolve(user, client_id, PRODUCE), self.resolve(user, client_id, FETCH),
-                self.resolve(user, client_id, REQUESTS))
+        return _plan_of((self.resolve(user, client_id, PRODUCE),
+                         self.resolve(user, client_id, FETCH),
+                         self.resolve(user, client_id, REQUESTS)))
 
 
 class QuotaEnforcer:
@@ -110,39 +145,47 @@ class QuotaEnforcer:
             raise ValueError("quota window must be positive")
         self.window_ns = window_ms * 1_000_000
         self.book = QuotaBook()
+        self.empty = True  # no quota held: every charge is 0 at once
+        self.has_stream_quotas = False  # else callers need not count bytes per stream
+        self.version = 0  # bumped when a different quota set is loaded: plans are stale
+        self._specs: tuple[QuotaSpec, ...] = ()
         self._plans: dict[tuple[str, str], Plan] = {}  # (principal, client id) -> its plan
         self._stream_plans: dict[int, Plan | None] = {}
         self.counters = CounterTable(max_counters)
+        self.charged = [0, 0]  # requests charged, by rate (PRODUCE, FETCH)
         self.throttled = 0  # requests answered with a throttle time
         self.throttle_ms_total = 0
 
     def load(self, specs: Iterable[QuotaSpec]) -> None:
+        """Enforce ``specs`` from now on. The same set as held changes nothing (the data node
+        reloads every heartbeat); another drops every resolved plan. Counters carry over."""
+        specs = tuple(specs)
+        if specs == self._specs:
+            return
+        self._specs = specs
         self.book = QuotaBook.of(specs)
+        self.empty = self.book.empty
+        self.has_stream_quotas = bool(self.book.streams)
+        self.version += 1
         self._plans = {}
         self._stream_plans = {}
 
-    @property
-    def has_stream_quotas(self) -> bool:
-        """Whether any stream has a quota (else callers need not count bytes per stream)."""
-        return bool(self.book.streams)
-
-    def _plan(self, user: str, client_id: str) -> Plan:
+    def plan(self, user: str, client_id: str) -> Plan:
+        """The meters of this principal and client id under the quotas held (remembered)."""
         plans = self._plans
-        if len(plans) >= MAX_PLANS:
-            plans.clear()
-        plan = plans[(user, client_id)] = self.book.plan(user, client_id)
+        plan = plans.get((user, client_id))
+        if plan is None:
+            if len(plans) >= MAX_PLANS:
+                plans.clear()
+            plan = plans[(user, client_id)] = self.book.plan(user, client_id)
         return plan
 
     def _stream_plan(self, sid: int) -> Plan | None:
-        if sid in self._stream_plans:
-            return self._stream_plans[sid]
         spec = self.book.streams.get(sid)
         plan: Plan | None = None
         if spec is not None:
-            def entry(r: int, q: int) -> tuple[str, int] | None:
-                return None if q == UNLIMITED else (f"s/{sid}/{_RATE_NAMES[r]}", q)
-            plan = (entry(PRODUCE, spec.produce_bytes_per_s),
-                    entry(FETCH, spec.fetch_bytes_per_s), entry(REQUESTS, spec.requests_per_s))
+            plan = _plan_of(tuple(None if q == UNLIMITED else (f"s/{sid}/{_RATE_NAMES[r]}", q)
+                                  for r, q in enumerate(spec.rates())))
         if len(self._stream_plans) >= MAX_PLANS:
             self._stream_plans.clear()
         self._stream_plans[sid] = plan
@@ -152,9 +195,9 @@ class QuotaEnforcer:
                           user: str = "") -> int | None:
         """The smallest fetch quota over one window for this client and these streams (what
         one push may send before it is charged); None when no fetch quota applies."""
-        book = self.book
-        if book.empty:
+        if self.empty:
             return None
+        book = self.book
         own = book.resolve(user, client_id, FETCH)
         rates = [] if own is None else [own[1]]
         rates += [spec.rates()[FETCH] for sid in stream_ids
@@ -169,30 +212,46 @@ class QuotaEnforcer:
         """Count one request (``amount`` units of ``rate``, by stream in ``per_stream``) and
         its one request, for the principal ``user`` ("" = none) and ``client_id``; return its
         throttle time in milliseconds (0 = under every quota)."""
-        if self.book.empty:
+        if self.empty:
             return 0
-        plan = self._plans.get((user, client_id))
-        if plan is None:
-            plan = self._plan(user, client_id)
+        return self.charge_plan(self.plan(user, client_id), rate, amount, per_stream, now_ns)
+
+    def charge_plan(self, plan: Plan, rate: int, amount: int, per_stream: Mapping[int, int],
+                    now_ns: int) -> int:
+        """:meth:`charge` with the client's plan already resolved (by :meth:`plan`, under the
+        current :attr:`version`)."""
+        self.charged[rate] += 1
         throttle_ns = 0
-        tab, window = self.counters, self.window_ns
-        got = plan[rate]
-        if got is not None and amount > 0:
-            throttle_ns = tab.consume(got[0], amount, got[1], window, now_ns)
-        got = plan[REQUESTS]
-        if got is not None:
-            ns = tab.consume(got[0], 1, got[1], window, now_ns)
-            if ns > throttle_ns:
-                throttle_ns = ns
-        if per_stream and self.book.streams:
+        for m in plan[rate]:
+            units = 1 if m.per_request else amount
+            if units <= 0:
+                continue
+            rec = m.rec
+            if rec is None or rec.expires_ns <= now_ns:
+                rec = self._open(m, now_ns)
+            rec.quota -= units
+            if rec.quota < 0:
+                ns = self.counters.overdraw(rec, m.quota, self.window_ns, now_ns)
+                if ns > throttle_ns:
+                    throttle_ns = ns
+        if per_stream and self.has_stream_quotas:
+            stream_plans = self._stream_plans
             for sid, n in per_stream.items():
-                splan = self._stream_plan(sid)
+                splan = stream_plans.get(sid, _UNRESOLVED)
+                if splan is _UNRESOLVED:
+                    splan = self._stream_plan(sid)
                 if splan is None:
                     continue
-                for r, units in ((rate, n), (REQUESTS, 1)):
-                    got = splan[r]
-                    if got is not None and units > 0:
-                        ns = tab.consume(got[0], units, got[1], window, now_ns)
+                for m in splan[rate]:
+                    units = 1 if m.per_request else n
+                    if units <= 0:
+                        continue
+                    rec = m.rec
+                    if rec is None or rec.expires_ns <= now_ns:
+                        rec = self._open(m, now_ns)
+                    rec.quota -= units
+                    if rec.quota < 0:
+                        ns = self.counters.overdraw(rec, m.quota, self.window_ns, now_ns)
                         if ns > throttle_ns:
                             throttle_ns = ns
         if throttle_ns <= 0:
@@ -201,3 +260,10 @@ class QuotaEnforcer:
         self.throttled += 1
         self.throttle_ms_total += ms
         return ms
+
+    def _open(self, m: Meter, now_ns: int) -> Counter:
+        """The meter's live record from the table (created if none); kept on the meter unless
+        it is the shared overflow record (the key then gets its own as soon as there is room)."""
+        rec = self.counters.open(m.key, m.quota, self.window_ns, now_ns)
+        m.rec = rec if rec.key == m.key else None
+        return rec
