@@ -1151,7 +1151,9 @@ def _f34(env: dict[str, Any]) -> dict[str, Any]:
     """rows AppendItem"""
     def rows(items: Any) -> Any:
         return [(i.stream_id, i.request_index, i.batch_length, i.range_index,) for i in items]
-    return {'rows': rows}
+    def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:
+        return [pack(v, i.stream_id, i.request_index, i.batch_length, i.range_index) for v, i in zip(range(at, at + len(items) * size, size), items, strict=True)]
+    return {'rows': rows, 'packed': packed}
 
 
 def _f35(env: dict[str, Any]) -> dict[str, Any]:
@@ -1325,7 +1327,9 @@ def _f39(env: dict[str, Any]) -> dict[str, Any]:
     """rows AppendResult"""
     def rows(items: Any) -> Any:
         return [(i.stream_id, i.base_offset, i.stream_append_time_ms, i.next_offset, i.request_index,) for i in items]
-    return {'rows': rows}
+    def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:
+        return [pack(v, i.stream_id, i.base_offset, i.stream_append_time_ms, i.next_offset, i.request_index, 0) for v, i in zip(range(at, at + len(items) * size, size), items, strict=True)]
+    return {'rows': rows, 'packed': packed}
 
 
 def _f40(env: dict[str, Any]) -> dict[str, Any]:
@@ -1334,7 +1338,14 @@ def _f40(env: dict[str, Any]) -> dict[str, Any]:
     K = env['K']
     build = env['build']
     def errors(b: Any, items: Any) -> Any:
-        return [0 if s is k or (s.code, s.message, s.detail, ) == K else build(b, s) for s in [i.status for i in items]]
+        out = None
+        for n, i in enumerate(items):
+            s = i.status
+            if not (s is k or (s.code, s.message, s.detail, ) == K):
+                if out is None:
+                    out = [0] * len(items)
+                out[n] = build(b, s)
+        return out
     return {'errors': errors}
 
 
@@ -1487,7 +1498,9 @@ def _f45(env: dict[str, Any]) -> dict[str, Any]:
     """rows FetchItem"""
     def rows(items: Any) -> Any:
         return [(i.stream_id, i.fetch_offset, i.request_index, i.batch_max_bytes, i.range_index,) for i in items]
-    return {'rows': rows}
+    def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:
+        return [pack(v, i.stream_id, i.fetch_offset, i.request_index, i.batch_max_bytes, i.range_index) for v, i in zip(range(at, at + len(items) * size, size), items, strict=True)]
+    return {'rows': rows, 'packed': packed}
 
 
 def _f46(env: dict[str, Any]) -> dict[str, Any]:
@@ -1679,7 +1692,9 @@ def _f50(env: dict[str, Any]) -> dict[str, Any]:
     """rows FetchResult"""
     def rows(items: Any) -> Any:
         return [(i.stream_id, i.start_offset, i.high_watermark, i.range_end_offset, i.request_index, i.batch_length,) for i in items]
-    return {'rows': rows}
+    def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:
+        return [pack(v, i.stream_id, i.start_offset, i.high_watermark, i.range_end_offset, i.request_index, i.batch_length, 0) for v, i in zip(range(at, at + len(items) * size, size), items, strict=True)]
+    return {'rows': rows, 'packed': packed}
 
 
 def _f51(env: dict[str, Any]) -> dict[str, Any]:
@@ -6720,23 +6735,23 @@ CODE: dict[tuple[int, int], Factory] = {
     (451, 3490683234): _f31,
     (1637, 2689129843): _f32,
     (540, 4125123474): _f33,
-    (120, 997074438): _f34,
+    (341, 766587583): _f34,
     (1854, 2901183057): _f35,
     (804, 2937139257): _f36,
     (2051, 2320055458): _f37,
     (847, 2163722877): _f38,
-    (144, 824064913): _f39,
-    (156, 2086727276): _f40,
+    (392, 3727241437): _f39,
+    (289, 394704827): _f40,
     (1380, 344150285): _f41,
     (607, 2910257555): _f42,
     (1864, 1493260512): _f43,
     (638, 1341241858): _f44,
-    (139, 797196661): _f45,
+    (379, 838825955): _f45,
     (2108, 2062167611): _f46,
     (977, 1806779831): _f47,
     (2238, 3449027039): _f48,
     (942, 945555007): _f49,
-    (159, 609424260): _f50,
+    (422, 2476151608): _f50,
     (1557, 907476659): _f51,
     (700, 2003827741): _f52,
     (1440, 1869364382): _f53,

@@ -30,55 +30,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import importlib.machinery
 import inspect
 import re
 import struct
-import sys
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final, Self, TypeVar, dataclass_transform
 
 from sbpstream.protocol import _precompiled
 from sbpstream.protocol.errors import BadHeaderError
-
-
-def _import_flatbuffers() -> Any:
-    """Import the flatbuffers runtime without numpy.
-
-    flatbuffers imports numpy whenever it can find it (it can, beside PySpark), only for its
-    numpy helpers (``CreateNumpyVector``, ``GetVectorAsNumpy``), which this codec never calls.
-    That import took 0.3 s, more than the rest of the protocol layer, in every CLI command and
-    every Spark stream reader process. flatbuffers asks ``PathFinder.find_spec("numpy")`` whether
-    numpy exists (``flatbuffers.compat.import_numpy``); while flatbuffers is imported here, that
-    one question, asked from that one module, is answered "no". Every other lookup, and every
-    later one, is untouched. If numpy is already loaded, flatbuffers takes it as usual.
-    """
-    if "numpy" in sys.modules:
-        import flatbuffers
-
-        return flatbuffers
-    finder = importlib.machinery.PathFinder
-    real = finder.find_spec
-    descriptor = vars(finder)["find_spec"]  # the classmethod itself, put back as it was
-
-    def find_spec(name: str, path: Any = None, target: Any = None) -> Any:
-        here = inspect.currentframe()
-        caller = here.f_back if here is not None else None
-        if name == "numpy" and caller is not None and \
-                caller.f_globals.get("__name__") == "flatbuffers.compat":
-            return None
-        return real(name, path, target)
-
-    setattr(finder, "find_spec", find_spec)  # noqa: B010 (mypy refuses a plain assignment)
-    try:
-        import flatbuffers
-    finally:
-        setattr(finder, "find_spec", descriptor)  # noqa: B010
-    return flatbuffers
-
-
-flatbuffers: Final = _import_flatbuffers()
+from sbpstream.protocol.fbbuilder import Builder
 
 __all__ = [
     "MAX_PRECOMPILED_MAKER", "RUNTIME_COMPILED", "SOURCES", "Bound", "Codec", "Field",
@@ -455,7 +416,8 @@ class FixedLayout:
     use a second vtable with it.
     """
 
-    __slots__ = ("errors", "row", "rows", "size", "status_at", "vtable", "vtable_status")
+    __slots__ = ("errors", "packed", "row", "rows", "size", "status_at", "vtable",
+                 "vtable_status")
 
     def __init__(self, table: TableDef, names: dict[str, str], status: Bound | None) -> None:
         scalars = [f for f in table.fields if f.kind is Kind.SCALAR and f.fmt in "qQiI"]
@@ -472,18 +434,36 @@ class FixedLayout:
         row = "<i" + "".join(f.fmt if f in scalars else "I" for f in order)
         self.row = struct.Struct(f"{row}{-inline % 8}x")  # pad: the next table at 4 mod 8 too
         self.size = self.row.size
-        # rows(items): each item's scalars in layout order; errors(b, items): each item's status
-        # written (its offset), or 0 if it is OK. Compiled: a listcomp reads a slotted attribute
-        # about twice as fast as attrgetter does.
+        # rows(items): each item's scalars in layout order; errors(b, items): None if every
+        # item's status is OK, else each item's status written (its offset), or 0 if it is OK;
+        # packed(items, at, size, pack): the rows of items whose statuses are all OK, packed
+        # (row k's soffset is at + k * size: the first vtable). Compiled: a listcomp reads a
+        # slotted attribute about twice as fast as attrgetter does.
         values = ", ".join(f"i.{names[f.name]}" for f in order if f in scalars)
-        source = f"def rows(items: Any) -> Any:\n    return [({values},) for i in items]\n"
-        self.rows = compiled(f"rows {table.name}", source, {})["rows"]
-        self.errors: Callable[[Any, Sequence[Any]], list[int]] | None = None
+        status_value = ", 0" if tables else ""
+        source = (
+            f"def rows(items: Any) -> Any:\n    return [({values},) for i in items]\n"
+            "def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:\n"
+            f"    return [pack(v, {values}{status_value}) for v, i in "
+            "zip(range(at, at + len(items) * size, size), items, strict=True)]\n"
+        )
+        code = compiled(f"rows {table.name}", source, {})
+        self.rows, self.packed = code["rows"], code["packed"]
+        self.errors: Callable[[Any, Sequence[Any]], list[int] | None] | None = None
         if status is not None and tables:
             env = {"k": status.omit, "K": status.omit_values, "build": status.build}
             ok = _omitted("s", status, "k", "K")
-            source = (f"def errors(b: Any, items: Any) -> Any:\n    return [0 if {ok} else "
-                      f"build(b, s) for s in [i.{names[tables[0].name]} for i in items]]\n")
+            source = (
+                "def errors(b: Any, items: Any) -> Any:\n"
+                "    out = None\n"
+                "    for n, i in enumerate(items):\n"
+                f"        s = i.{names[tables[0].name]}\n"
+                f"        if not ({ok}):\n"
+                "            if out is None:\n"
+                "                out = [0] * len(items)\n"
+                "            out[n] = build(b, s)\n"
+                "    return out\n"
+            )
             self.errors = compiled(f"errors {table.name}", source, env)["errors"]
         self.status_at = at[tables[0].slot] if tables else 0
         head = (4 + 2 * len(at), inline)
@@ -499,44 +479,48 @@ class FixedLayout:
         uoffsets can reach them.
         """
         n = len(items)
-        rows = self.rows(items)
-        errors = [0] * n if self.errors is None else self.errors(b, items)
+        errors = None if self.errors is None else self.errors(b, items)
         # The block starts 8-aligned: [n][n uoffsets][vtable][vtable with status, if needed][pad]
         # [table 0 (at 4 mod 8)][table 1]...
         vtable_at = 4 + 4 * n
-        vtable_status_at = vtable_at + len(self.vtable)
-        first = vtable_status_at + (len(self.vtable_status) if any(errors) else 0)
-        first += (4 - first) % 8
+        vtables = self.vtable if errors is None else self.vtable + self.vtable_status
+        first = vtable_at + len(vtables)
+        pad = (4 - first) % 8
+        first += pad
         size = self.size
         total = first + n * size
-        b.assertNotNested()
+        if b.nested:
+            b.assertNotNested()  # raises
         b.Prep(8, total)  # aligns the block's end, hence its start
-        base = b.Offset() + total  # the block's start, counted from the end like builder offsets
-        parts = [
-            struct.pack(f"<{n + 1}I", n, *range(first - 4, first - 4 + n * (size - 4), size - 4)),
-            self.vtable,
-            self.vtable_status if any(errors) else b"",
-        ]
-        parts.append(bytes(first - sum(map(len, parts))))
-        pack, pos = self.row.pack, first
-        if self.errors is None:
-            for row in rows:
-                parts.append(pack(pos - vtable_at, *row))
-                pos += size
+        pack = self.row.pack
+        if errors is None:  # every status OK: the rows point at the first vtable
+            tail = self.packed(items, first - vtable_at, size, pack)
         else:
+            rows = self.rows(items)
+            base = len(b.Bytes) - b.head + total  # the block's start, as a builder offset
+            vtable_status_at = vtable_at + len(self.vtable)
+            tail = []
+            pos = first
             for row, error in zip(rows, errors, strict=True):
                 if error:  # a uoffset to the status built above: from base - field to error
                     uoffset = base - pos - self.status_at - error
-                    parts.append(pack(pos - vtable_status_at, *row, uoffset))
+                    tail.append(pack(pos - vtable_status_at, *row, uoffset))
                 else:
-                    parts.append(pack(pos - vtable_at, *row, 0))
+                    tail.append(pack(pos - vtable_at, *row, 0))
                 pos += size
-        block = b"".join(parts)
-        assert len(block) == total
-        head = b.head - total
+        block = b"".join([_UOFFSETS[n](n, *range(first - 4, first - 4 + n * (size - 4), size - 4))
+                          if n < len(_UOFFSETS) else
+                          struct.pack(f"<{n + 1}I", n, *range(first - 4, first - 4 + n * (size - 4),
+                                                              size - 4)),
+                          vtables, _PADS[pad], *tail])
+        head: int = b.head - total
         b.Bytes[head : b.head] = block
         b.head = head
-        return int(b.Offset())
+        return len(b.Bytes) - head
+
+
+_UOFFSETS: Final = tuple(struct.Struct(f"<{n + 1}I").pack for n in range(256))
+_PADS: Final = tuple(bytes(n) for n in range(8))
 
 
 def maker(cls: type[_T]) -> Callable[..., _T]:
@@ -606,7 +590,7 @@ class Table:
     SCHEMA: ClassVar[Bound]  # the class's binding: its schema table, codec and field names
 
     def encode(self) -> bytes:
-        b = flatbuffers.Builder(_INITIAL_BUILDER_BYTES)
+        b = Builder(_INITIAL_BUILDER_BYTES)
         try:
             b.Finish(self.SCHEMA.build(b, self))
         except _ENCODE_ERRORS as exc:
