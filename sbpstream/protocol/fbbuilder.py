@@ -199,27 +199,18 @@ class Builder(_GoogleBuilder):  # type: ignore[misc]
         if self.minalign < 4:
             self.minalign = 4
         obj = size - head
-        key: list[int] = []
-        trim = True
-        for e in reversed(vtable):
-            if e == 0:
-                if trim:
-                    continue
-            else:
-                e = obj - e
-                trim = False
-            key.append(e)
-        entries = len(key)
+        n = len(vtable)
+        while n and not vtable[n - 1]:  # trailing absent fields are left out
+            n -= 1
+        entries = [obj - e if e else 0 for e in vtable[:n]]  # slot order
+        key = entries[::-1]  # the base's key: last slot first, then the object's size
         key.append(obj - self.objectEnd)
         vt_key = tuple(key)
         found = self.vtables.get(vt_key)
         buf = self.Bytes
         if found is None:
-            n = entries + 2
-            at = head - 2 * n
-            key.append(2 * n)
-            key.reverse()  # vtable size, object size, then the entries in slot order
-            _U16S[n](buf, at, *key)
+            at = head - 2 * n - 4
+            _U16S[n + 2](buf, at, 2 * n + 4, key[-1], *entries)
             _PUT_I32(buf, head, size - at - obj)
             self.vtables[vt_key] = size - at
             self.head = at
@@ -246,9 +237,20 @@ class Builder(_GoogleBuilder):  # type: ignore[misc]
 
     def PrependUOffsetTRelativeSlot(self, o: int, x: int, d: int) -> None:
         if x != d:
-            self.PrependUOffsetTRelative(x)
-            assert self.current_vtable is not None
-            self.current_vtable[o] = len(self.Bytes) - self.head
+            head = self.head
+            size = len(self.Bytes)
+            pad = (head - size) & 3
+            if head < pad + 4:
+                head = _grow(self, pad + 4)
+                size = len(self.Bytes)
+            head -= pad + 4
+            if self.minalign < 4:
+                self.minalign = 4
+            if x > size - head - 4:
+                raise _google.OffsetArithmeticError("flatbuffers: Offset arithmetic error.")
+            _PUT_U32(self.Bytes, head, size - head - x)
+            self.head = head
+            self.current_vtable[o] = size - head  # type: ignore[index]  # in an object
 
     def PrependBoolSlot(self, o: int, x: Any, d: Any) -> None:
         if x.__class__ is not bool and not False <= x <= True:
@@ -318,6 +320,11 @@ class Builder(_GoogleBuilder):  # type: ignore[misc]
         self.PrependUOffsetTRelative(rootTable)
         self.finished = True
         return int(self.head)
+
+    def finish(self, root: int) -> bytes:
+        """``Finish(root)``, then the buffer's bytes (``bytes(Output())``, one copy less)."""
+        self.Finish(root)
+        return bytes(memoryview(self.Bytes)[self.head :])
 
 
 for _name, _fmt in _SLOT_FORMATS.items():

@@ -416,7 +416,7 @@ class FixedLayout:
     use a second vtable with it.
     """
 
-    __slots__ = ("errors", "packed", "row", "rows", "size", "status_at", "vtable",
+    __slots__ = ("errors", "one", "packed", "plans", "row", "rows", "size", "status_at", "vtable",
                  "vtable_status")
 
     def __init__(self, table: TableDef, names: dict[str, str], status: Bound | None) -> None:
@@ -436,6 +436,7 @@ class FixedLayout:
         self.size = self.row.size
         # rows(items): each item's scalars in layout order; errors(b, items): None if every
         # item's status is OK, else each item's status written (its offset), or 0 if it is OK;
+        # one(item, at, pack): packed(...)'s row of one item;
         # packed(items, at, size, pack): the rows of items whose statuses are all OK, packed
         # (row k's soffset is at + k * size: the first vtable). Compiled: a listcomp reads a
         # slotted attribute about twice as fast as attrgetter does.
@@ -443,12 +444,14 @@ class FixedLayout:
         status_value = ", 0" if tables else ""
         source = (
             f"def rows(items: Any) -> Any:\n    return [({values},) for i in items]\n"
+            "def one(i: Any, at: Any, pack: Any) -> Any:\n"
+            f"    return pack(at, {values}{status_value})\n"
             "def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:\n"
             f"    return [pack(v, {values}{status_value}) for v, i in "
             "zip(range(at, at + len(items) * size, size), items, strict=True)]\n"
         )
         code = compiled(f"rows {table.name}", source, {})
-        self.rows, self.packed = code["rows"], code["packed"]
+        self.rows, self.one, self.packed = code["rows"], code["one"], code["packed"]
         self.errors: Callable[[Any, Sequence[Any]], list[int] | None] | None = None
         if status is not None and tables:
             env = {"k": status.omit, "K": status.omit_values, "build": status.build}
@@ -471,6 +474,7 @@ class FixedLayout:
         no_status = [0 if f in tables else at[f.slot] for f in table.fields]
         self.vtable = struct.pack(f"<{len(at) + 2}H", *head, *no_status)
         self.vtable_status = struct.pack(f"<{len(at) + 2}H", *head, *every)
+        self.plans: dict[int, tuple[int, bytes, int]] = {}  # n -> _plan(n, False)
 
     def put(self, b: Any, items: Sequence[Any]) -> int:
         """Write a vector of ``items``; returns its builder offset.
@@ -480,47 +484,70 @@ class FixedLayout:
         """
         n = len(items)
         errors = None if self.errors is None else self.errors(b, items)
-        # The block starts 8-aligned: [n][n uoffsets][vtable][vtable with status, if needed][pad]
-        # [table 0 (at 4 mod 8)][table 1]...
-        vtable_at = 4 + 4 * n
-        vtables = self.vtable if errors is None else self.vtable + self.vtable_status
-        first = vtable_at + len(vtables)
-        pad = (4 - first) % 8
-        first += pad
-        size = self.size
-        total = first + n * size
-        if b.nested:
-            b.assertNotNested()  # raises
-        b.Prep(8, total)  # aligns the block's end, hence its start
-        pack = self.row.pack
-        if errors is None:  # every status OK: the rows point at the first vtable
-            tail = self.packed(items, first - vtable_at, size, pack)
+        if errors is None:  # every status OK: the block's head is the same for every n items
+            plan = self.plans.get(n)
+            if plan is None:
+                plan = self._plan(n, False)
+                if n <= _MAX_PLANS:
+                    self.plans[n] = plan
+            total, prefix, at = plan
+            if b.nested:
+                b.assertNotNested()  # raises
+            b.Prep(8, total)  # aligns the block's end, hence its start
+            if n == 1:  # the common case of a latency-bound client: one stream per request
+                block = prefix + self.one(items[0], at, self.row.pack)
+            else:
+                block = prefix + b"".join(self.packed(items, at, self.size, self.row.pack))
         else:
-            rows = self.rows(items)
-            base = len(b.Bytes) - b.head + total  # the block's start, as a builder offset
-            vtable_status_at = vtable_at + len(self.vtable)
-            tail = []
-            pos = first
-            for row, error in zip(rows, errors, strict=True):
-                if error:  # a uoffset to the status built above: from base - field to error
-                    uoffset = base - pos - self.status_at - error
-                    tail.append(pack(pos - vtable_status_at, *row, uoffset))
-                else:
-                    tail.append(pack(pos - vtable_at, *row, 0))
-                pos += size
-        block = b"".join([_UOFFSETS[n](n, *range(first - 4, first - 4 + n * (size - 4), size - 4))
-                          if n < len(_UOFFSETS) else
-                          struct.pack(f"<{n + 1}I", n, *range(first - 4, first - 4 + n * (size - 4),
-                                                              size - 4)),
-                          vtables, _PADS[pad], *tail])
+            block = self._block_with_errors(b, items, errors)
+            total = len(block)
         head: int = b.head - total
         b.Bytes[head : b.head] = block
         b.head = head
         return len(b.Bytes) - head
 
+    def _plan(self, n: int, errors: bool) -> tuple[int, bytes, int]:
+        """The block of ``n`` items: (its size, its head up to the first table, the soffset of
+        the first table to the first vtable).
 
-_UOFFSETS: Final = tuple(struct.Struct(f"<{n + 1}I").pack for n in range(256))
-_PADS: Final = tuple(bytes(n) for n in range(8))
+        The block starts 8-aligned: [n][n uoffsets][vtable][vtable with status, if needed][pad]
+        [table 0 (at 4 mod 8)][table 1]...
+        """
+        vtable_at = 4 + 4 * n
+        vtables = self.vtable + self.vtable_status if errors else self.vtable
+        first = vtable_at + len(vtables)
+        first += (4 - first) % 8
+        size = self.size
+        uoffsets = range(first - 4, first - 4 + n * (size - 4), size - 4)
+        head = struct.pack(f"<{n + 1}I", n, *uoffsets) + vtables
+        return first + n * size, head + bytes(first - len(head)), first - vtable_at
+
+    def _block_with_errors(self, b: Any, items: Sequence[Any], errors: list[int]) -> bytes:
+        """The block of ``items`` when some statuses are not OK (``errors``: their offsets)."""
+        n = len(items)
+        total, prefix, _ = self._plan(n, True)
+        if b.nested:
+            b.assertNotNested()  # raises
+        b.Prep(8, total)  # aligns the block's end, hence its start
+        size, pack = self.size, self.row.pack
+        base = len(b.Bytes) - b.head + total  # the block's start, as a builder offset
+        vtable_at = 4 + 4 * n
+        vtable_status_at = vtable_at + len(self.vtable)
+        parts = [prefix]
+        pos = len(prefix)
+        for row, error in zip(self.rows(items), errors, strict=True):
+            if error:  # a uoffset to the status built above: from base - field to error
+                uoffset = base - pos - self.status_at - error
+                parts.append(pack(pos - vtable_status_at, *row, uoffset))
+            else:
+                parts.append(pack(pos - vtable_at, *row, 0))
+            pos += size
+        return b"".join(parts)
+
+
+_MAX_PLANS: Final = 256  # FixedLayout.put keeps the head of blocks of up to this many items
+
+
 
 
 def maker(cls: type[_T]) -> Callable[..., _T]:
@@ -592,10 +619,9 @@ class Table:
     def encode(self) -> bytes:
         b = Builder(_INITIAL_BUILDER_BYTES)
         try:
-            b.Finish(self.SCHEMA.build(b, self))
+            return b.finish(self.SCHEMA.build(b, self))
         except _ENCODE_ERRORS as exc:
             raise ValueError(f"cannot encode {type(self).__name__}: {exc}") from exc
-        return bytes(b.Output())
 
     @classmethod
     def decode(cls, buf: bytes | bytearray | memoryview) -> Self:
@@ -740,10 +766,12 @@ class Codec:
             read, child = self._field_source(i, f, env)
             reads.append(f"{read} if o{f.slot} else d{i}")
             if child is None:
-                adds.append(f"b.{_SLOT_WRITER[f.fmt]}({f.slot}, v{i}, {f.default!r})")
+                test = "is not" if f.fmt == "?" else "!="  # the builder tests != again
+                adds.append(f"if v{i} {test} {f.default!r}:\n        "  # a default: no call
+                            f"b.{_SLOT_WRITER[f.fmt]}({f.slot}, v{i}, {f.default!r})")
                 continue
             children.append(f"f{i} = {child}")
-            adds.append(f"b.PrependUOffsetTRelativeSlot({f.slot}, f{i}, 0)")
+            adds.append(f"if f{i}:\n        b.PrependUOffsetTRelativeSlot({f.slot}, f{i}, 0)")
             if limit is not None and f.kind in (Kind.SCALARS, Kind.TABLES):
                 checks.append(f"limit(len(v{i}))")
         values = ", ".join(f"v{i}" for i in range(len(table.fields)))
