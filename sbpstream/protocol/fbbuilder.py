@@ -178,15 +178,16 @@ class Builder(_GoogleBuilder):  # type: ignore[misc]
         self.objectEnd = len(self.Bytes) - self.head
         self.nested = True
 
+    def WriteVtable(self) -> int:
+        self.nested = True  # EndObject's check passes: the base calls this from EndObject only
+        return self.EndObject()
+
     def EndObject(self) -> int:
+        """The object's soffset, then its vtable unless an equal one was written (the base's
+        ``EndObject`` and ``WriteVtable``, in one pass)."""
         if not self.nested:
             raise _google.IsNotNestedError()
         self.nested = False
-        return self.WriteVtable()
-
-    def WriteVtable(self) -> int:
-        """The object's soffset, then its vtable unless an equal one was written (the base's
-        ``WriteVtable``, in one pass)."""
         vtable = self.current_vtable
         assert vtable is not None and self.objectEnd is not None
         head = self.head
