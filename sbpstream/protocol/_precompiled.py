@@ -1396,9 +1396,11 @@ def _f40(env: dict[str, Any]) -> dict[str, Any]:
     K = env['K']
     build = env['build']
     def errors(b: Any, items: Any) -> Any:
+        statuses = [i.status for i in items]
+        if statuses.count(k) == len(statuses):
+            return None
         out = None
-        for n, i in enumerate(items):
-            s = i.status
+        for n, s in enumerate(statuses):
             if not (s is k or (s.code, s.message, s.detail, ) == K):
                 if out is None:
                     out = [0] * len(items)
@@ -7039,7 +7041,7 @@ CODE: dict[tuple[int, int], Factory] = {
     (2051, 2320055458): _f37,
     (964, 3592275992): _f38,
     (544, 414399896): _f39,
-    (289, 394704827): _f40,
+    (375, 1831647330): _f40,
     (1380, 344150285): _f41,
     (657, 696810158): _f42,
     (1864, 1493260512): _f43,

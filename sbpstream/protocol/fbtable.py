@@ -458,11 +458,14 @@ class FixedLayout:
         if status is not None and tables:
             env = {"k": status.omit, "K": status.omit_values, "build": status.build}
             ok = _omitted("s", status, "k", "K")
+            # every status the shared OK value (or equal to it): list.count, in C, says so
             source = (
                 "def errors(b: Any, items: Any) -> Any:\n"
+                f"    statuses = [i.{names[tables[0].name]} for i in items]\n"
+                "    if statuses.count(k) == len(statuses):\n"
+                "        return None\n"
                 "    out = None\n"
-                "    for n, i in enumerate(items):\n"
-                f"        s = i.{names[tables[0].name]}\n"
+                "    for n, s in enumerate(statuses):\n"
                 f"        if not ({ok}):\n"
                 "            if out is None:\n"
                 "                out = [0] * len(items)\n"
