@@ -421,7 +421,10 @@ class FixedLayout:
     __slots__ = ("errors", "one", "packed", "plans", "row", "rows", "size", "status_at", "vtable",
                  "vtable_status")
 
-    def __init__(self, table: TableDef, names: dict[str, str], status: Bound | None) -> None:
+    def __init__(self, table: TableDef, names: dict[str, str], status: Bound | None,
+                 shared: Any = None) -> None:
+        """``shared``: the item class's default status, if it is the omitted value (then
+        usually the very object items hold, which is the cheapest to recognise)."""
         scalars = [f for f in table.fields if f.kind is Kind.SCALAR and f.fmt in "qQiI"]
         tables = [f for f in table.fields if f.kind is Kind.TABLE]
         omitted = status is not None and status.omit is not None
@@ -456,7 +459,8 @@ class FixedLayout:
         self.rows, self.one, self.packed = code["rows"], code["one"], code["packed"]
         self.errors: Callable[[Any, Sequence[Any]], list[int] | None] | None = None
         if status is not None and tables:
-            env = {"k": status.omit, "K": status.omit_values, "build": status.build}
+            k = shared if shared is not None and shared == status.omit else status.omit
+            env = {"k": k, "K": status.omit_values, "build": status.build}
             ok = _omitted("s", status, "k", "K")
             # every status the shared OK value (or equal to it): list.count, in C, says so
             source = (
@@ -672,7 +676,10 @@ class Codec:
         layout = None
         if fixed:
             status = [self.bound[f.ref] for f in table.fields if f.kind is Kind.TABLE]
-            layout = FixedLayout(table, names, status[0] if status else None)
+            defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+            shared = next((defaults[names[f.name]] for f in table.fields
+                           if f.kind is Kind.TABLE), None)
+            layout = FixedLayout(table, names, status[0] if status else None, shared)
         py_names = tuple(names[f.name] for f in table.fields)
         omit = cls() if omit_default else None
         omit_values = None if omit is None else tuple(getattr(omit, n) for n in py_names)
@@ -819,6 +826,8 @@ class Codec:
         if f.kind is Kind.TABLE:
             ref = self.bound[f.ref]
             env[f"r{i}"], env[f"w{i}"], env[f"k{i}"] = ref.read, ref.build, ref.omit
+            if ref.omit is not None and env[f"d{i}"] == ref.omit:
+                env[f"k{i}"] = env[f"d{i}"]  # the shared default (STATUS_OK): "is" finds it
             env[f"K{i}"] = ref.omit_values
             skip = f"{v} is None" if ref.omit is None else _omitted(v, ref, f"k{i}", f"K{i}")
             return f"r{i}(buf, {at} + U32(buf, {at})[0])", f"0 if {skip} else w{i}(b, {v})"
