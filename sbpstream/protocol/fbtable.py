@@ -676,7 +676,7 @@ class Codec:
         layout = None
         if fixed:
             status = [self.bound[f.ref] for f in table.fields if f.kind is Kind.TABLE]
-            defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+            defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
             shared = next((defaults[names[f.name]] for f in table.fields
                            if f.kind is Kind.TABLE), None)
             layout = FixedLayout(table, names, status[0] if status else None, shared)
