@@ -594,6 +594,15 @@ def test_lean_builder_matches_on_the_samples(msg: Table) -> None:
     assert msg.encode() == _google_bytes(msg)
 
 
+def test_lean_builder_writes_the_same_bytes_after_clear() -> None:
+    msg = m.FetchResponse(items=(m.FetchResult(1, 2, 3, high_watermark=9),), session_id=4)
+    b = fbbuilder.Builder(64)
+    b.Finish(m.FetchResponse.SCHEMA.build(b, m.FetchResponse(session_id=-1)))
+    b.Bytes[:] = b"\xff" * len(b.Bytes)  # what was written before no longer shows in padding
+    b.Clear()
+    assert b.finish(m.FetchResponse.SCHEMA.build(b, msg)) == _google_bytes(msg)
+
+
 def test_lean_builder_refuses_what_the_google_builder_refuses() -> None:
     with pytest.raises(ValueError, match="cannot encode"):
         m.AppendRequest(replication=2).encode()  # type: ignore[arg-type]  # a bool field

@@ -150,6 +150,10 @@ class Builder(_GoogleBuilder):  # type: ignore[misc]
         self.finished = False
         self.vectorNumElems: int | None = None
 
+    def Clear(self) -> None:
+        super().Clear()
+        self.Bytes = bytearray(len(self.Bytes))  # padding is not written: it must be zeros
+
     def ForceDefaults(self, forceDefaults: bool) -> None:
         if forceDefaults:
             raise NotImplementedError("this builder never writes default values")
