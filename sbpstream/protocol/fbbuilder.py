@@ -3,8 +3,8 @@
 The Google builder spends about ten Python calls on every field it writes (``Prepend*Slot`` ->
 ``PrependSlot`` -> ``enforce_number`` twice -> ``Prepend`` -> ``Prep`` -> ``Pad`` -> ``Place`` ->
 ``enforce_number`` -> ``encode.Write``, then ``Slot`` -> ``assertNested`` -> ``Offset``), and
-its ``EndObject`` one per vtable entry: about 25% of a data node's CPU at 2,000 small appends/s.
-:class:`Builder` subclasses it and redoes the methods the codec (:mod:`.fbtable`,
+its ``WriteVtable`` one ``Prepend`` per vtable entry: about 25% of a data node's CPU at 2,000
+small appends/s. :class:`Builder` subclasses it and redoes the methods the codec (:mod:`.fbtable`,
 :mod:`.rangelist`) calls, each as one function with plain integer arithmetic and one
 ``struct.pack_into``: the same decisions in the same order (alignment from the end of the buffer,
 children before parents, vtables deduplicated through the same ``vtables`` dict and keys, the
@@ -13,10 +13,12 @@ against the Google builder for every message, and the golden file pins.
 
 What the Google builder checks, this one checks too, only more cheaply: a value out of its field's
 range raises ``struct.error`` (``enforce_number`` raised ``TypeError``; the codec turns both into
-``ValueError("cannot encode ...")``), a bool slot refuses anything but 0/1, and nesting errors are
-the same exceptions. Padding is not written: the buffer starts zeroed and only ever shrinks from
-the end (``head`` goes down, nothing is written below it), so the bytes a pad skips are zeros
-already. ``ForceDefaults`` is refused (the codec never writes defaults). No I/O.
+``ValueError("cannot encode ...")``), a bool slot refuses anything but 0/1, and starting an
+object, a vector or a string inside another raises the same exceptions (a slot written outside an
+object raises ``TypeError``, not ``IsNotNestedError``: only the generated writers write slots).
+Padding is not written: the buffer is filled from its end towards its start (``head`` only goes
+down) and starts zeroed (a grown buffer too; ``Clear`` zeroes it), so the bytes a pad skips are
+zeros already. ``ForceDefaults`` is refused (the codec never writes defaults). No I/O.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ _U16S: Final = tuple(struct.Struct(f"<{n}H").pack_into for n in range(66))
 _PUT_I32: Final = struct.Struct("<i").pack_into
 _PUT_U32: Final = struct.Struct("<I").pack_into
 
-# Each slot writer: struct format, and the alignment mask (its width - 1)
+# The struct format of each scalar slot writer (its width is its alignment)
 _SLOT_FORMATS: Final = {
     "PrependInt8Slot": "b", "PrependUint8Slot": "B", "PrependByteSlot": "B",
     "PrependInt16Slot": "h", "PrependUint16Slot": "H", "PrependInt32Slot": "i",
