@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from message_samples import ERR, ERR2, SAMPLES
 
-from sbpstream.protocol import fbtable, flatc
+from sbpstream.protocol import fbbuilder, fbtable, flatc
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     BadHeaderError,
@@ -564,6 +564,60 @@ def test_round_trip_of_values_drawn_from_the_schema(data: st.DataObject) -> None
     cls = data.draw(st.sampled_from(TABLE_CLASSES))
     obj = data.draw(_instances(cls))
     assert cls.decode(obj.encode()) == obj
+
+
+def _google_bytes(obj: Any, size: int = 16) -> bytes:
+    """``obj`` written by the Google builder (the reference the lean one must match)."""
+    b = flatbuffers.Builder(size)
+    b.Finish(type(obj).SCHEMA.build(b, obj))
+    return bytes(b.Output())
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_lean_builder_writes_the_google_builders_bytes(data: st.DataObject) -> None:
+    cls = data.draw(st.sampled_from(TABLE_CLASSES))
+    obj = data.draw(_instances(cls))
+    want = _google_bytes(obj)
+    assert obj.encode() == want
+    lean = fbbuilder.Builder(data.draw(st.sampled_from([0, 8, 16, 64])))  # grows as it goes
+    root = cls.SCHEMA.build(lean, obj)
+    if data.draw(st.booleans()):
+        assert lean.finish(root) == want
+    else:
+        lean.Finish(root)
+        assert bytes(lean.Output()) == want
+
+
+@pytest.mark.parametrize("msg", [s for s in SAMPLES if isinstance(s, Table)], ids=_id)
+def test_lean_builder_matches_on_the_samples(msg: Table) -> None:
+    assert msg.encode() == _google_bytes(msg)
+
+
+def test_lean_builder_writes_the_same_bytes_after_clear() -> None:
+    msg = m.FetchResponse(items=(m.FetchResult(1, 2, 3, high_watermark=9),), session_id=4)
+    b = fbbuilder.Builder(64)
+    b.Finish(m.FetchResponse.SCHEMA.build(b, m.FetchResponse(session_id=-1)))
+    b.Bytes[:] = b"\xff" * len(b.Bytes)  # what was written before no longer shows in padding
+    b.Clear()
+    assert b.finish(m.FetchResponse.SCHEMA.build(b, msg)) == _google_bytes(msg)
+
+
+def test_lean_builder_refuses_what_the_google_builder_refuses() -> None:
+    with pytest.raises(ValueError, match="cannot encode"):
+        m.AppendRequest(replication=2).encode()  # type: ignore[arg-type]  # a bool field
+    with pytest.raises(ValueError, match="cannot encode"):
+        m.AppendRequest(items=(m.AppendItem(stream_id=1 << 63),)).encode()  # fixed layout
+    with pytest.raises(ValueError, match="cannot encode"):
+        m.Status(message=5).encode()  # type: ignore[arg-type]  # not a string
+    b = fbbuilder.Builder(64)
+    with pytest.raises(NotImplementedError):
+        b.ForceDefaults(True)
+    b.StartObject(1)
+    with pytest.raises(flatbuffers.builder.IsNestedError):
+        b.StartObject(1)
+    with pytest.raises(flatbuffers.builder.IsNestedError):
+        b.CreateString("x")
 
 
 class _StartProbe:

@@ -1,5 +1,5 @@
 """The protocol layer starts fast: importing it does not load numpy (flatbuffers would, for
-helpers the codec never calls; see ``fbtable._import_flatbuffers``), leaves the import system as
+helpers the codec never calls; see ``fbbuilder._import_flatbuffers``), leaves the import system as
 it found it, and numpy still imports normally afterwards."""
 
 from __future__ import annotations

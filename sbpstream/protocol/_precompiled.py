@@ -241,9 +241,12 @@ def _f5(env: dict[str, Any]) -> dict[str, Any]:
         f1 = b.CreateString(v1) if v1 else 0
         f2 = b.CreateByteVector(v2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt16Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt16Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -299,8 +302,10 @@ def _f7(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1 = obj.node_id, obj.advertise_addr
         f1 = b.CreateString(v1) if v1 else 0
         b.StartObject(2)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -358,8 +363,10 @@ def _f9(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1 = obj.data_node, obj.is_primary
         f0 = 0 if v0 is None else w0(b, v0)
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependBoolSlot(1, v1, False)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 is not False:
+            b.PrependBoolSlot(1, v1, False)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -439,12 +446,18 @@ def _f11(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1, v2, v3, v4, v5 = obj.stream_id, obj.range_index, obj.start_offset, obj.next_offset, obj.end_offset, obj.replica_nodes
         f5 = put_tables(b, v5, w5) if v5 else 0
         b.StartObject(6)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt32Slot(1, v1, 0)
-        b.PrependInt64Slot(2, v2, 0)
-        b.PrependInt64Slot(3, v3, 0)
-        b.PrependInt64Slot(4, v4, -1)
-        b.PrependUOffsetTRelativeSlot(5, f5, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
+        if v2 != 0:
+            b.PrependInt64Slot(2, v2, 0)
+        if v3 != 0:
+            b.PrependInt64Slot(3, v3, 0)
+        if v4 != -1:
+            b.PrependInt64Slot(4, v4, -1)
+        if f5:
+            b.PrependUOffsetTRelativeSlot(5, f5, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5 = slots(buf, pos, 6)
@@ -515,11 +528,16 @@ def _f13(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1, v2, v3, v4 = obj.stream_id, obj.replica_nums, obj.retention_period_ms, obj.start_offset, obj.name
         f4 = b.CreateString(v4) if v4 else 0
         b.StartObject(5)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt8Slot(1, v1, 0)
-        b.PrependInt64Slot(2, v2, 0)
-        b.PrependInt64Slot(3, v3, 0)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt8Slot(1, v1, 0)
+        if v2 != 0:
+            b.PrependInt64Slot(2, v2, 0)
+        if v3 != 0:
+            b.PrependInt64Slot(3, v3, 0)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -584,10 +602,14 @@ def _f15(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0, v1, v2, v3 = obj.producer_id, obj.producer_epoch, obj.last_sequence, obj.last_base_offset
         b.StartObject(4)
-        b.PrependInt64Slot(0, v0, -1)
-        b.PrependInt16Slot(1, v1, -1)
-        b.PrependInt32Slot(2, v2, -1)
-        b.PrependInt64Slot(3, v3, -1)
+        if v0 != -1:
+            b.PrependInt64Slot(0, v0, -1)
+        if v1 != -1:
+            b.PrependInt16Slot(1, v1, -1)
+        if v2 != -1:
+            b.PrependInt32Slot(2, v2, -1)
+        if v3 != -1:
+            b.PrependInt64Slot(3, v3, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -637,7 +659,8 @@ def _f17(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0 = obj.stream_id
         b.StartObject(1)
-        b.PrependInt64Slot(0, v0, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, = slots(buf, pos, 1)
@@ -692,7 +715,8 @@ def _f19(env: dict[str, Any]) -> dict[str, Any]:
         v0 = obj.status
         f0 = 0 if v0 is k0 or (v0.code, v0.message, v0.detail, ) == K0 else w0(b, v0)
         b.StartObject(1)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, = slots(buf, pos, 1)
@@ -795,9 +819,12 @@ def _f23(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1, v2 = obj.code, obj.message, obj.last_stream_id
         f1 = b.CreateString(v1) if v1 else 0
         b.StartObject(3)
-        b.PrependInt16Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUint32Slot(2, v2, 2147483647)
+        if v0 != 0:
+            b.PrependInt16Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v2 != 2147483647:
+            b.PrependUint32Slot(2, v2, 2147483647)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -873,10 +900,14 @@ def _f25(env: dict[str, Any]) -> dict[str, Any]:
         f2 = 0 if v2 is None else w2(b, v2)
         f3 = put_tables(b, v3, w3) if v3 else 0
         b.StartObject(4)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt8Slot(1, v1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt8Slot(1, v1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -950,10 +981,14 @@ def _f27(env: dict[str, Any]) -> dict[str, Any]:
         f2 = 0 if v2 is None else w2(b, v2)
         f3 = 0 if v3 is k3 or (v3.code, v3.message, v3.detail, ) == K3 else w3(b, v3)
         b.StartObject(4)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt8Slot(1, v1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt8Slot(1, v1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -1009,8 +1044,10 @@ def _f29(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1 = obj.timeout_ms, obj.host
         f1 = b.CreateString(v1) if v1 else 0
         b.StartObject(2)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -1070,8 +1107,10 @@ def _f31(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1 = obj.id, obj.status
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         b.StartObject(2)
-        b.PrependInt32Slot(0, v0, -1)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v0 != -1:
+            b.PrependInt32Slot(0, v0, -1)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -1136,10 +1175,14 @@ def _f33(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0, v1, v2, v3 = obj.stream_id, obj.request_index, obj.batch_length, obj.range_index
         b.StartObject(4)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt32Slot(1, v1, 0)
-        b.PrependInt32Slot(2, v2, 0)
-        b.PrependInt32Slot(3, v3, -1)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
+        if v2 != 0:
+            b.PrependInt32Slot(2, v2, 0)
+        if v3 != -1:
+            b.PrependInt32Slot(3, v3, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -1151,7 +1194,11 @@ def _f34(env: dict[str, Any]) -> dict[str, Any]:
     """rows AppendItem"""
     def rows(items: Any) -> Any:
         return [(i.stream_id, i.request_index, i.batch_length, i.range_index,) for i in items]
-    return {'rows': rows}
+    def one(i: Any, at: Any, pack: Any) -> Any:
+        return pack(at, i.stream_id, i.request_index, i.batch_length, i.range_index)
+    def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:
+        return [pack(v, i.stream_id, i.request_index, i.batch_length, i.range_index) for v, i in zip(range(at, at + len(items) * size, size), items, strict=True)]
+    return {'rows': rows, 'one': one, 'packed': packed}
 
 
 def _f35(env: dict[str, Any]) -> dict[str, Any]:
@@ -1224,11 +1271,16 @@ def _f36(env: dict[str, Any]) -> dict[str, Any]:
         f1 = x1(b, v1) if v1 else 0
         f4 = put_scalars(b, v4, 'q') if v4 else 0
         b.StartObject(5)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependBoolSlot(2, v2, False)
-        b.PrependInt64Slot(3, v3, -1)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v2 is not False:
+            b.PrependBoolSlot(2, v2, False)
+        if v3 != -1:
+            b.PrependInt64Slot(3, v3, -1)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -1308,12 +1360,18 @@ def _f38(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1, v2, v3, v4, v5 = obj.stream_id, obj.request_index, obj.base_offset, obj.stream_append_time_ms, obj.status, obj.next_offset
         f4 = 0 if v4 is k4 or (v4.code, v4.message, v4.detail, ) == K4 else w4(b, v4)
         b.StartObject(6)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt32Slot(1, v1, 0)
-        b.PrependInt64Slot(2, v2, -1)
-        b.PrependInt64Slot(3, v3, 0)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
-        b.PrependInt64Slot(5, v5, -1)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
+        if v2 != -1:
+            b.PrependInt64Slot(2, v2, -1)
+        if v3 != 0:
+            b.PrependInt64Slot(3, v3, 0)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if v5 != -1:
+            b.PrependInt64Slot(5, v5, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5 = slots(buf, pos, 6)
@@ -1325,7 +1383,11 @@ def _f39(env: dict[str, Any]) -> dict[str, Any]:
     """rows AppendResult"""
     def rows(items: Any) -> Any:
         return [(i.stream_id, i.base_offset, i.stream_append_time_ms, i.next_offset, i.request_index,) for i in items]
-    return {'rows': rows}
+    def one(i: Any, at: Any, pack: Any) -> Any:
+        return pack(at, i.stream_id, i.base_offset, i.stream_append_time_ms, i.next_offset, i.request_index, 0)
+    def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:
+        return [pack(v, i.stream_id, i.base_offset, i.stream_append_time_ms, i.next_offset, i.request_index, 0) for v, i in zip(range(at, at + len(items) * size, size), items, strict=True)]
+    return {'rows': rows, 'one': one, 'packed': packed}
 
 
 def _f40(env: dict[str, Any]) -> dict[str, Any]:
@@ -1334,7 +1396,16 @@ def _f40(env: dict[str, Any]) -> dict[str, Any]:
     K = env['K']
     build = env['build']
     def errors(b: Any, items: Any) -> Any:
-        return [0 if s is k or (s.code, s.message, s.detail, ) == K else build(b, s) for s in [i.status for i in items]]
+        statuses = [i.status for i in items]
+        if statuses.count(k) == len(statuses):
+            return None
+        out = None
+        for n, s in enumerate(statuses):
+            if not (s is k or (s.code, s.message, s.detail, ) == K):
+                if out is None:
+                    out = [0] * len(items)
+                out[n] = build(b, s)
+        return out
     return {'errors': errors}
 
 
@@ -1399,9 +1470,12 @@ def _f42(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         f2 = x2(b, v2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -1471,11 +1545,16 @@ def _f44(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0, v1, v2, v3, v4 = obj.stream_id, obj.request_index, obj.fetch_offset, obj.batch_max_bytes, obj.range_index
         b.StartObject(5)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt32Slot(1, v1, 0)
-        b.PrependInt64Slot(2, v2, 0)
-        b.PrependInt32Slot(3, v3, 0)
-        b.PrependInt32Slot(4, v4, -1)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
+        if v2 != 0:
+            b.PrependInt64Slot(2, v2, 0)
+        if v3 != 0:
+            b.PrependInt32Slot(3, v3, 0)
+        if v4 != -1:
+            b.PrependInt32Slot(4, v4, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -1487,7 +1566,11 @@ def _f45(env: dict[str, Any]) -> dict[str, Any]:
     """rows FetchItem"""
     def rows(items: Any) -> Any:
         return [(i.stream_id, i.fetch_offset, i.request_index, i.batch_max_bytes, i.range_index,) for i in items]
-    return {'rows': rows}
+    def one(i: Any, at: Any, pack: Any) -> Any:
+        return pack(at, i.stream_id, i.fetch_offset, i.request_index, i.batch_max_bytes, i.range_index)
+    def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:
+        return [pack(v, i.stream_id, i.fetch_offset, i.request_index, i.batch_max_bytes, i.range_index) for v, i in zip(range(at, at + len(items) * size, size), items, strict=True)]
+    return {'rows': rows, 'one': one, 'packed': packed}
 
 
 def _f46(env: dict[str, Any]) -> dict[str, Any]:
@@ -1570,13 +1653,20 @@ def _f47(env: dict[str, Any]) -> dict[str, Any]:
         f2 = x2(b, v2) if v2 else 0
         f5 = put_scalars(b, v5, 'q') if v5 else 0
         b.StartObject(7)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependInt32Slot(1, v1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt32Slot(3, v3, 0)
-        b.PrependInt32Slot(4, v4, -1)
-        b.PrependUOffsetTRelativeSlot(5, f5, 0)
-        b.PrependInt32Slot(6, v6, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != 0:
+            b.PrependInt32Slot(3, v3, 0)
+        if v4 != -1:
+            b.PrependInt32Slot(4, v4, -1)
+        if f5:
+            b.PrependUOffsetTRelativeSlot(5, f5, 0)
+        if v6 != 0:
+            b.PrependInt32Slot(6, v6, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5, o6 = slots(buf, pos, 7)
@@ -1661,13 +1751,20 @@ def _f49(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1, v2, v3, v4, v5, v6 = obj.stream_id, obj.request_index, obj.batch_length, obj.status, obj.start_offset, obj.high_watermark, obj.range_end_offset
         f3 = 0 if v3 is k3 or (v3.code, v3.message, v3.detail, ) == K3 else w3(b, v3)
         b.StartObject(7)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt32Slot(1, v1, 0)
-        b.PrependInt32Slot(2, v2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
-        b.PrependInt64Slot(4, v4, -1)
-        b.PrependInt64Slot(5, v5, -1)
-        b.PrependInt64Slot(6, v6, -1)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
+        if v2 != 0:
+            b.PrependInt32Slot(2, v2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if v4 != -1:
+            b.PrependInt64Slot(4, v4, -1)
+        if v5 != -1:
+            b.PrependInt64Slot(5, v5, -1)
+        if v6 != -1:
+            b.PrependInt64Slot(6, v6, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5, o6 = slots(buf, pos, 7)
@@ -1679,7 +1776,11 @@ def _f50(env: dict[str, Any]) -> dict[str, Any]:
     """rows FetchResult"""
     def rows(items: Any) -> Any:
         return [(i.stream_id, i.start_offset, i.high_watermark, i.range_end_offset, i.request_index, i.batch_length,) for i in items]
-    return {'rows': rows}
+    def one(i: Any, at: Any, pack: Any) -> Any:
+        return pack(at, i.stream_id, i.start_offset, i.high_watermark, i.range_end_offset, i.request_index, i.batch_length, 0)
+    def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:
+        return [pack(v, i.stream_id, i.start_offset, i.high_watermark, i.range_end_offset, i.request_index, i.batch_length, 0) for v, i in zip(range(at, at + len(items) * size, size), items, strict=True)]
+    return {'rows': rows, 'one': one, 'packed': packed}
 
 
 def _f51(env: dict[str, Any]) -> dict[str, Any]:
@@ -1748,10 +1849,14 @@ def _f52(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         f2 = x2(b, v2) if v2 else 0
         b.StartObject(4)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt32Slot(3, v3, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != 0:
+            b.PrependInt32Slot(3, v3, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -1811,9 +1916,12 @@ def _f54(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0, v1, v2 = obj.bytes_acked, obj.fetch_request_id, obj.cancel
         b.StartObject(3)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt32Slot(1, v1, -1)
-        b.PrependBoolSlot(2, v2, False)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != -1:
+            b.PrependInt32Slot(1, v1, -1)
+        if v2 is not False:
+            b.PrependBoolSlot(2, v2, False)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -1873,8 +1981,10 @@ def _f56(env: dict[str, Any]) -> dict[str, Any]:
         limit(len(v1))
         f1 = x1(b, v1) if v1 else 0
         b.StartObject(2)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -1944,9 +2054,12 @@ def _f58(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         f2 = put_tables(b, v2, w2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -2027,9 +2140,12 @@ def _f62(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         f2 = x2(b, v2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -2089,9 +2205,12 @@ def _f64(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0, v1, v2 = obj.stream_id, obj.range_index, obj.end_offset
         b.StartObject(3)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt32Slot(1, v1, 0)
-        b.PrependInt64Slot(2, v2, -1)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
+        if v2 != -1:
+            b.PrependInt64Slot(2, v2, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -2116,8 +2235,10 @@ def _f65(env: dict[str, Any]) -> dict[str, Any]:
         limit(len(v1))
         f1 = put_tables(b, v1, w1) if v1 else 0
         b.StartObject(2)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -2194,10 +2315,14 @@ def _f67(env: dict[str, Any]) -> dict[str, Any]:
         f2 = put_tables(b, v2, w2) if v2 else 0
         f3 = put_tables(b, v3, w3) if v3 else 0
         b.StartObject(4)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -2228,9 +2353,12 @@ def _f68(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         f2 = put_tables(b, v2, w2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -2290,8 +2418,10 @@ def _f70(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1 = obj.stream_id, obj.ranges
         f1 = put_tables(b, v1, w1) if v1 else 0
         b.StartObject(2)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -2356,10 +2486,14 @@ def _f72(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0, v1, v2, v3 = obj.stream_id, obj.range_index, obj.digest_end_offset, obj.digest_start_offset
         b.StartObject(4)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt32Slot(1, v1, 0)
-        b.PrependInt64Slot(2, v2, -1)
-        b.PrependInt64Slot(3, v3, -1)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
+        if v2 != -1:
+            b.PrependInt64Slot(2, v2, -1)
+        if v3 != -1:
+            b.PrependInt64Slot(3, v3, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -2442,12 +2576,18 @@ def _f74(env: dict[str, Any]) -> dict[str, Any]:
         f2 = 0 if v2 is None else w2(b, v2)
         f3 = b.CreateString(v3) if v3 else 0
         b.StartObject(6)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
-        b.PrependInt64Slot(4, v4, -1)
-        b.PrependInt64Slot(5, v5, -1)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if v4 != -1:
+            b.PrependInt64Slot(4, v4, -1)
+        if v5 != -1:
+            b.PrependInt64Slot(5, v5, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5 = slots(buf, pos, 6)
@@ -2508,9 +2648,12 @@ def _f76(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1, v2 = obj.replica_nums, obj.retention_period_ms, obj.name
         f2 = b.CreateString(v2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt8Slot(0, v0, 0)
-        b.PrependInt64Slot(1, v1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt8Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt64Slot(1, v1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -2582,10 +2725,14 @@ def _f78(env: dict[str, Any]) -> dict[str, Any]:
         f0 = 0 if v0 is None else w0(b, v0)
         f3 = 0 if v3 is k3 or (v3.code, v3.message, v3.detail, ) == K3 else w3(b, v3)
         b.StartObject(4)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt8Slot(1, v1, 0)
-        b.PrependInt64Slot(2, v2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt8Slot(1, v1, 0)
+        if v2 != 0:
+            b.PrependInt64Slot(2, v2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -2647,8 +2794,10 @@ def _f80(env: dict[str, Any]) -> dict[str, Any]:
         f0 = 0 if v0 is None else w0(b, v0)
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -2728,12 +2877,18 @@ def _f82(env: dict[str, Any]) -> dict[str, Any]:
         f4 = b.CreateString(v4) if v4 else 0
         f5 = b.CreateString(v5) if v5 else 0
         b.StartObject(6)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependInt32Slot(2, v2, 0)
-        b.PrependInt64Slot(3, v3, -1)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
-        b.PrependUOffsetTRelativeSlot(5, f5, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v2 != 0:
+            b.PrependInt32Slot(2, v2, 0)
+        if v3 != -1:
+            b.PrependInt64Slot(3, v3, -1)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if f5:
+            b.PrependUOffsetTRelativeSlot(5, f5, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5 = slots(buf, pos, 6)
@@ -2807,10 +2962,14 @@ def _f84(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         f2 = x2(b, v2) if v2 else 0
         b.StartObject(4)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt64Slot(3, v3, -1)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != -1:
+            b.PrependInt64Slot(3, v3, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -2865,8 +3024,10 @@ def _f86(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0, v1 = obj.stream_id, obj.trim_offset
         b.StartObject(2)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt64Slot(1, v1, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt64Slot(1, v1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -2935,9 +3096,12 @@ def _f88(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         f2 = 0 if v2 is None else w2(b, v2)
         b.StartObject(3)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -3075,24 +3239,42 @@ def _f90(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, v16, v17 = obj.data_node, obj.disk_in_rate, obj.disk_out_rate, obj.disk_free_space, obj.disk_unindexed_data_size, obj.memory_used, obj.uring_task_rate, obj.uring_inflight_task_cnt, obj.uring_pending_task_cnt, obj.uring_task_avg_latency, obj.network_append_rate, obj.network_fetch_rate, obj.network_failed_append_rate, obj.network_failed_fetch_rate, obj.network_append_avg_latency, obj.network_fetch_avg_latency, obj.range_missing_replica_cnt, obj.range_active_cnt
         f0 = 0 if v0 is None else w0(b, v0)
         b.StartObject(18)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt64Slot(1, v1, 0)
-        b.PrependInt64Slot(2, v2, 0)
-        b.PrependInt64Slot(3, v3, 0)
-        b.PrependInt64Slot(4, v4, 0)
-        b.PrependInt64Slot(5, v5, 0)
-        b.PrependInt16Slot(6, v6, 0)
-        b.PrependInt16Slot(7, v7, 0)
-        b.PrependInt32Slot(8, v8, 0)
-        b.PrependInt16Slot(9, v9, 0)
-        b.PrependInt16Slot(10, v10, 0)
-        b.PrependInt16Slot(11, v11, 0)
-        b.PrependInt16Slot(12, v12, 0)
-        b.PrependInt16Slot(13, v13, 0)
-        b.PrependInt16Slot(14, v14, 0)
-        b.PrependInt16Slot(15, v15, 0)
-        b.PrependInt16Slot(16, v16, 0)
-        b.PrependInt16Slot(17, v17, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt64Slot(1, v1, 0)
+        if v2 != 0:
+            b.PrependInt64Slot(2, v2, 0)
+        if v3 != 0:
+            b.PrependInt64Slot(3, v3, 0)
+        if v4 != 0:
+            b.PrependInt64Slot(4, v4, 0)
+        if v5 != 0:
+            b.PrependInt64Slot(5, v5, 0)
+        if v6 != 0:
+            b.PrependInt16Slot(6, v6, 0)
+        if v7 != 0:
+            b.PrependInt16Slot(7, v7, 0)
+        if v8 != 0:
+            b.PrependInt32Slot(8, v8, 0)
+        if v9 != 0:
+            b.PrependInt16Slot(9, v9, 0)
+        if v10 != 0:
+            b.PrependInt16Slot(10, v10, 0)
+        if v11 != 0:
+            b.PrependInt16Slot(11, v11, 0)
+        if v12 != 0:
+            b.PrependInt16Slot(12, v12, 0)
+        if v13 != 0:
+            b.PrependInt16Slot(13, v13, 0)
+        if v14 != 0:
+            b.PrependInt16Slot(14, v14, 0)
+        if v15 != 0:
+            b.PrependInt16Slot(15, v15, 0)
+        if v16 != 0:
+            b.PrependInt16Slot(16, v16, 0)
+        if v17 != 0:
+            b.PrependInt16Slot(17, v17, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, o12, o13, o14, o15, o16, o17 = slots(buf, pos, 18)
@@ -3154,8 +3336,10 @@ def _f92(env: dict[str, Any]) -> dict[str, Any]:
         f0 = 0 if v0 is None else w0(b, v0)
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -3231,11 +3415,16 @@ def _f94(env: dict[str, Any]) -> dict[str, Any]:
         f1 = b.CreateString(v1) if v1 else 0
         f2 = b.CreateString(v2) if v2 else 0
         b.StartObject(5)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt64Slot(3, v3, 0)
-        b.PrependInt32Slot(4, v4, -1)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != 0:
+            b.PrependInt64Slot(3, v3, 0)
+        if v4 != -1:
+            b.PrependInt32Slot(4, v4, -1)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -3294,8 +3483,10 @@ def _f96(env: dict[str, Any]) -> dict[str, Any]:
         limit(len(v0))
         f0 = put_scalars(b, v0, 'q') if v0 else 0
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt32Slot(1, v1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -3355,8 +3546,10 @@ def _f98(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1 = obj.status, obj.stream_count
         f0 = 0 if v0 is k0 or (v0.code, v0.message, v0.detail, ) == K0 else w0(b, v0)
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt32Slot(1, v1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -3406,7 +3599,8 @@ def _f100(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0 = obj.limit
         b.StartObject(1)
-        b.PrependInt32Slot(0, v0, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, = slots(buf, pos, 1)
@@ -3466,8 +3660,10 @@ def _f102(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1 = obj.status, obj.connection_count
         f0 = 0 if v0 is k0 or (v0.code, v0.message, v0.detail, ) == K0 else w0(b, v0)
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt32Slot(1, v1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -3544,11 +3740,16 @@ def _f104(env: dict[str, Any]) -> dict[str, Any]:
         f2 = b.CreateString(v2) if v2 else 0
         f3 = b.CreateString(v3) if v3 else 0
         b.StartObject(5)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt64Slot(1, v1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
-        b.PrependInt8Slot(4, v4, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt64Slot(1, v1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if v4 != 0:
+            b.PrependInt8Slot(4, v4, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -3624,12 +3825,18 @@ def _f106(env: dict[str, Any]) -> dict[str, Any]:
         f1 = b.CreateString(v1) if v1 else 0
         f5 = b.CreateString(v5) if v5 else 0
         b.StartObject(6)
-        b.PrependInt8Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependInt64Slot(2, v2, -1)
-        b.PrependInt64Slot(3, v3, -1)
-        b.PrependInt64Slot(4, v4, -1)
-        b.PrependUOffsetTRelativeSlot(5, f5, 0)
+        if v0 != 0:
+            b.PrependInt8Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v2 != -1:
+            b.PrependInt64Slot(2, v2, -1)
+        if v3 != -1:
+            b.PrependInt64Slot(3, v3, -1)
+        if v4 != -1:
+            b.PrependInt64Slot(4, v4, -1)
+        if f5:
+            b.PrependUOffsetTRelativeSlot(5, f5, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5 = slots(buf, pos, 6)
@@ -3691,8 +3898,10 @@ def _f108(env: dict[str, Any]) -> dict[str, Any]:
         f0 = 0 if v0 is None else w0(b, v0)
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -3753,8 +3962,10 @@ def _f110(env: dict[str, Any]) -> dict[str, Any]:
         limit(len(v1))
         f1 = put_tables(b, v1, w1) if v1 else 0
         b.StartObject(2)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -3824,9 +4035,12 @@ def _f112(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         f2 = put_tables(b, v2, w2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -3876,7 +4090,8 @@ def _f114(env: dict[str, Any]) -> dict[str, Any]:
     def build(b: Any, obj: Any) -> Any:
         v0 = obj.timeout_ms
         b.StartObject(1)
-        b.PrependInt32Slot(0, v0, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, = slots(buf, pos, 1)
@@ -3946,9 +4161,12 @@ def _f116(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         f2 = put_tables(b, v2, w2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -4014,10 +4232,14 @@ def _f118(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1, v2, v3 = obj.key, obj.quota, obj.ttl_type, obj.ttl
         f0 = b.CreateString(v0) if v0 else 0
         b.StartObject(4)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt64Slot(1, v1, 0)
-        b.PrependInt8Slot(2, v2, 3)
-        b.PrependInt64Slot(3, v3, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt64Slot(1, v1, 0)
+        if v2 != 3:
+            b.PrependInt8Slot(2, v2, 3)
+        if v3 != 0:
+            b.PrependInt64Slot(3, v3, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -4104,12 +4326,18 @@ def _f120(env: dict[str, Any]) -> dict[str, Any]:
         f2 = put_tables(b, v2, w2) if v2 else 0
         f5 = put_tables(b, v5, w5) if v5 else 0
         b.StartObject(6)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt32Slot(3, v3, 0)
-        b.PrependInt64Slot(4, v4, 0)
-        b.PrependUOffsetTRelativeSlot(5, f5, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != 0:
+            b.PrependInt32Slot(3, v3, 0)
+        if v4 != 0:
+            b.PrependInt64Slot(4, v4, 0)
+        if f5:
+            b.PrependUOffsetTRelativeSlot(5, f5, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5 = slots(buf, pos, 6)
@@ -4166,8 +4394,10 @@ def _f122(env: dict[str, Any]) -> dict[str, Any]:
         f0 = b.CreateString(v0) if v0 else 0
         f1 = b.CreateByteVector(v1) if v1 else 0
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -4249,12 +4479,18 @@ def _f124(env: dict[str, Any]) -> dict[str, Any]:
         f2 = b.CreateString(v2) if v2 else 0
         f4 = b.CreateString(v4) if v4 else 0
         b.StartObject(6)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt64Slot(3, v3, 0)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
-        b.PrependBoolSlot(5, v5, False)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != 0:
+            b.PrependInt64Slot(3, v3, 0)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if v5 is not False:
+            b.PrependBoolSlot(5, v5, False)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5 = slots(buf, pos, 6)
@@ -4315,9 +4551,12 @@ def _f126(env: dict[str, Any]) -> dict[str, Any]:
         f1 = b.CreateString(v1) if v1 else 0
         f2 = b.CreateString(v2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt8Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt8Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -4368,7 +4607,8 @@ def _f128(env: dict[str, Any]) -> dict[str, Any]:
         v0 = obj.name
         f0 = b.CreateString(v0) if v0 else 0
         b.StartObject(1)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, = slots(buf, pos, 1)
@@ -4433,8 +4673,10 @@ def _f130(env: dict[str, Any]) -> dict[str, Any]:
         f0 = 0 if v0 is k0 or (v0.code, v0.message, v0.detail, ) == K0 else w0(b, v0)
         f1 = put_tables(b, v1, w1) if v1 else 0
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -4495,9 +4737,12 @@ def _f132(env: dict[str, Any]) -> dict[str, Any]:
         f1 = b.CreateString(v1) if v1 else 0
         f2 = b.CreateString(v2) if v2 else 0
         b.StartObject(3)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -4561,9 +4806,12 @@ def _f134(env: dict[str, Any]) -> dict[str, Any]:
         f1 = 0 if v1 is None else w1(b, v1)
         f2 = b.CreateString(v2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt8Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt8Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -4628,8 +4876,10 @@ def _f136(env: dict[str, Any]) -> dict[str, Any]:
         f0 = 0 if v0 is k0 or (v0.code, v0.message, v0.detail, ) == K0 else w0(b, v0)
         f1 = put_tables(b, v1, w1) if v1 else 0
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -4724,14 +4974,22 @@ def _f138(env: dict[str, Any]) -> dict[str, Any]:
         f5 = b.CreateString(v5) if v5 else 0
         f7 = b.CreateString(v7) if v7 else 0
         b.StartObject(8)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
-        b.PrependUOffsetTRelativeSlot(5, f5, 0)
-        b.PrependInt32Slot(6, v6, 0)
-        b.PrependUOffsetTRelativeSlot(7, f7, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if f5:
+            b.PrependUOffsetTRelativeSlot(5, f5, 0)
+        if v6 != 0:
+            b.PrependInt32Slot(6, v6, 0)
+        if f7:
+            b.PrependUOffsetTRelativeSlot(7, f7, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5, o6, o7 = slots(buf, pos, 8)
@@ -4810,11 +5068,16 @@ def _f140(env: dict[str, Any]) -> dict[str, Any]:
         f1 = b.CreateString(v1) if v1 else 0
         f3 = put_scalars(b, v3, 'q') if v3 else 0
         b.StartObject(5)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependInt32Slot(2, v2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
-        b.PrependInt32Slot(4, v4, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v2 != 0:
+            b.PrependInt32Slot(2, v2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if v4 != 0:
+            b.PrependInt32Slot(4, v4, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -4889,11 +5152,16 @@ def _f142(env: dict[str, Any]) -> dict[str, Any]:
         f2 = b.CreateString(v2) if v2 else 0
         f4 = put_scalars(b, v4, 'q') if v4 else 0
         b.StartObject(5)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt32Slot(3, v3, 0)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != 0:
+            b.PrependInt32Slot(3, v3, 0)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -4966,10 +5234,14 @@ def _f144(env: dict[str, Any]) -> dict[str, Any]:
         f0 = 0 if v0 is k0 or (v0.code, v0.message, v0.detail, ) == K0 else w0(b, v0)
         f2 = put_scalars(b, v2, 'q') if v2 else 0
         b.StartObject(4)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependInt32Slot(1, v1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt32Slot(3, v3, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if v1 != 0:
+            b.PrependInt32Slot(1, v1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != 0:
+            b.PrependInt32Slot(3, v3, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3 = slots(buf, pos, 4)
@@ -5030,9 +5302,12 @@ def _f146(env: dict[str, Any]) -> dict[str, Any]:
         f1 = b.CreateString(v1) if v1 else 0
         f2 = b.CreateString(v2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -5093,9 +5368,12 @@ def _f148(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1, v2 = obj.stream_id, obj.offset, obj.metadata
         f2 = b.CreateString(v2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt64Slot(1, v1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != 0:
+            b.PrependInt64Slot(1, v1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -5155,8 +5433,10 @@ def _f150(env: dict[str, Any]) -> dict[str, Any]:
         v0, v1 = obj.stream_id, obj.status
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         b.StartObject(2)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -5233,11 +5513,16 @@ def _f152(env: dict[str, Any]) -> dict[str, Any]:
         f2 = b.CreateString(v2) if v2 else 0
         f4 = put_tables(b, v4, w4) if v4 else 0
         b.StartObject(5)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt32Slot(3, v3, -1)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != -1:
+            b.PrependInt32Slot(3, v3, -1)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -5302,8 +5587,10 @@ def _f154(env: dict[str, Any]) -> dict[str, Any]:
         f0 = 0 if v0 is k0 or (v0.code, v0.message, v0.detail, ) == K0 else w0(b, v0)
         f1 = put_tables(b, v1, w1) if v1 else 0
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -5368,9 +5655,12 @@ def _f156(env: dict[str, Any]) -> dict[str, Any]:
         f1 = b.CreateString(v1) if v1 else 0
         f2 = put_scalars(b, v2, 'q') if v2 else 0
         b.StartObject(3)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -5446,11 +5736,16 @@ def _f158(env: dict[str, Any]) -> dict[str, Any]:
         f2 = b.CreateString(v2) if v2 else 0
         f4 = 0 if v4 is k4 or (v4.code, v4.message, v4.detail, ) == K4 else w4(b, v4)
         b.StartObject(5)
-        b.PrependInt64Slot(0, v0, 0)
-        b.PrependInt64Slot(1, v1, -1)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt64Slot(3, v3, 0)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if v0 != 0:
+            b.PrependInt64Slot(0, v0, 0)
+        if v1 != -1:
+            b.PrependInt64Slot(1, v1, -1)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != 0:
+            b.PrependInt64Slot(3, v3, 0)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -5524,11 +5819,16 @@ def _f160(env: dict[str, Any]) -> dict[str, Any]:
         f3 = put_scalars(b, v3, 'q') if v3 else 0
         f4 = put_scalars(b, v4, 'q') if v4 else 0
         b.StartObject(5)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependUOffsetTRelativeSlot(3, f3, 0)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if f3:
+            b.PrependUOffsetTRelativeSlot(3, f3, 0)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4 = slots(buf, pos, 5)
@@ -5614,12 +5914,18 @@ def _f162(env: dict[str, Any]) -> dict[str, Any]:
         f2 = b.CreateString(v2) if v2 else 0
         f4 = put_tables(b, v4, w4) if v4 else 0
         b.StartObject(6)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
-        b.PrependInt32Slot(3, v3, 0)
-        b.PrependUOffsetTRelativeSlot(4, f4, 0)
-        b.PrependInt32Slot(5, v5, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v3 != 0:
+            b.PrependInt32Slot(3, v3, 0)
+        if f4:
+            b.PrependUOffsetTRelativeSlot(4, f4, 0)
+        if v5 != 0:
+            b.PrependInt32Slot(5, v5, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2, o3, o4, o5 = slots(buf, pos, 6)
@@ -5680,8 +5986,10 @@ def _f164(env: dict[str, Any]) -> dict[str, Any]:
         limit(len(v1))
         f1 = put_tables(b, v1, w1) if v1 else 0
         b.StartObject(2)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -5746,8 +6054,10 @@ def _f166(env: dict[str, Any]) -> dict[str, Any]:
         f0 = 0 if v0 is k0 or (v0.code, v0.message, v0.detail, ) == K0 else w0(b, v0)
         f1 = put_tables(b, v1, w1) if v1 else 0
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -5808,8 +6118,10 @@ def _f168(env: dict[str, Any]) -> dict[str, Any]:
         f0 = b.CreateString(v0) if v0 else 0
         f1 = 0 if v1 is k1 or (v1.code, v1.message, v1.detail, ) == K1 else w1(b, v1)
         b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, f0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f0:
+            b.PrependUOffsetTRelativeSlot(0, f0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1 = slots(buf, pos, 2)
@@ -5876,9 +6188,12 @@ def _f170(env: dict[str, Any]) -> dict[str, Any]:
         f1 = b.CreateString(v1) if v1 else 0
         f2 = put_tables(b, v2, w2) if v2 else 0
         b.StartObject(3)
-        b.PrependInt32Slot(0, v0, 0)
-        b.PrependUOffsetTRelativeSlot(1, f1, 0)
-        b.PrependUOffsetTRelativeSlot(2, f2, 0)
+        if v0 != 0:
+            b.PrependInt32Slot(0, v0, 0)
+        if f1:
+            b.PrependUOffsetTRelativeSlot(1, f1, 0)
+        if f2:
+            b.PrependUOffsetTRelativeSlot(2, f2, 0)
         return b.EndObject()
     def read(buf: Any, pos: Any) -> Any:
         o0, o1, o2 = slots(buf, pos, 3)
@@ -6691,172 +7006,172 @@ CODE: dict[tuple[int, int], Factory] = {
     (1265, 370990166): _f2,
     (2243, 1406573639): _f3,
     (1280, 2898123949): _f4,
-    (533, 3178958225): _f5,
+    (583, 2719581249): _f5,
     (1243, 3662657358): _f6,
-    (400, 3442341195): _f7,
+    (435, 422499506): _f7,
     (1223, 3844800574): _f8,
-    (422, 3054295969): _f9,
+    (465, 3313252912): _f9,
     (2001, 2785142018): _f10,
-    (794, 1167282730): _f11,
+    (910, 4041753786): _f11,
     (1824, 3052414680): _f12,
-    (683, 3907211398): _f13,
+    (778, 677233144): _f13,
     (1727, 2026389614): _f14,
-    (552, 2796443497): _f15,
+    (636, 263374654): _f15,
     (1048, 1794792665): _f16,
-    (255, 781903943): _f17,
+    (275, 1404002089): _f17,
     (1018, 387326406): _f18,
-    (366, 705603170): _f19,
+    (381, 951491951): _f19,
     (863, 2294660474): _f20,
     (136, 3637206275): _f21,
     (1360, 2976671514): _f22,
-    (497, 1030337013): _f23,
+    (561, 1411109633): _f23,
     (1637, 1226213404): _f24,
-    (755, 535052858): _f25,
+    (820, 3359372684): _f25,
     (1537, 1899650912): _f26,
-    (773, 3443177244): _f27,
+    (838, 2192046477): _f27,
     (1173, 4072304991): _f28,
-    (393, 234825957): _f29,
+    (428, 485322631): _f29,
     (1113, 3136209639): _f30,
-    (451, 3490683234): _f31,
+    (487, 2641241853): _f31,
     (1637, 2689129843): _f32,
-    (540, 4125123474): _f33,
-    (120, 997074438): _f34,
+    (621, 4091701708): _f33,
+    (466, 1131639498): _f34,
     (1854, 2901183057): _f35,
-    (804, 2937139257): _f36,
+    (903, 580704856): _f36,
     (2051, 2320055458): _f37,
-    (847, 2163722877): _f38,
-    (144, 824064913): _f39,
-    (156, 2086727276): _f40,
+    (964, 3592275992): _f38,
+    (544, 414399896): _f39,
+    (375, 1831647330): _f40,
     (1380, 344150285): _f41,
-    (607, 2910257555): _f42,
+    (657, 696810158): _f42,
     (1864, 1493260512): _f43,
-    (638, 1341241858): _f44,
-    (139, 797196661): _f45,
+    (739, 2605544832): _f44,
+    (523, 692995403): _f45,
     (2108, 2062167611): _f46,
-    (977, 1806779831): _f47,
+    (1108, 178627138): _f47,
     (2238, 3449027039): _f48,
-    (942, 945555007): _f49,
-    (159, 609424260): _f50,
+    (1080, 2424814273): _f49,
+    (589, 2088825906): _f50,
     (1557, 907476659): _f51,
-    (700, 2003827741): _f52,
+    (770, 950572999): _f52,
     (1440, 1869364382): _f53,
-    (448, 3397042638): _f54,
+    (517, 878728962): _f54,
     (1183, 114535012): _f55,
-    (417, 3507900197): _f56,
+    (452, 1606638233): _f56,
     (1320, 2770769627): _f57,
-    (613, 3817861300): _f58,
+    (663, 954865398): _f58,
     (116, 4001929893): _f59,
     (185, 3110450154): _f60,
     (93, 1069704643): _f61,
-    (599, 3826926041): _f62,
+    (649, 4183230218): _f62,
     (1410, 3366584332): _f63,
-    (442, 404605418): _f64,
-    (429, 3102245340): _f65,
+    (503, 243647641): _f64,
+    (464, 2808376732): _f65,
     (1487, 1862072095): _f66,
-    (772, 2178483593): _f67,
-    (619, 2934140314): _f68,
+    (837, 4292402375): _f67,
+    (669, 3134574147): _f68,
     (1183, 2163409497): _f69,
-    (410, 3345176127): _f70,
+    (445, 497466680): _f70,
     (1747, 2191353199): _f71,
-    (552, 2904710948): _f72,
+    (634, 4075871955): _f72,
     (1961, 3597527303): _f73,
-    (961, 3934259161): _f74,
+    (1068, 3252098449): _f74,
     (1460, 3803828848): _f75,
-    (496, 3310840798): _f76,
+    (551, 1544400730): _f76,
     (1617, 2963853959): _f77,
-    (722, 504060723): _f78,
+    (792, 1296693342): _f78,
     (1153, 790645949): _f79,
-    (526, 1050029219): _f80,
+    (556, 1958437181): _f80,
     (1861, 28960432): _f81,
-    (905, 1713586362): _f82,
+    (1011, 3798794616): _f82,
     (1577, 1575610100): _f83,
-    (703, 334233293): _f84,
+    (774, 3867488836): _f84,
     (1233, 4153936217): _f85,
-    (348, 3144799761): _f86,
+    (388, 2723221383): _f86,
     (1280, 2426718738): _f87,
-    (686, 1741298059): _f88,
+    (731, 3297876404): _f88,
     (5741, 4287389056): _f89,
-    (2140, 1582282617): _f90,
+    (2503, 1635167758): _f90,
     (1183, 4152367243): _f91,
-    (529, 239936034): _f92,
+    (559, 131559868): _f92,
     (1594, 850398014): _f93,
-    (827, 2724578374): _f94,
+    (913, 788266105): _f94,
     (1163, 169441238): _f95,
-    (431, 3770252766): _f96,
+    (466, 3045066847): _f96,
     (1213, 4148179333): _f97,
-    (460, 959747812): _f98,
+    (495, 2546880769): _f98,
     (1008, 4250539319): _f99,
-    (251, 1922885422): _f100,
+    (271, 928176380): _f100,
     (1253, 3245155715): _f101,
-    (464, 2571562642): _f102,
+    (499, 3046160635): _f102,
     (1694, 2945957452): _f103,
-    (843, 2901906386): _f104,
+    (928, 2794628936): _f104,
     (1961, 4067635139): _f105,
-    (826, 2519821022): _f106,
+    (939, 806369553): _f106,
     (1143, 44950630): _f107,
-    (525, 1416606452): _f108,
+    (555, 1778930732): _f108,
     (1193, 4048447771): _f109,
-    (430, 1585710092): _f110,
+    (465, 3159887853): _f110,
     (1400, 534024278): _f111,
-    (621, 823634760): _f112,
+    (671, 4022535312): _f112,
     (1058, 1637512095): _f113,
-    (256, 1566334700): _f114,
+    (276, 784781591): _f114,
     (1390, 280932934): _f115,
-    (620, 4146139680): _f116,
+    (670, 1918655321): _f116,
     (1377, 4164134903): _f117,
-    (563, 982325293): _f118,
+    (638, 3307300323): _f118,
     (1921, 3665098036): _f119,
-    (966, 1758818198): _f120,
+    (1071, 1492322927): _f120,
     (1163, 3218760783): _f121,
-    (446, 352343973): _f122,
+    (476, 2210122388): _f122,
     (1751, 4200375425): _f123,
-    (974, 3858568444): _f124,
+    (1082, 3565794341): _f124,
     (1290, 2509766903): _f125,
-    (530, 3268922752): _f126,
+    (580, 1811737687): _f126,
     (998, 4195870890): _f127,
-    (301, 710136797): _f128,
+    (316, 1388679212): _f128,
     (1143, 571850670): _f129,
-    (520, 773108265): _f130,
+    (550, 3589714854): _f130,
     (1380, 3838835304): _f131,
-    (591, 1420067106): _f132,
+    (636, 640897046): _f132,
     (1290, 1653355026): _f133,
-    (551, 2039889535): _f134,
+    (601, 3119804628): _f134,
     (1133, 1734875223): _f135,
-    (519, 2252217511): _f136,
+    (549, 2304253666): _f136,
     (2365, 4201513769): _f137,
-    (1293, 1813389570): _f138,
+    (1423, 3045205106): _f138,
     (1794, 1136745080): _f139,
-    (866, 109973803): _f140,
+    (951, 1252988648): _f140,
     (1654, 3548158092): _f141,
-    (808, 4243553230): _f142,
+    (893, 371333686): _f142,
     (1497, 2585801589): _f143,
-    (710, 2454406019): _f144,
+    (780, 1361519791): _f144,
     (1350, 1352726443): _f145,
-    (537, 1942904807): _f146,
+    (587, 3264474285): _f146,
     (1340, 878561952): _f147,
-    (485, 3766907024): _f148,
+    (540, 3385278896): _f148,
     (1183, 2287915299): _f149,
-    (457, 1530754273): _f150,
+    (492, 1257811861): _f150,
     (1654, 2266934545): _f151,
-    (805, 1118581173): _f152,
+    (891, 3891164546): _f152,
     (1143, 3932252324): _f153,
-    (520, 1604225124): _f154,
+    (550, 4208001947): _f154,
     (1360, 3145388502): _f155,
-    (577, 3388005811): _f156,
+    (627, 3157540274): _f156,
     (1644, 2901451559): _f157,
-    (781, 564072445): _f158,
+    (872, 1607399371): _f158,
     (1664, 3291555986): _f159,
-    (912, 799547724): _f160,
+    (987, 303866040): _f160,
     (1841, 2912691584): _f161,
-    (993, 4270058310): _f162,
+    (1093, 167744859): _f162,
     (1193, 3570677737): _f163,
-    (430, 561443344): _f164,
+    (465, 408343861): _f164,
     (1153, 1465333962): _f165,
-    (521, 2880027493): _f166,
+    (551, 2771514966): _f166,
     (1143, 1189523819): _f167,
-    (504, 67608185): _f168,
+    (534, 2022509004): _f168,
     (1310, 451223328): _f169,
-    (568, 939272937): _f170,
+    (618, 1255673028): _f170,
     (49, 2437851126): _f171,
     (70, 83468462): _f172,
     (139, 3855795486): _f173,

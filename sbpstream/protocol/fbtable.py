@@ -7,7 +7,9 @@ same name: the dataclass declares its fields, one line each, in schema order, an
 checks names, order and defaults against the schema and compiles a writer and a reader for it.
 
 The writer makes exactly the builder calls flatc's generated code makes (children first, in field
-order, then the fields in slot order), so the bytes are those of the generated code. The reader
+order, then the fields in slot order; a field at its default is skipped without a call), so the
+bytes are those of the generated code. The builder is :class:`.fbbuilder.Builder`, which writes
+the Google builder's bytes with a fraction of its Python calls. The reader
 does not use the generated accessors: it reads a table's vtable once and unpacks each present
 field with :mod:`struct`. Both are written per table from the field table, as source (a few
 lines, as :mod:`dataclasses` does): the code is what one would write by hand for the table,
@@ -30,55 +32,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import importlib.machinery
 import inspect
 import re
 import struct
-import sys
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final, Self, TypeVar, dataclass_transform
 
 from sbpstream.protocol import _precompiled
 from sbpstream.protocol.errors import BadHeaderError
-
-
-def _import_flatbuffers() -> Any:
-    """Import the flatbuffers runtime without numpy.
-
-    flatbuffers imports numpy whenever it can find it (it can, beside PySpark), only for its
-    numpy helpers (``CreateNumpyVector``, ``GetVectorAsNumpy``), which this codec never calls.
-    That import took 0.3 s, more than the rest of the protocol layer, in every CLI command and
-    every Spark stream reader process. flatbuffers asks ``PathFinder.find_spec("numpy")`` whether
-    numpy exists (``flatbuffers.compat.import_numpy``); while flatbuffers is imported here, that
-    one question, asked from that one module, is answered "no". Every other lookup, and every
-    later one, is untouched. If numpy is already loaded, flatbuffers takes it as usual.
-    """
-    if "numpy" in sys.modules:
-        import flatbuffers
-
-        return flatbuffers
-    finder = importlib.machinery.PathFinder
-    real = finder.find_spec
-    descriptor = vars(finder)["find_spec"]  # the classmethod itself, put back as it was
-
-    def find_spec(name: str, path: Any = None, target: Any = None) -> Any:
-        here = inspect.currentframe()
-        caller = here.f_back if here is not None else None
-        if name == "numpy" and caller is not None and \
-                caller.f_globals.get("__name__") == "flatbuffers.compat":
-            return None
-        return real(name, path, target)
-
-    setattr(finder, "find_spec", find_spec)  # noqa: B010 (mypy refuses a plain assignment)
-    try:
-        import flatbuffers
-    finally:
-        setattr(finder, "find_spec", descriptor)  # noqa: B010
-    return flatbuffers
-
-
-flatbuffers: Final = _import_flatbuffers()
+from sbpstream.protocol.fbbuilder import Builder
 
 __all__ = [
     "MAX_PRECOMPILED_MAKER", "RUNTIME_COMPILED", "SOURCES", "Bound", "Codec", "Field",
@@ -455,9 +418,13 @@ class FixedLayout:
     use a second vtable with it.
     """
 
-    __slots__ = ("errors", "row", "rows", "size", "status_at", "vtable", "vtable_status")
+    __slots__ = ("errors", "one", "packed", "plans", "row", "rows", "size", "status_at", "vtable",
+                 "vtable_status")
 
-    def __init__(self, table: TableDef, names: dict[str, str], status: Bound | None) -> None:
+    def __init__(self, table: TableDef, names: dict[str, str], status: Bound | None,
+                 shared: Any = None) -> None:
+        """``shared``: the item class's default status, if it is the omitted value (then
+        usually the very object items hold, which is the cheapest to recognise)."""
         scalars = [f for f in table.fields if f.kind is Kind.SCALAR and f.fmt in "qQiI"]
         tables = [f for f in table.fields if f.kind is Kind.TABLE]
         omitted = status is not None and status.omit is not None
@@ -472,18 +439,43 @@ class FixedLayout:
         row = "<i" + "".join(f.fmt if f in scalars else "I" for f in order)
         self.row = struct.Struct(f"{row}{-inline % 8}x")  # pad: the next table at 4 mod 8 too
         self.size = self.row.size
-        # rows(items): each item's scalars in layout order; errors(b, items): each item's status
-        # written (its offset), or 0 if it is OK. Compiled: a listcomp reads a slotted attribute
-        # about twice as fast as attrgetter does.
+        # rows(items): each item's scalars in layout order; errors(b, items): None if every
+        # item's status is OK, else each item's status written (its offset), or 0 if it is OK;
+        # one(item, at, pack): packed(...)'s row of one item;
+        # packed(items, at, size, pack): the rows of items whose statuses are all OK, packed
+        # (row k's soffset is at + k * size: the first vtable). Compiled: a listcomp reads a
+        # slotted attribute about twice as fast as attrgetter does.
         values = ", ".join(f"i.{names[f.name]}" for f in order if f in scalars)
-        source = f"def rows(items: Any) -> Any:\n    return [({values},) for i in items]\n"
-        self.rows = compiled(f"rows {table.name}", source, {})["rows"]
-        self.errors: Callable[[Any, Sequence[Any]], list[int]] | None = None
+        status_value = ", 0" if tables else ""
+        source = (
+            f"def rows(items: Any) -> Any:\n    return [({values},) for i in items]\n"
+            "def one(i: Any, at: Any, pack: Any) -> Any:\n"
+            f"    return pack(at, {values}{status_value})\n"
+            "def packed(items: Any, at: Any, size: Any, pack: Any) -> Any:\n"
+            f"    return [pack(v, {values}{status_value}) for v, i in "
+            "zip(range(at, at + len(items) * size, size), items, strict=True)]\n"
+        )
+        code = compiled(f"rows {table.name}", source, {})
+        self.rows, self.one, self.packed = code["rows"], code["one"], code["packed"]
+        self.errors: Callable[[Any, Sequence[Any]], list[int] | None] | None = None
         if status is not None and tables:
-            env = {"k": status.omit, "K": status.omit_values, "build": status.build}
+            k = shared if shared is not None and shared == status.omit else status.omit
+            env = {"k": k, "K": status.omit_values, "build": status.build}
             ok = _omitted("s", status, "k", "K")
-            source = (f"def errors(b: Any, items: Any) -> Any:\n    return [0 if {ok} else "
-                      f"build(b, s) for s in [i.{names[tables[0].name]} for i in items]]\n")
+            # every status the shared OK value (or equal to it): list.count, in C, says so
+            source = (
+                "def errors(b: Any, items: Any) -> Any:\n"
+                f"    statuses = [i.{names[tables[0].name]} for i in items]\n"
+                "    if statuses.count(k) == len(statuses):\n"
+                "        return None\n"
+                "    out = None\n"
+                "    for n, s in enumerate(statuses):\n"
+                f"        if not ({ok}):\n"
+                "            if out is None:\n"
+                "                out = [0] * len(items)\n"
+                "            out[n] = build(b, s)\n"
+                "    return out\n"
+            )
             self.errors = compiled(f"errors {table.name}", source, env)["errors"]
         self.status_at = at[tables[0].slot] if tables else 0
         head = (4 + 2 * len(at), inline)
@@ -491,6 +483,7 @@ class FixedLayout:
         no_status = [0 if f in tables else at[f.slot] for f in table.fields]
         self.vtable = struct.pack(f"<{len(at) + 2}H", *head, *no_status)
         self.vtable_status = struct.pack(f"<{len(at) + 2}H", *head, *every)
+        self.plans: dict[int, tuple[int, bytes, int]] = {}  # n -> _plan(n, False)
 
     def put(self, b: Any, items: Sequence[Any]) -> int:
         """Write a vector of ``items``; returns its builder offset.
@@ -499,44 +492,71 @@ class FixedLayout:
         uoffsets can reach them.
         """
         n = len(items)
-        rows = self.rows(items)
-        errors = [0] * n if self.errors is None else self.errors(b, items)
-        # The block starts 8-aligned: [n][n uoffsets][vtable][vtable with status, if needed][pad]
-        # [table 0 (at 4 mod 8)][table 1]...
-        vtable_at = 4 + 4 * n
-        vtable_status_at = vtable_at + len(self.vtable)
-        first = vtable_status_at + (len(self.vtable_status) if any(errors) else 0)
-        first += (4 - first) % 8
-        size = self.size
-        total = first + n * size
-        b.assertNotNested()
-        b.Prep(8, total)  # aligns the block's end, hence its start
-        base = b.Offset() + total  # the block's start, counted from the end like builder offsets
-        parts = [
-            struct.pack(f"<{n + 1}I", n, *range(first - 4, first - 4 + n * (size - 4), size - 4)),
-            self.vtable,
-            self.vtable_status if any(errors) else b"",
-        ]
-        parts.append(bytes(first - sum(map(len, parts))))
-        pack, pos = self.row.pack, first
-        if self.errors is None:
-            for row in rows:
-                parts.append(pack(pos - vtable_at, *row))
-                pos += size
+        errors = None if self.errors is None else self.errors(b, items)
+        if errors is None:  # every status OK: the block's head is the same for every n items
+            plan = self.plans.get(n)
+            if plan is None:
+                plan = self._plan(n, False)
+                if n <= _MAX_PLANS:
+                    self.plans[n] = plan
+            total, prefix, at = plan
+            if b.nested:
+                b.assertNotNested()  # raises
+            b.Prep(8, total)  # aligns the block's end, hence its start
+            if n == 1:  # the common case of a latency-bound client: one stream per request
+                block = prefix + self.one(items[0], at, self.row.pack)
+            else:
+                block = prefix + b"".join(self.packed(items, at, self.size, self.row.pack))
         else:
-            for row, error in zip(rows, errors, strict=True):
-                if error:  # a uoffset to the status built above: from base - field to error
-                    uoffset = base - pos - self.status_at - error
-                    parts.append(pack(pos - vtable_status_at, *row, uoffset))
-                else:
-                    parts.append(pack(pos - vtable_at, *row, 0))
-                pos += size
-        block = b"".join(parts)
-        assert len(block) == total
-        head = b.head - total
+            block = self._block_with_errors(b, items, errors)
+            total = len(block)
+        head: int = b.head - total
         b.Bytes[head : b.head] = block
         b.head = head
-        return int(b.Offset())
+        return len(b.Bytes) - head
+
+    def _plan(self, n: int, errors: bool) -> tuple[int, bytes, int]:
+        """The block of ``n`` items: (its size, its head up to the first table, the soffset of
+        the first table to the first vtable).
+
+        The block starts 8-aligned: [n][n uoffsets][vtable][vtable with status, if needed][pad]
+        [table 0 (at 4 mod 8)][table 1]...
+        """
+        vtable_at = 4 + 4 * n
+        vtables = self.vtable + self.vtable_status if errors else self.vtable
+        first = vtable_at + len(vtables)
+        first += (4 - first) % 8
+        size = self.size
+        uoffsets = range(first - 4, first - 4 + n * (size - 4), size - 4)
+        head = struct.pack(f"<{n + 1}I", n, *uoffsets) + vtables
+        return first + n * size, head + bytes(first - len(head)), first - vtable_at
+
+    def _block_with_errors(self, b: Any, items: Sequence[Any], errors: list[int]) -> bytes:
+        """The block of ``items`` when some statuses are not OK (``errors``: their offsets)."""
+        n = len(items)
+        total, prefix, _ = self._plan(n, True)
+        if b.nested:
+            b.assertNotNested()  # raises
+        b.Prep(8, total)  # aligns the block's end, hence its start
+        size, pack = self.size, self.row.pack
+        base = len(b.Bytes) - b.head + total  # the block's start, as a builder offset
+        vtable_at = 4 + 4 * n
+        vtable_status_at = vtable_at + len(self.vtable)
+        parts = [prefix]
+        pos = len(prefix)
+        for row, error in zip(self.rows(items), errors, strict=True):
+            if error:  # a uoffset to the status built above: from base - field to error
+                uoffset = base - pos - self.status_at - error
+                parts.append(pack(pos - vtable_status_at, *row, uoffset))
+            else:
+                parts.append(pack(pos - vtable_at, *row, 0))
+            pos += size
+        return b"".join(parts)
+
+
+_MAX_PLANS: Final = 256  # FixedLayout.put keeps the head of blocks of up to this many items
+
+
 
 
 def maker(cls: type[_T]) -> Callable[..., _T]:
@@ -606,12 +626,11 @@ class Table:
     SCHEMA: ClassVar[Bound]  # the class's binding: its schema table, codec and field names
 
     def encode(self) -> bytes:
-        b = flatbuffers.Builder(_INITIAL_BUILDER_BYTES)
+        b = Builder(_INITIAL_BUILDER_BYTES)
         try:
-            b.Finish(self.SCHEMA.build(b, self))
+            return b.finish(self.SCHEMA.build(b, self))
         except _ENCODE_ERRORS as exc:
             raise ValueError(f"cannot encode {type(self).__name__}: {exc}") from exc
-        return bytes(b.Output())
 
     @classmethod
     def decode(cls, buf: bytes | bytearray | memoryview) -> Self:
@@ -657,7 +676,10 @@ class Codec:
         layout = None
         if fixed:
             status = [self.bound[f.ref] for f in table.fields if f.kind is Kind.TABLE]
-            layout = FixedLayout(table, names, status[0] if status else None)
+            defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+            shared = next((defaults[names[f.name]] for f in table.fields
+                           if f.kind is Kind.TABLE), None)
+            layout = FixedLayout(table, names, status[0] if status else None, shared)
         py_names = tuple(names[f.name] for f in table.fields)
         omit = cls() if omit_default else None
         omit_values = None if omit is None else tuple(getattr(omit, n) for n in py_names)
@@ -756,10 +778,12 @@ class Codec:
             read, child = self._field_source(i, f, env)
             reads.append(f"{read} if o{f.slot} else d{i}")
             if child is None:
-                adds.append(f"b.{_SLOT_WRITER[f.fmt]}({f.slot}, v{i}, {f.default!r})")
+                test = "is not" if f.fmt == "?" else "!="  # the builder tests != again
+                adds.append(f"if v{i} {test} {f.default!r}:\n        "  # a default: no call
+                            f"b.{_SLOT_WRITER[f.fmt]}({f.slot}, v{i}, {f.default!r})")
                 continue
             children.append(f"f{i} = {child}")
-            adds.append(f"b.PrependUOffsetTRelativeSlot({f.slot}, f{i}, 0)")
+            adds.append(f"if f{i}:\n        b.PrependUOffsetTRelativeSlot({f.slot}, f{i}, 0)")
             if limit is not None and f.kind in (Kind.SCALARS, Kind.TABLES):
                 checks.append(f"limit(len(v{i}))")
         values = ", ".join(f"v{i}" for i in range(len(table.fields)))
@@ -802,6 +826,8 @@ class Codec:
         if f.kind is Kind.TABLE:
             ref = self.bound[f.ref]
             env[f"r{i}"], env[f"w{i}"], env[f"k{i}"] = ref.read, ref.build, ref.omit
+            if ref.omit is not None and env[f"d{i}"] == ref.omit:
+                env[f"k{i}"] = env[f"d{i}"]  # the shared default (STATUS_OK): "is" finds it
             env[f"K{i}"] = ref.omit_values
             skip = f"{v} is None" if ref.omit is None else _omitted(v, ref, f"k{i}", f"K{i}")
             return f"r{i}(buf, {at} + U32(buf, {at})[0])", f"0 if {skip} else w{i}(b, {v})"
