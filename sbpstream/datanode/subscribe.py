@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -117,6 +118,7 @@ class _Item:
     done: bool = False
     answered: bool = False
     dirty: bool = True  # may have something to send: polled on the next pass
+    queued: bool = True  # in its subscription's queue (made queued, and dirty)
     info: StreamInfo | None = None  # the stream's entry its waker is registered with
     waker: _Waker | None = None
 
@@ -146,7 +148,11 @@ class _Waker(asyncio.Event):
         self._st = st
 
     def set(self) -> None:
-        self._st.dirty = True
+        st = self._st
+        st.dirty = True
+        if not st.queued and not st.done:
+            st.queued = True
+            self._sub.queue.append(st)
         self._sub.wake.set()
 
 
@@ -165,8 +171,16 @@ class Subscription:
     cancelled: bool = False
     started: float = field(default_factory=time.monotonic)
     round_left: int | None = None  # fetch quota: bytes this round may still push (None: no cap)
-    cursor: int = 0  # where the next pass over the items starts (round-robin)
+    #: the items that may have something to send (dirty), each once, in round-robin order: a
+    #: pass polls these, not every stream (a round's cost follows what changed, not the
+    #: subscription's size); filled by the wakers, by updates, and by a pass with the items
+    #: it could not finish (at the back; the one the window held back at the front)
+    queue: deque[_Item] = field(default_factory=deque)
+    #: items whose stream is not on this node (yet): checked each round, queued when it is
+    unbound: list[_Item] = field(default_factory=list)
     blocked: bool = False  # this pass met a batch larger than the free window
+    ended: bool = False  # an item ended (or was retired) since the last check of them all
+    stream_ids: list[int] | None = None  # of its items, for the fetch quota (None: to make)
     #: its fetch session in push mode (0: none, its streams are fixed): the live streams by id,
     #: which an incremental FETCH changes
     session: FetchSession | None = None
@@ -183,13 +197,17 @@ class Subscription:
             st = self.live.pop(sid, None)
             if st is not None:
                 st.retire()
+                self.ended = True
         for it in items:
             old = self.live.pop(it.stream_id, None)
             if old is not None:
                 old.retire()
+                self.ended = True
             st = self.live[it.stream_id] = _Item(it, it.fetch_offset)
             self.fresh.append(st)
+            self.queue.append(st)
         self.items = list(self.live.values())  # a new list: a pass in progress keeps its own
+        self.stream_ids = None
         self.wake.set()
         return len(self.live) - before
 
@@ -390,6 +408,7 @@ class Subscriptions:
                 self.by_session[session.session_id] = sub
                 out.session_id = session.session_id
         sub.fresh = list(sub.items)
+        sub.queue.extend(sub.items)
         self.by_conn.setdefault(req.conn, {})[req.request_id] = sub
         self.count += 1
         self.streams += len(sub.items)
@@ -423,26 +442,14 @@ class Subscriptions:
 
     async def _run(self, sub: Subscription, out: FramePacker) -> Status:
         ctx = self.ctx
-        charged: dict[int, int] = {}  # bytes per stream already charged to the fetch quota
         while True:
-            # Register before reading, so a commit landing between the read and the wait still
-            # wakes us. A stream's StreamInfo may be replaced (deleted, re-adopted): re-check,
-            # and poll a stream whose entry changed (its wakes went to the old one).
             sub.wake.clear()
-            streams = ctx.table.streams
-            for st in sub.items:
-                if st.done:
-                    continue
-                s = streams.get(st.item.stream_id)
-                if s is not st.info:
-                    if st.info is not None and st.waker is not None:
-                        st.info.waiters.discard(st.waker)
-                    st.info = s
-                    st.dirty = True
-                    if s is not None:
-                        if st.waker is None:
-                            st.waker = _Waker(sub, st)
-                        s.waiters.add(st.waker)
+            if sub.unbound:  # a stream not on this node when last polled: is it now?
+                streams = ctx.table.streams
+                for st in [st for st in sub.unbound if st.done or st.item.stream_id in streams]:
+                    sub.unbound.remove(st)
+                    if not st.done:
+                        self._enqueue(sub, st)
             if ctx.closing:
                 return Status.of(ShuttingDownError("the data node is shutting down"))
             if sub.cancelled or sub.conn.draining or sub.conn.input_ended:
@@ -450,8 +457,9 @@ class Subscriptions:
             # a client with a fetch quota gets at most one quota window's bytes per round, then
             # the round is charged and the pushes wait out the throttle (as a long poll's next
             # request would): a push source cannot outrun the quota
-            sub.round_left = self.ctx.quotas.fetch_round_bytes(
-                sub.conn, [st.item.stream_id for st in sub.items])
+            if sub.stream_ids is None:  # made again after a change of its streams only
+                sub.stream_ids = [st.item.stream_id for st in sub.items]
+            sub.round_left = self.ctx.quotas.fetch_round_bytes(sub.conn, sub.stream_ids)
             await self._pass(sub, out)
             cut = sub.round_left is not None and sub.round_left <= 0
             sub.round_left = None
@@ -460,10 +468,13 @@ class Subscriptions:
                 for st in fresh:
                     if not st.answered and not st.done:
                         await self._report(st, out)
+                sub.ended = True  # a report may have ended a stream
             await out.flush(end=False)
-            throttle_ms = self._charge(sub, out, charged)
-            if all(st.done for st in sub.items):
-                return Status()
+            throttle_ms = self._charge(sub, out)
+            if sub.ended:
+                sub.ended = False
+                if all(st.done for st in sub.items):
+                    return Status()
             if throttle_ms:  # over its fetch quota: no push until it is back under (KIP-219)
                 await asyncio.sleep(throttle_ms / 1000)
             if cut:
@@ -471,36 +482,68 @@ class Subscriptions:
             if not sub.wake.is_set():
                 await sub.wake.wait()
 
-    async def _pass(self, sub: Subscription, out: FramePacker) -> None:
-        """Poll the dirty streams, round-robin from where the last pass stopped, until nothing
-        more can be sent: every stream drained, or the window full. A pass stops at the first
-        batch that does not fit (``sub.blocked``): reading the other streams then would only read
-        batches that cannot go either (a 1,000-stream catch-up read each stream ~5 times per
-        batch sent, once per ack); the next pass, woken by an ack, starts at that stream."""
-        sub.blocked = False
-        progressed = True
-        while progressed and sub.free > 0 and not sub.blocked:
-            progressed = False
-            items = sub.items  # a new list after an update: this pass keeps its own
-            n = len(items)
-            first = sub.cursor % n if n else 0
-            for i in range(n):
-                st = items[(first + i) % n]
-                if st.dirty and not st.done:
-                    if await self._poll(sub, st, out):
-                        progressed = True
-                    if sub.blocked or sub.free <= 0:
-                        sub.cursor = (first + i + (not sub.blocked)) % n
-                        return
+    @staticmethod
+    def _enqueue(sub: Subscription, st: _Item, *, front: bool = False) -> None:
+        st.dirty = True
+        if not st.queued:
+            st.queued = True
+            if front:
+                sub.queue.appendleft(st)
+            else:
+                sub.queue.append(st)
 
-    def _charge(self, sub: Subscription, out: FramePacker, charged: dict[int, int]) -> int:
+    def _bind(self, sub: Subscription, st: _Item) -> None:
+        """Register the item's waker with its stream's entry before reading it, so a commit
+        landing between the read and the wait still wakes the subscription. An entry is
+        replaced only after the old one woke its waiters (deleted, then re-adopted), which
+        queued the item: checking the items polled is enough."""
+        s = self.ctx.table.streams.get(st.item.stream_id)
+        if s is not st.info:
+            if st.info is not None and st.waker is not None:
+                st.info.waiters.discard(st.waker)
+            st.info = s
+            if s is not None:
+                if st.waker is None:
+                    st.waker = _Waker(sub, st)
+                s.waiters.add(st.waker)
+
+    async def _pass(self, sub: Subscription, out: FramePacker) -> None:
+        """Poll the queued (dirty) streams in order until nothing more can be sent: the queue
+        drained, or the window full. A stream with more than it could send goes to the back
+        (round-robin); a pass stops at the first batch that does not fit (``sub.blocked``),
+        leaving that stream at the front: reading the other streams then would only read
+        batches that cannot go either (a 1,000-stream catch-up read each stream ~5 times per
+        batch sent, once per ack); the next pass, woken by an ack, starts there."""
+        sub.blocked = False
+        queue = sub.queue
+        while queue and sub.free > 0:
+            st = queue.popleft()
+            st.queued = False
+            if st.done or not st.dirty:
+                continue
+            self._bind(sub, st)
+            await self._poll(sub, st, out)
+            if st.done:
+                sub.ended = True
+            elif st.info is None and st not in sub.unbound:
+                sub.unbound.append(st)
+            if st.dirty and not st.done and not st.queued:
+                st.queued = True
+                if sub.blocked:
+                    queue.appendleft(st)
+                else:
+                    queue.append(st)
+            if sub.blocked:
+                return
+
+    def _charge(self, sub: Subscription, out: FramePacker) -> int:
         """Quotas: charge the fetch quota with what this round pushed (per stream, as a long
-        poll is charged); returns the throttle time, which the next frame carries."""
-        delta = {sid: n - charged.get(sid, 0) for sid, n in out.stream_bytes.items()
-                 if n != charged.get(sid, 0)}
+        poll is charged: the packer's per-stream bytes, which start again from empty); returns
+        the throttle time, which the next frame carries."""
+        delta = out.stream_bytes
         if not delta:
             return 0
-        charged.update(out.stream_bytes)
+        out.stream_bytes = {}
         ms = self.ctx.quotas.charge(sub.conn, FETCH, sum(delta.values()), delta)
         out.throttle_ms = ms
         return ms
