@@ -249,7 +249,8 @@ def _state_bytes(sub: Subscription) -> int:
     FetchItem, one waiter-set slot per stream; its push session's entry and SESSION_STREAM_BYTES
     per stream) plus _TASK_BYTES. Payload is not counted: sent
     batches are views over the segment maps, unsent ones are not read yet."""
-    n = sys.getsizeof(sub) + sys.getsizeof(sub.wake) + sys.getsizeof(sub.items) + _TASK_BYTES
+    n = (sys.getsizeof(sub) + sys.getsizeof(sub.wake) + sys.getsizeof(sub.items)
+         + sys.getsizeof(sub.queue) + sys.getsizeof(sub.unbound) + _TASK_BYTES)
     if sub.session is not None:  # its push session: the cache's entry, a stream entry each
         n += (sys.getsizeof(sub.session) + sys.getsizeof(sub.live)
               + len(sub.live) * SESSION_STREAM_BYTES)
