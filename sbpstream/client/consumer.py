@@ -108,6 +108,10 @@ joining its node's subscription (an incremental FETCH of its session) as it is r
 1,000 streams the records start flowing after the PM's answers for 256 streams (~10 ms) instead
 of the ~50 ms of all 1,000, and the PM's work on the rest overlaps the consumer's."""
 
+RESOLVE_WAIT_S = 0.05
+"""Longest the resolution of the other streams' starts waits for the first subscription to be
+sent (it starts at once when it is: encoding its requests first would delay that one)."""
+
 STARTS_GROWTH = 8
 """Each next chunk of starts resolved while the consumer runs is this many times the last: few
 chunks (two for 1,000 streams, four for 100,000), each one incremental FETCH per node."""
@@ -885,6 +889,9 @@ class _Subscriber:
         self._task: asyncio.Task[None] | None = None
         self._changes: set[asyncio.Task[None]] = set()  # incremental FETCHes under way
         self._resolver: asyncio.Task[None] | None = None  # starts still being resolved
+        #: a feed sent its first request (or failed): the resolver starts then, so encoding
+        #: its PM requests does not hold back the first subscription
+        self.sent = asyncio.Event()
         self._attempts: Attempts | None = None
         self.loop = asyncio.get_running_loop()  # created on it (by _start_subscriber)
 
@@ -902,6 +909,9 @@ class _Subscriber:
         c = self.consumer
         size = FIRST_STARTS
         try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RESOLVE_WAIT_S):
+                    await self.sent.wait()
             i = 0
             while i < len(sids):
                 size *= STARTS_GROWTH
@@ -1152,6 +1162,7 @@ class _Subscriber:
                 self.release(sid)
         finally:
             feed.closing = True
+            self.sent.set()  # (failed before its first request: the resolver need not wait)
 
     def _items(self, feed: _Feed) -> tuple[FetchItem, ...]:
         return tuple(self._item(feed, sid, ri) for sid, ri in feed.ranges.items())
@@ -1167,6 +1178,7 @@ class _Subscriber:
         req = FetchRequest(max_wait_ms=0, min_bytes=0, window_bytes=self.window,
                            items=self._items(feed), session_id=0, session_epoch=0)
         rs = await feed.conn.stream(req.OPCODE, req.encode(), timeout_s=None)
+        self.sent.set()
         feed.request_id = rs.request_id
         feed.unacked = feed.to_ack = 0
         async with rs:
@@ -1217,6 +1229,7 @@ class _Subscriber:
         session_id = 0
         try:
             rs = await feed.conn.stream(req.OPCODE, req.encode(), timeout_s=timeout_s)
+            self.sent.set()
             async with rs:
                 async for frame in rs:
                     c._routing.note_throttle(feed.addr, Opcode.FETCH, frame.header)
