@@ -2,11 +2,14 @@
 flow control, answered BUFFER_ACKs).
 
 A subscription is one FETCH request that never ends on its own while its streams are live. For
-every named stream it sends what is committed, then parks on one ``asyncio.Event`` registered
-with every stream (as the long poll does) and also set by BUFFER_ACK and cancel, and sends more as
-records are committed: frames without END, one FetchResult per batch, as in a long poll. The
-first frame answers every stream (an empty result with its high watermark when nothing is
-readable yet), so a subscriber learns at once where each stream stands.
+every named stream it sends what is committed, then parks on one ``asyncio.Event`` (set by
+BUFFER_ACK, cancel and updates, and through each stream's waker by a commit, a seal or a delete
+of that stream), and sends more as records are committed: frames without END, one FetchResult
+per batch, as in a long poll. A round polls only the streams queued since the last (woken,
+added, or left with more than the window took), not every stream. The first round answers
+every stream (an empty result with its high watermark when nothing is readable yet), so a
+subscriber learns at once where each stream stands; its first frame closes at 64 KiB and the
+next ones grow to ``fetch_frame_bytes`` (fetch.py, FIRST_PUSH_FRAME_BYTES).
 
 Flow control counts **payload bytes**: the sum of ``batch_length`` of the FetchResults sent (the
 record batches exactly as stored; frame and FlatBuffers headers do not count). The node never
@@ -98,8 +101,8 @@ MAX_SUBSCRIPTIONS_PER_CONNECTION: Final = 256
 the same connection always find one (a subscription whose acks cannot get in would stall)."""
 
 MAX_SUBSCRIPTIONS_PER_NODE: Final = 4096
-"""Subscriptions open on one node: a task, an event and a per-stream state each (~5.2 KB idle
-with one stream, measured), so 4,096 idle subscriptions cost ~21 MiB."""
+"""Subscriptions open on one node: a task, an event and a per-stream state each (~5.7 KB idle
+with one stream, measured), so 4,096 idle subscriptions cost ~23 MiB."""
 
 MAX_SUBSCRIBED_STREAMS_PER_NODE: Final = 200_000
 """Stream entries across all subscriptions of a node: bounds waiter registrations (a commit sets
