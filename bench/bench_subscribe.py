@@ -6,7 +6,11 @@
   streams' starts counts). MB/s of record values, against Redis XRANGE in the same run (the
   peer as bench/peers.py runs it: pipelined XADD, XRANGE pages pipelined across keys, redis-py
   with hiredis), ``--runs`` times alternating which goes first; the ratio is taken per run and
-  its median reported with min..max.
+  its median reported with min..max. Before each timed read the process lets the producer's
+  client finish closing and runs a full garbage collection (``gc.collect()``), for both
+  systems: the 100,000 futures the producer leaves are cyclic garbage once its tasks end, and
+  without this the collector walked them during the read (full collections of 140,000
+  objects, ~50-70 ms each on a loaded machine).
 - **idle memory**: ``--idle-subscriptions`` (1,000) idle subscriptions on one data node: its
   RSS before and after (/proc) and its own estimate (``subscription_state_bytes`` on /metrics).
 - **latency**: a producer and a consumer in **separate processes**; the producer sends
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -32,6 +37,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from bench.common import median_spread, percentile
 from bench.peers import AppendSpec, RedisSystem, payload_of
@@ -64,7 +70,9 @@ async def catch_up(pm: str, size: int, nstreams: int, records: int,
                    subscribe: bool) -> dict[str, float]:
     async with AsyncClient(pm) as c:
         ids = await c.create_streams(nstreams) if nstreams > 1 else [await c.create_stream()]
+        before = asyncio.all_tasks()
         await _produce(pm, ids, records, size)
+        await _settle(before)
         t0 = time.perf_counter()
         n = 0
         nbytes = 0
@@ -79,6 +87,16 @@ async def catch_up(pm: str, size: int, nstreams: int, records: int,
         await cons.close()
     return {"size": size, "streams": nstreams, "records": n, "seconds": dt,
             "mb_per_s": nbytes / dt / 1e6, "records_per_s": n / dt}
+
+
+async def _settle(before: set[asyncio.Task[Any]]) -> None:
+    """Let the producer's client finish closing (its tasks hold its 100,000 futures until they
+    run) and collect its garbage: it is not the consumer's to collect in the timed read."""
+    async with asyncio.timeout(READY_TIMEOUT_S):
+        while any(not t.done() for t in asyncio.all_tasks() - before
+                  if t is not asyncio.current_task()):
+            await asyncio.sleep(0.01)
+    gc.collect()
 
 
 # ------------------------------------------------------------------------------ latency roles
@@ -213,6 +231,7 @@ def redis_catch_up(redis: RedisSystem, size: int, nstreams: int, records: int) -
     """Redis at its best (pipelined XADD, XRANGE pages pipelined across keys, hiredis)."""
     spec = AppendSpec(size, nstreams, records, REDIS_TIME_CAP_S)
     _, handle = asyncio.run(redis.append(spec, payload_of(size)))
+    gc.collect()  # as before the sbpstream catch-up
     tp = asyncio.run(redis.catch_up(handle, spec))
     asyncio.run(redis.drop(handle))
     return {"size": size, "streams": nstreams, "records": tp.records, "seconds": tp.seconds,

@@ -18,6 +18,7 @@ import test_subscribe
 from test_subscribe import subs
 
 from sbpstream.client import AsyncClient, AsyncConsumer
+from sbpstream.client import consumer as consumer_mod
 from sbpstream.client.types import ConsumedRecord
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode import subscribe as subscribe_mod
@@ -151,5 +152,50 @@ async def test_a_change_past_the_limits_is_refused_and_recovered(
             s = subs(node)
             assert s.stats().subscriptions == 2 and s.updates == 0
             assert all(r.values(sid) == want(sid, "x", 3) for sid in sids)
+        finally:
+            await r.close()
+
+
+async def test_starts_resolved_while_reading_join_the_one_subscription(
+        pm: LocalCluster, node: DataNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A many-stream consumer subscribes once the first FIRST_STARTS streams' starts are known
+    and resolves the rest while it reads; each later chunk joins the node's one subscription
+    (an incremental FETCH), and a stream dropped before its chunk is resolved is never read."""
+    monkeypatch.setattr(consumer_mod, "FIRST_STARTS", 2)
+    monkeypatch.setattr(consumer_mod, "STARTS_GROWTH", 2)  # chunks of 2, 4, 8
+    async with AsyncClient(pm.pm_address) as client:
+        ids = await client.create_streams(10)
+        await produce(client, dict.fromkeys(ids, 3), "x")
+        cons = client.consumer(ids, "earliest")
+        gate = asyncio.Event()
+        resolve = cons._resolve_starts
+        chunks: list[list[int]] = []
+
+        async def gated(sids: list[int]) -> list[int]:
+            chunks.append(list(sids))
+            if len(chunks) > 1:
+                await gate.wait()  # the later chunks wait until the first streams were read
+            return await resolve(sids)
+
+        monkeypatch.setattr(cons, "_resolve_starts", gated)
+        r = Reader(cons)
+        try:
+            await r.until(lambda: all(len(r.values(sid)) == 3 for sid in ids[:2]), "the first")
+            s = subs(node)
+            assert s.stats().subscriptions == 1 and s.stats().streams == 2
+            assert not any(r.values(sid) for sid in ids[2:])
+            (session,) = s.by_session
+            dropped = ids[-1]  # in the last chunk, not resolved yet
+            await cons.set_streams([sid for sid in ids if sid != dropped])
+            gate.set()
+            kept = ids[:-1]
+            await r.until(lambda: all(len(r.values(sid)) == 3 for sid in kept), "every stream")
+            assert chunks == [ids[:2], ids[2:6], ids[6:]]
+            assert s.stats().subscriptions == 1 and set(s.by_session) == {session}
+            assert s.stats().streams == len(kept)
+            for sid in kept:
+                assert r.values(sid) == want(sid, "x", 3)
+            assert r.values(dropped) == []
+            in_order(r)
         finally:
             await r.close()

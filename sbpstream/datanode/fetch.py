@@ -62,6 +62,11 @@ from sbpstream.quota.enforcer import FETCH
 if TYPE_CHECKING:
     from sbpstream.datanode.context import NodeContext
 
+FIRST_PUSH_FRAME_BYTES = 64 * 1024
+"""A subscription's first frame closes at this payload size; the next ones grow four-fold up
+to ``fetch_frame_bytes`` (see FramePacker): 64 KiB is ~600 records of 100 B, enough for the
+consumer to start on while the node reads on."""
+
 
 @dataclass(slots=True)
 class _ItemState:
@@ -74,12 +79,20 @@ class _ItemState:
 
 
 class FramePacker:
-    """Accumulates results and payload views; sends a frame when the next batch would not fit."""
+    """Accumulates results and payload views; sends a frame when the next batch would not fit.
 
-    def __init__(self, resp: Responder, frame_bytes: int) -> None:
+    With ``first_frame_bytes`` (subscriptions) the first frame closes at that size and each
+    next one may be four times the last, up to ``frame_bytes``: the consumer starts decoding
+    after a few streams were read instead of after a whole frame's worth (a 1 MiB frame of
+    100 B records is ~100 streams read, encoded and checksummed before it can go), while the
+    node goes on filling the next frames."""
+
+    def __init__(self, resp: Responder, frame_bytes: int,
+                 first_frame_bytes: int | None = None) -> None:
         self.resp = resp
         self.status = Status()  # the response's top-level status (sent in every frame)
-        self.frame_bytes = frame_bytes
+        self.max_frame_bytes = frame_bytes
+        self.frame_bytes = min(frame_bytes, first_frame_bytes or frame_bytes)
         self.results: list[FetchResult] = []
         self.parts: list[memoryview] = []
         self.frame_payload = 0
@@ -113,6 +126,8 @@ class FramePacker:
         parts, self.parts, self.results, self.frame_payload = self.parts, [], [], 0
         await self.resp.send(header, parts, end=end)
         self.frames += 1
+        if self.frame_bytes < self.max_frame_bytes:
+            self.frame_bytes = min(self.max_frame_bytes, self.frame_bytes * 4)
 
 
 class FetchHandler:
@@ -133,8 +148,8 @@ class FetchHandler:
             await self.subscriptions.update(req, resp, m)
             return
         if m.window_bytes > 0:
-            await self.subscriptions.serve(req, resp, m,
-                                           FramePacker(resp, ctx.config.fetch_frame_bytes))
+            await self.subscriptions.serve(req, resp, m, FramePacker(
+                resp, ctx.config.fetch_frame_bytes, FIRST_PUSH_FRAME_BYTES))
             return
         if len(m.items) > MAX_FETCH_ITEMS:
             raise LimitExceededError(

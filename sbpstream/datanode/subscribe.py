@@ -2,11 +2,14 @@
 flow control, answered BUFFER_ACKs).
 
 A subscription is one FETCH request that never ends on its own while its streams are live. For
-every named stream it sends what is committed, then parks on one ``asyncio.Event`` registered
-with every stream (as the long poll does) and also set by BUFFER_ACK and cancel, and sends more as
-records are committed: frames without END, one FetchResult per batch, as in a long poll. The
-first frame answers every stream (an empty result with its high watermark when nothing is
-readable yet), so a subscriber learns at once where each stream stands.
+every named stream it sends what is committed, then parks on one ``asyncio.Event`` (set by
+BUFFER_ACK, cancel and updates, and through each stream's waker by a commit, a seal or a delete
+of that stream), and sends more as records are committed: frames without END, one FetchResult
+per batch, as in a long poll. A round polls only the streams queued since the last (woken,
+added, or left with more than the window took), not every stream. The first round answers
+every stream (an empty result with its high watermark when nothing is readable yet), so a
+subscriber learns at once where each stream stands; its first frame closes at 64 KiB and the
+next ones grow to ``fetch_frame_bytes`` (fetch.py, FIRST_PUSH_FRAME_BYTES).
 
 Flow control counts **payload bytes**: the sum of ``batch_length`` of the FetchResults sent (the
 record batches exactly as stored; frame and FlatBuffers headers do not count). The node never
@@ -98,8 +101,8 @@ MAX_SUBSCRIPTIONS_PER_CONNECTION: Final = 256
 the same connection always find one (a subscription whose acks cannot get in would stall)."""
 
 MAX_SUBSCRIPTIONS_PER_NODE: Final = 4096
-"""Subscriptions open on one node: a task, an event and a per-stream state each (~5.2 KB idle
-with one stream, measured), so 4,096 idle subscriptions cost ~21 MiB."""
+"""Subscriptions open on one node: a task, an event and a per-stream state each (~5.7 KB idle
+with one stream, measured), so 4,096 idle subscriptions cost ~23 MiB."""
 
 MAX_SUBSCRIBED_STREAMS_PER_NODE: Final = 200_000
 """Stream entries across all subscriptions of a node: bounds waiter registrations (a commit sets
@@ -117,6 +120,7 @@ class _Item:
     done: bool = False
     answered: bool = False
     dirty: bool = True  # may have something to send: polled on the next pass
+    queued: bool = True  # in its subscription's queue (made queued, and dirty)
     info: StreamInfo | None = None  # the stream's entry its waker is registered with
     waker: _Waker | None = None
 
@@ -146,7 +150,11 @@ class _Waker(asyncio.Event):
         self._st = st
 
     def set(self) -> None:
-        self._st.dirty = True
+        st = self._st
+        st.dirty = True
+        if not st.queued and not st.done:
+            st.queued = True
+            self._sub.queue.append(st)
         self._sub.wake.set()
 
 
@@ -165,8 +173,16 @@ class Subscription:
     cancelled: bool = False
     started: float = field(default_factory=time.monotonic)
     round_left: int | None = None  # fetch quota: bytes this round may still push (None: no cap)
-    cursor: int = 0  # where the next pass over the items starts (round-robin)
+    #: the items that may have something to send (dirty), each once, in round-robin order: a
+    #: pass polls these, not every stream (a round's cost follows what changed, not the
+    #: subscription's size); filled by the wakers, by updates, and by a pass with the items
+    #: it could not finish (at the back; the one the window held back at the front)
+    queue: list[_Item] = field(default_factory=list)  # (a list: an idle one costs 56 bytes)
+    #: items whose stream is not on this node (yet): checked each round, queued when it is
+    unbound: list[_Item] = field(default_factory=list)
     blocked: bool = False  # this pass met a batch larger than the free window
+    ended: bool = False  # an item ended (or was retired) since the last check of them all
+    stream_ids: list[int] | None = None  # of its items, for the fetch quota (None: to make)
     #: its fetch session in push mode (0: none, its streams are fixed): the live streams by id,
     #: which an incremental FETCH changes
     session: FetchSession | None = None
@@ -183,13 +199,17 @@ class Subscription:
             st = self.live.pop(sid, None)
             if st is not None:
                 st.retire()
+                self.ended = True
         for it in items:
             old = self.live.pop(it.stream_id, None)
             if old is not None:
                 old.retire()
+                self.ended = True
             st = self.live[it.stream_id] = _Item(it, it.fetch_offset)
             self.fresh.append(st)
+            self.queue.append(st)
         self.items = list(self.live.values())  # a new list: a pass in progress keeps its own
+        self.stream_ids = None
         self.wake.set()
         return len(self.live) - before
 
@@ -231,7 +251,8 @@ def _state_bytes(sub: Subscription) -> int:
     FetchItem, one waiter-set slot per stream; its push session's entry and SESSION_STREAM_BYTES
     per stream) plus _TASK_BYTES. Payload is not counted: sent
     batches are views over the segment maps, unsent ones are not read yet."""
-    n = sys.getsizeof(sub) + sys.getsizeof(sub.wake) + sys.getsizeof(sub.items) + _TASK_BYTES
+    n = (sys.getsizeof(sub) + sys.getsizeof(sub.wake) + sys.getsizeof(sub.items)
+         + sys.getsizeof(sub.queue) + sys.getsizeof(sub.unbound) + _TASK_BYTES)
     if sub.session is not None:  # its push session: the cache's entry, a stream entry each
         n += (sys.getsizeof(sub.session) + sys.getsizeof(sub.live)
               + len(sub.live) * SESSION_STREAM_BYTES)
@@ -390,6 +411,7 @@ class Subscriptions:
                 self.by_session[session.session_id] = sub
                 out.session_id = session.session_id
         sub.fresh = list(sub.items)
+        sub.queue.extend(sub.items)
         self.by_conn.setdefault(req.conn, {})[req.request_id] = sub
         self.count += 1
         self.streams += len(sub.items)
@@ -423,26 +445,14 @@ class Subscriptions:
 
     async def _run(self, sub: Subscription, out: FramePacker) -> Status:
         ctx = self.ctx
-        charged: dict[int, int] = {}  # bytes per stream already charged to the fetch quota
         while True:
-            # Register before reading, so a commit landing between the read and the wait still
-            # wakes us. A stream's StreamInfo may be replaced (deleted, re-adopted): re-check,
-            # and poll a stream whose entry changed (its wakes went to the old one).
             sub.wake.clear()
-            streams = ctx.table.streams
-            for st in sub.items:
-                if st.done:
-                    continue
-                s = streams.get(st.item.stream_id)
-                if s is not st.info:
-                    if st.info is not None and st.waker is not None:
-                        st.info.waiters.discard(st.waker)
-                    st.info = s
-                    st.dirty = True
-                    if s is not None:
-                        if st.waker is None:
-                            st.waker = _Waker(sub, st)
-                        s.waiters.add(st.waker)
+            if sub.unbound:  # a stream not on this node when last polled: is it now?
+                streams = ctx.table.streams
+                for st in [st for st in sub.unbound if st.done or st.item.stream_id in streams]:
+                    sub.unbound.remove(st)
+                    if not st.done:
+                        self._enqueue(sub, st)
             if ctx.closing:
                 return Status.of(ShuttingDownError("the data node is shutting down"))
             if sub.cancelled or sub.conn.draining or sub.conn.input_ended:
@@ -450,8 +460,9 @@ class Subscriptions:
             # a client with a fetch quota gets at most one quota window's bytes per round, then
             # the round is charged and the pushes wait out the throttle (as a long poll's next
             # request would): a push source cannot outrun the quota
-            sub.round_left = self.ctx.quotas.fetch_round_bytes(
-                sub.conn, [st.item.stream_id for st in sub.items])
+            if sub.stream_ids is None:  # made again after a change of its streams only
+                sub.stream_ids = [st.item.stream_id for st in sub.items]
+            sub.round_left = self.ctx.quotas.fetch_round_bytes(sub.conn, sub.stream_ids)
             await self._pass(sub, out)
             cut = sub.round_left is not None and sub.round_left <= 0
             sub.round_left = None
@@ -460,10 +471,13 @@ class Subscriptions:
                 for st in fresh:
                     if not st.answered and not st.done:
                         await self._report(st, out)
+                sub.ended = True  # a report may have ended a stream
             await out.flush(end=False)
-            throttle_ms = self._charge(sub, out, charged)
-            if all(st.done for st in sub.items):
-                return Status()
+            throttle_ms = self._charge(sub, out)
+            if sub.ended:
+                sub.ended = False
+                if all(st.done for st in sub.items):
+                    return Status()
             if throttle_ms:  # over its fetch quota: no push until it is back under (KIP-219)
                 await asyncio.sleep(throttle_ms / 1000)
             if cut:
@@ -471,36 +485,73 @@ class Subscriptions:
             if not sub.wake.is_set():
                 await sub.wake.wait()
 
-    async def _pass(self, sub: Subscription, out: FramePacker) -> None:
-        """Poll the dirty streams, round-robin from where the last pass stopped, until nothing
-        more can be sent: every stream drained, or the window full. A pass stops at the first
-        batch that does not fit (``sub.blocked``): reading the other streams then would only read
-        batches that cannot go either (a 1,000-stream catch-up read each stream ~5 times per
-        batch sent, once per ack); the next pass, woken by an ack, starts at that stream."""
-        sub.blocked = False
-        progressed = True
-        while progressed and sub.free > 0 and not sub.blocked:
-            progressed = False
-            items = sub.items  # a new list after an update: this pass keeps its own
-            n = len(items)
-            first = sub.cursor % n if n else 0
-            for i in range(n):
-                st = items[(first + i) % n]
-                if st.dirty and not st.done:
-                    if await self._poll(sub, st, out):
-                        progressed = True
-                    if sub.blocked or sub.free <= 0:
-                        sub.cursor = (first + i + (not sub.blocked)) % n
-                        return
+    @staticmethod
+    def _enqueue(sub: Subscription, st: _Item) -> None:
+        st.dirty = True
+        if not st.queued:
+            st.queued = True
+            sub.queue.append(st)
 
-    def _charge(self, sub: Subscription, out: FramePacker, charged: dict[int, int]) -> int:
+    def _bind(self, sub: Subscription, st: _Item) -> None:
+        """Register the item's waker with its stream's entry before reading it, so a commit
+        landing between the read and the wait still wakes the subscription. An entry is
+        replaced only after the old one woke its waiters (deleted, then re-adopted), which
+        queued the item: checking the items polled is enough."""
+        s = self.ctx.table.streams.get(st.item.stream_id)
+        if s is not st.info:
+            if st.info is not None and st.waker is not None:
+                st.info.waiters.discard(st.waker)
+            st.info = s
+            if s is not None:
+                if st.waker is None:
+                    st.waker = _Waker(sub, st)
+                s.waiters.add(st.waker)
+
+    async def _pass(self, sub: Subscription, out: FramePacker) -> None:
+        """Poll the queued (dirty) streams in order until nothing more can be sent: the queue
+        drained, or the window full. A stream with more than it could send goes to the back
+        (round-robin); a pass stops at the first batch that does not fit (``sub.blocked``),
+        leaving that stream at the front: reading the other streams then would only read
+        batches that cannot go either (a 1,000-stream catch-up read each stream ~5 times per
+        batch sent, once per ack); the next pass, woken by an ack, starts there. The queue is
+        taken whole and what a pass leaves goes back in front of what was queued meanwhile."""
+        sub.blocked = False
+        while sub.queue and sub.free > 0:
+            work, sub.queue = sub.queue, []
+            i, n = 0, len(work)
+            while i < n and sub.free > 0:
+                st = work[i]
+                i += 1
+                st.queued = False
+                if st.done or not st.dirty:
+                    continue
+                self._bind(sub, st)
+                await self._poll(sub, st, out)
+                if st.done:
+                    sub.ended = True
+                elif st.info is None and st not in sub.unbound:
+                    sub.unbound.append(st)
+                if st.dirty and not st.done and not st.queued:
+                    st.queued = True
+                    if sub.blocked:
+                        i -= 1  # in front again, where it was
+                        work[i] = st
+                    else:
+                        sub.queue.append(st)
+                if sub.blocked:
+                    break
+            if i < n:  # blocked, or the window is full: the rest goes first next time
+                sub.queue[:0] = work[i:]
+                return
+
+    def _charge(self, sub: Subscription, out: FramePacker) -> int:
         """Quotas: charge the fetch quota with what this round pushed (per stream, as a long
-        poll is charged); returns the throttle time, which the next frame carries."""
-        delta = {sid: n - charged.get(sid, 0) for sid, n in out.stream_bytes.items()
-                 if n != charged.get(sid, 0)}
+        poll is charged: the packer's per-stream bytes, which start again from empty); returns
+        the throttle time, which the next frame carries."""
+        delta = out.stream_bytes
         if not delta:
             return 0
-        charged.update(out.stream_bytes)
+        out.stream_bytes = {}
         ms = self.ctx.quotas.charge(sub.conn, FETCH, sum(delta.values()), delta)
         out.throttle_ms = ms
         return ms
