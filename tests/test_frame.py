@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -19,6 +22,9 @@ from sbpstream.protocol.frame import (
     _crc,
     encode_frame,
     encode_frame_parts,
+)
+from sbpstream.protocol.frame import (
+    crc32 as frame_crc32,
 )
 from sbpstream.protocol.limits import MAX_FRAME_LENGTH, MAX_REQUEST_ID
 from sbpstream.protocol.opcodes import Opcode
@@ -273,3 +279,28 @@ def test_a_large_frame_is_views_of_one_joined_copy() -> None:
     frame = ev[0]
     assert isinstance(frame, Frame) and bytes(frame.payload) == b"p" * 200_000
     assert isinstance(frame.payload.obj, bytes) and len(frame.payload.obj) > 200_000  # joined
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=3 * CRC_SLICE_BYTES), st.integers(0, 2**32 - 1))
+def test_fast_crc32_is_zlibs_crc32(data: bytes, start: int) -> None:
+    """The payload CRC (ISA-L's when installed) is exactly zlib.crc32, chained from any value."""
+    assert frame_crc32(data, start) == zlib.crc32(data, start)
+    assert _crc([data, memoryview(data)]) == zlib.crc32(data + data)
+
+
+def test_pure_python_mode_uses_zlib() -> None:
+    """With SBPSTREAM_PURE_PYTHON=1 the frame module checksums with zlib (the path kept for
+    platforms without isal), and frames still decode."""
+    code = (
+        "import zlib\n"
+        "from sbpstream.protocol import frame\n"
+        "assert frame.crc32 is zlib.crc32, frame.crc32\n"
+        "raw = b''.join(frame.encode_frame_parts(1, 1, 0, b'', [b'x' * 70000]))\n"
+        "d = frame.FrameDecoder()\n"
+        "d.feed(raw)\n"
+        "e = d.next_event()\n"
+        "assert isinstance(e, frame.Frame) and len(e.payload) == 70000, e\n"
+    )
+    env = dict(os.environ, SBPSTREAM_PURE_PYTHON="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
