@@ -4,21 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-
-# How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
-# A server's event loop thread runs Python almost all the time under load, and its helper
-# threads (the store's group-commit fsync, SQLite commits on the PM) need the GIL back for a
-# moment when their blocking call returns, to hand the result to the loop. With the default, an
-# fsync-acknowledged append could wait up to 5 ms for that hand-off after a 0.1 ms fsync: that
-# was the p99 of end-to-end latency (bench/bench_subscribe.py). 0.2 ms bounds the wait well
-# under the 1 ms p99 goal; the cost is a GIL switch check every 0.2 ms, paid only while another
-# thread is actually waiting for the GIL.
-SERVER_SWITCH_INTERVAL_S = 0.0002
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -37,11 +26,12 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 
 def run_server(main: Coroutine[Any, Any, T]) -> T:
-    """:func:`run` for a server process (data node, PM, gateway): also shortens the GIL switch
-    interval to ``SERVER_SWITCH_INTERVAL_S`` for the whole process, so a helper thread's result
-    reaches the event loop without waiting out the default 5 ms, and freezes what startup
-    allocated (``gc.freeze``)."""
-    sys.setswitchinterval(SERVER_SWITCH_INTERVAL_S)
+    """:func:`run` for a server process (data node, PM, gateway), after freezing what startup
+    allocated (``gc.freeze``).
+
+    CPython's GIL switch interval stays at its 5 ms default: a 0.2 ms interval (so the store's
+    fsync thread would hand a finished group commit back to a busy loop sooner) measured no
+    better on a quiet machine (docs/benchmarks.md, "End-to-end latency")."""
     # What is alive now (modules, classes, the generated message code) lives as long as the
     # process: move it out of the collector's generations so a full collection, a pause in
     # every request in flight, does not walk it again and again.
