@@ -15,7 +15,8 @@
   RSS before and after (/proc) and its own estimate (``subscription_state_bytes`` on /metrics).
 - **latency**: a producer and a consumer in **separate processes**; the producer sends
   ``--rate`` records/s of 100 B (linger 0, each carrying its send time), the consumer subscribes
-  and records receive time minus send time (CLOCK_MONOTONIC is system-wide on Linux). The data
+  and records receive time minus send time (CLOCK_MONOTONIC is system-wide on Linux). Both
+  run on uvloop (``sbpstream.net.loop.run``), as the servers and the sync client do. The data
   nodes run with ``--fsync`` (default ``always``: acknowledged = fsynced, and records are
   delivered only once committed). p50/p99/p99.9 over ``--latency-seconds``, ``--runs`` times.
 
@@ -45,6 +46,7 @@ from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode.subscribe import MAX_SUBSCRIPTIONS_PER_CONNECTION
 from sbpstream.net.client import Connection, ResponseStream
+from sbpstream.net.loop import run as run_on_uvloop
 from sbpstream.net.ports import free_port
 from sbpstream.protocol.messages import FetchItem, FetchRequest
 
@@ -321,10 +323,10 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=100)
     a = ap.parse_args()
     if a.role == "consumer":
-        asyncio.run(_consumer_role(a.pm, a.stream, a.count))
+        run_on_uvloop(_consumer_role(a.pm, a.stream, a.count))
         return 0
     if a.role == "producer":
-        asyncio.run(_producer_role(a.pm, a.stream, a.rate, a.count, a.size))
+        run_on_uvloop(_producer_role(a.pm, a.stream, a.rate, a.count, a.size))
         return 0
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     results: dict[str, object] = {"catch_up": [], "latency": [], "idle_memory": None}
