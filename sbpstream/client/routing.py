@@ -125,6 +125,9 @@ class RangeRouter:
         self.retry = retry
         self._ranges: dict[int, list[Range]] = {}
         self._waiters: dict[int, asyncio.Future[list[Range]]] = {}
+        #: LIST_RANGES requests sent for range lookups (each covers up to
+        #: MAX_RANGE_LOOKUPS_PER_REQUEST streams): how many PM round trips the cache misses cost
+        self.range_lookup_requests = 0
         self._flusher: asyncio.Task[None] | None = None
         #: Data nodes this client sent requests to (its heartbeats go to them too).
         self.addresses_used: set[str] = set()
@@ -207,6 +210,7 @@ class RangeRouter:
                     timeout_ms=self.request_timeout_ms,
                     items=tuple(StreamOwner(stream_id=sid) for sid in ids),
                 )
+                self.range_lookup_requests += 1
                 resp = await self._pm_call(req, ListRangesResponse)
             except BaseException as exc:
                 for f in futs.values():
