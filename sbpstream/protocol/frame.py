@@ -130,7 +130,7 @@ def _load_crc32() -> Callable[[Buffer, int], int]:
 crc32: Final = _load_crc32()
 
 # Both CRC functions release the GIL for more than 5 KiB; a thread that releases it waits up to a
-# switch interval (5 ms in a client) to get it back while another thread runs (the sync client's
+# switch interval (5 ms) to get it back while another thread runs (the sync client's
 # loop thread behind the caller's sends): larger parts go in slices of this size, under the GIL
 CRC_SLICE_BYTES = 5 * 1024
 
