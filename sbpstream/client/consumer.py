@@ -923,10 +923,14 @@ class _Subscriber:
                           if sid in wanted})
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # delivered to the application by the consumer
-            self.error = exc
-            self.arrived.set()
-            self.ready.set()
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """End the subscriber with ``exc``: the consumer delivers it to the application."""
+        self.error = exc
+        self.arrived.set()
+        self.ready.set()
 
     def call(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn`` on the subscriber's loop (the sync consumer takes records on its caller's
@@ -1006,10 +1010,8 @@ class _Subscriber:
                         f.task.result()  # a fatal error ends the subscriber
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # delivered to the application by the consumer
-            self.error = exc
-            self.arrived.set()
-            self.ready.set()
+        except BaseException as exc:
+            self._fail(exc)
             log.debug("event=subscriber_failed streams=%s error=%r",
                       self.consumer.stream_ids, exc)
 

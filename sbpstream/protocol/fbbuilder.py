@@ -244,20 +244,8 @@ class Builder(_GoogleBuilder):  # type: ignore[misc]
 
     def PrependUOffsetTRelativeSlot(self, o: int, x: int, d: int) -> None:
         if x != d:
-            head = self.head
-            size = len(self.Bytes)
-            pad = (head - size) & 3
-            if head < pad + 4:
-                head = _grow(self, pad + 4)
-                size = len(self.Bytes)
-            head -= pad + 4
-            if self.minalign < 4:
-                self.minalign = 4
-            if x > size - head - 4:
-                raise _google.OffsetArithmeticError("flatbuffers: Offset arithmetic error.")
-            _PUT_U32(self.Bytes, head, size - head - x)
-            self.head = head
-            self.current_vtable[o] = size - head  # type: ignore[index]  # in an object
+            self.PrependUOffsetTRelative(x)
+            self.current_vtable[o] = len(self.Bytes) - self.head  # type: ignore[index]
 
     def PrependBoolSlot(self, o: int, x: Any, d: Any) -> None:
         if x.__class__ is not bool and not False <= x <= True:

@@ -33,7 +33,7 @@ invalidates every plan.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -221,8 +221,27 @@ class QuotaEnforcer:
         """:meth:`charge` with the client's plan already resolved (by :meth:`plan`, under the
         current :attr:`version`)."""
         self.charged[rate] += 1
-        throttle_ns = 0
-        for m in plan[rate]:
+        throttle_ns = self._count(plan[rate], amount, now_ns, 0)
+        if per_stream and self.has_stream_quotas:
+            stream_plans = self._stream_plans
+            for sid, n in per_stream.items():
+                splan = stream_plans.get(sid, _UNRESOLVED)
+                if splan is _UNRESOLVED:
+                    splan = self._stream_plan(sid)
+                if splan is not None:
+                    throttle_ns = self._count(splan[rate], n, now_ns, throttle_ns)
+        if throttle_ns <= 0:
+            return 0
+        ms = -(-throttle_ns // 1_000_000)
+        self.throttled += 1
+        self.throttle_ms_total += ms
+        return ms
+
+    def _count(self, meters: Sequence[Meter], amount: int, now_ns: int,
+               throttle_ns: int) -> int:
+        """Check and count one request against ``meters`` (``amount`` units, or 1 for a
+        per-request meter); returns the larger of ``throttle_ns`` and their overdraw waits."""
+        for m in meters:
             units = 1 if m.per_request else amount
             if units <= 0:
                 continue
@@ -234,32 +253,7 @@ class QuotaEnforcer:
                 ns = self.counters.overdraw(rec, m.quota, self.window_ns, now_ns)
                 if ns > throttle_ns:
                     throttle_ns = ns
-        if per_stream and self.has_stream_quotas:
-            stream_plans = self._stream_plans
-            for sid, n in per_stream.items():
-                splan = stream_plans.get(sid, _UNRESOLVED)
-                if splan is _UNRESOLVED:
-                    splan = self._stream_plan(sid)
-                if splan is None:
-                    continue
-                for m in splan[rate]:
-                    units = 1 if m.per_request else n
-                    if units <= 0:
-                        continue
-                    rec = m.rec
-                    if rec is None or rec.expires_ns <= now_ns:
-                        rec = self._open(m, now_ns)
-                    rec.quota -= units
-                    if rec.quota < 0:
-                        ns = self.counters.overdraw(rec, m.quota, self.window_ns, now_ns)
-                        if ns > throttle_ns:
-                            throttle_ns = ns
-        if throttle_ns <= 0:
-            return 0
-        ms = -(-throttle_ns // 1_000_000)
-        self.throttled += 1
-        self.throttle_ms_total += ms
-        return ms
+        return throttle_ns
 
     def _open(self, m: Meter, now_ns: int) -> Counter:
         """The meter's live record from the table (created if none); kept on the meter unless
