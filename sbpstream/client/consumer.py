@@ -259,8 +259,7 @@ class AsyncConsumer:
         """
         if not self._buffer and not self.at_end and not self._closed:
             await self._fill(self.max_wait_ms if timeout_ms is None else timeout_ms)
-        n = min(max_records, len(self._buffer))
-        return [self._take() for _ in range(n)]
+        return self._take_many(max_records)
 
     async def poll_columns(self, timeout_ms: int | None = None) -> ColumnBatch:
         """One fetch round decoded as columns (the bulk path); may hold no records."""
@@ -475,6 +474,24 @@ class AsyncConsumer:
         self._taken = taken = self._taken + 1
         self._taken_up_to(taken)
         return rec
+
+    def _take_many(self, limit: int) -> list[ConsumedRecord]:
+        """Up to ``limit`` buffered records at once (the acks count records, so taking n in one
+        step acks exactly what n single takes would); no per-record call when the whole buffer
+        goes, which is the usual case of :meth:`poll`."""
+        buf = self._buffer
+        n = min(limit, len(buf))
+        if n <= 0:
+            return []
+        if n == len(buf):
+            out = list(buf)
+            buf.clear()
+        else:
+            popleft = buf.popleft
+            out = [popleft() for _ in range(n)]
+        self._taken = taken = self._taken + n
+        self._taken_up_to(taken)
+        return out
 
     def _taken_up_to(self, taken: int) -> None:
         """The application took ``taken`` records: ack the batches it finished; when the buffer
