@@ -21,6 +21,7 @@ from sbpstream.client import (
     _sync_support,
     iter_columns,
 )
+from sbpstream.client import routing as routing_mod
 from sbpstream.client.flow import TRANSITIONS, Flow, FlowEvent, FlowMachine, ProducerFlowError
 from sbpstream.client.producer import Offsets
 from sbpstream.cluster import LocalCluster
@@ -454,7 +455,9 @@ async def test_sealed_range_failover_neither_loses_nor_duplicates(cluster: Local
 
 
 async def test_range_lookups_are_coalesced(cluster: LocalCluster) -> None:
-    """Lookups asked for in one loop turn go to the PM as one LIST_RANGES request."""
+    """Lookups asked for in one loop turn go to the PM together: LIST_RANGES requests of
+    MAX_RANGE_LOOKUPS_PER_REQUEST streams each, in the order asked (the first answer comes after
+    the PM's work on its own streams, not on all of them)."""
     async with AsyncClient(cluster.pm_address) as c:
         ids = await c.create_streams(300)
         missing = 987_654_321
@@ -468,12 +471,52 @@ async def test_range_lookups_are_coalesced(cluster: LocalCluster) -> None:
         c.routing._pm_call = counting
         results = await asyncio.gather(*(c.list_ranges(s) for s in ids),
                                        c.list_ranges(missing), return_exceptions=True)
-        assert calls == [301]
+        per = routing_mod.MAX_RANGE_LOOKUPS_PER_REQUEST
+        assert calls == [per, 301 - per]
+        assert c.routing.range_lookup_requests == 2
         assert all(isinstance(r, list) and r[0].range_index == 0 for r in results[:-1])
         assert isinstance(results[-1], SbpError) and "does not exist" in str(results[-1])
         # cached now: no more PM calls
         await asyncio.gather(*(c.routing.ranges(s) for s in ids))
-        assert calls == [301]
+        assert calls == [per, 301 - per]
+
+
+async def test_a_lookup_under_way_is_shared_but_not_by_a_refresh(cluster: LocalCluster) -> None:
+    """A stream asked for while its LIST_RANGES is out waits for that answer (no second
+    request); a refresh asked for then gets a request of its own (the answer under way may
+    predate what made the caller refresh)."""
+    async with AsyncClient(cluster.pm_address) as c:
+        (sid,) = await c.create_streams(1)
+        calls: list[int] = []
+        sent = asyncio.Event()
+        release = asyncio.Event()
+        real = c.routing._pm_call
+
+        async def slow(req: Any, resp_cls: Any) -> Any:
+            calls.append(len(getattr(req, "items", ())))
+            sent.set()
+            await release.wait()
+            return await real(req, resp_cls)
+
+        c.routing._pm_call = slow
+
+        async def under_way(refresh: bool) -> list[Any]:
+            sent.clear()
+            release.clear()
+            first = asyncio.ensure_future(c.routing.ranges(sid, refresh=True))
+            async with asyncio.timeout(10):
+                await sent.wait()  # its LIST_RANGES is out
+            second = asyncio.ensure_future(c.routing.ranges(sid, refresh=refresh))
+            await asyncio.sleep(0)
+            release.set()
+            async with asyncio.timeout(10):
+                return list(await asyncio.gather(first, second))
+
+        got = await under_way(refresh=False)
+        assert calls == [1]  # the second waited for the answer under way
+        got += await under_way(refresh=True)
+        assert calls == [1, 1, 1]  # a refresh sent its own
+        assert all(r[0].range_index == 0 for r in got)
 
 
 def test_streamed_pm_answer_items_are_merged() -> None:

@@ -426,6 +426,8 @@ class AsyncConsumer:
         (coalesced likewise) for "latest"."""
         if not sids:
             return []
+        if isinstance(self._start, int):  # nothing to look up (a coroutine each cost ~18 us)
+            return [self._start] * len(sids)
         if self._start == "earliest" and len(sids) > 1:
             described = asyncio.gather(
                 *(self._client.describe_streams(sids[i:i + MAX_ITEMS_PER_REQUEST])
@@ -549,6 +551,9 @@ class AsyncConsumer:
             self._sub = sub
             sub.start()
             if rest:
+                if isinstance(self._start, int):  # the ranges of the rest, asked for now (after
+                    # the first streams', by _plan): in pipelined LIST_RANGES, while those read
+                    sub.prefetch(rest)
                 sub.resolve_later(rest)
         return self._sub
 
@@ -922,6 +927,17 @@ class _Subscriber:
         consumer still reads then). A failure ends the subscriber, as one of its feeds' would."""
         self._resolver = asyncio.ensure_future(self._resolve(list(sids)))
 
+    def prefetch(self, sids: Sequence[int]) -> None:
+        """Look up the ranges of ``sids`` in the background (a failure is the stream's own, met
+        again when it is planned); :meth:`stop` cancels it."""
+        routing = self.consumer._routing
+
+        async def run() -> None:
+            with contextlib.suppress(Exception):
+                await routing.ranges_many(sids)
+
+        self._spawn(run())
+
     async def _resolve(self, sids: list[int]) -> None:
         c = self.consumer
         size = FIRST_STARTS
@@ -935,6 +951,10 @@ class _Subscriber:
                 chunk = sids[i:i + size]
                 i += len(chunk)
                 starts = await c._resolve_starts(chunk)
+                with contextlib.suppress(Exception):  # each stream's own error comes in _plan
+                    # their ranges now, while the first streams are read: _plan then finds them
+                    # cached instead of looking them up when a busy loop gets to it
+                    await c._routing.ranges_many(chunk)
                 wanted = set(c.stream_ids)
                 self.add({sid: pos for sid, pos in zip(chunk, starts, strict=True)
                           if sid in wanted})
