@@ -616,13 +616,15 @@ class PmServer:
             by_stream = dict(zip(
                 stream_owners, await self.service.list_stream_ranges(stream_owners), strict=True
             )) if stream_owners else {}
-        for owner in r.items:
+        sets: dict[tuple[md.ReplicaMeta, ...], tuple[m.ReplicaNode, ...]] = {}  # addresses
+        for owner in r.items:  # read once per replica set, not once per range
             if isinstance(owner, m.StreamOwner):
                 got = by_stream[owner.stream_id]
                 if isinstance(got, SbpError):
                     await sender.add(m.ListRangesResult(owner.stream_id, Status.of(got)), 0)
                 else:
-                    await sender.add_ranges(owner.stream_id, [self.dn.to_range(x) for x in got])
+                    await sender.add_ranges(owner.stream_id,
+                                            [self.dn.to_range(x, sets) for x in got])
                 continue
             with _gc_paused():  # hundreds of thousands of short-lived, acyclic objects
                 try:
