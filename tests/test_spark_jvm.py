@@ -8,6 +8,7 @@ import socket
 import struct
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,6 +142,8 @@ def test_pattern(jspark: Any, cluster: LocalCluster, data: dict[str, int]) -> No
      r"use format\(\"sbpstream\"\)"),
     ({"streams": "1", "startingOffset": "earliest"}, "did you mean 'startingOffsets'"),
     ({"streams": "1", "maxOffsetsPerTrigger": "5"}, "is for readStream only"),
+    ({"streams": "1", "commitToGroup": "g"},
+     r"option 'commitToGroup' is not supported by format\(\"sbpstream-jvm\"\)"),
     ({"streams": "1", "startingOffsets": "{nope"}, "option 'startingOffsets': expected"),
     ({"streams": "1", "endingOffsets": "earliest"}, "'earliest' is not a valid ending offset"),
     ({"streams": "1", "minPartitions": "0"}, "option 'minPartitions' must be positive"),
@@ -177,6 +180,62 @@ def test_trimmed_records_are_data_loss(jspark: Any, cluster: LocalCluster,
         read(jspark, JVM, pm, streams=str(s), startingOffsets=start).collect()
     lenient = both(jspark, pm, streams=str(s), startingOffsets=start, failOnDataLoss="false")
     assert [r.offset for r in lenient] == list(range(60, 100))
+
+
+# ---------------------------------------------------------------------- readStream, availableNow
+
+
+def available_now(spark: Any, pm: str, out: Path, checkpoint: Path, **options: Any) -> Any:
+    r = spark.readStream.format(JVM).option("pm", pm)
+    for k, v in options.items():
+        r = r.option(k, v)
+    q = (r.load().writeStream.format("parquet").option("path", str(out))
+         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    assert q.awaitTermination(120), "the availableNow query did not finish"
+    return q
+
+
+def test_available_now_exactly_once_across_restarts(jspark: Any, cluster: LocalCluster,
+                                                    client: Client, tmp_path: Path) -> None:
+    pm = cluster.pm_address
+    a = client.create_stream("jvm.live")
+    (b,) = client.create_streams(1)
+    produce(client, a, 90, "x")
+    produce(client, b, 40, "y")
+    streams = f"jvm.live,{b}"
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    q = available_now(jspark, pm, out, ck, streams=streams, startingOffsets="earliest",
+                      maxOffsetsPerTrigger="50")
+    assert sum(1 for p in q.recentProgress if p["numInputRows"]) >= 3  # 130 rows, 50 a batch
+    want = rows(read(jspark, JVM, pm, streams=streams))
+    assert len(want) == 130
+    assert rows(jspark.read.parquet(str(out))) == want
+    # a restart from the checkpoint reads only what came since, once
+    produce(client, a, 10, "z")
+    client._runner.run(client._async.routing.seal(b, 0))
+    produce(client, b, 5, "w")
+    available_now(jspark, pm, out, ck, streams=streams, startingOffsets="earliest")
+    got = rows(jspark.read.parquet(str(out)))
+    assert got == rows(read(jspark, JVM, pm, streams=streams))
+    assert len(got) == 145
+
+
+def test_available_now_latest_and_errors(jspark: Any, cluster: LocalCluster, client: Client,
+                                         tmp_path: Path) -> None:
+    pm = cluster.pm_address
+    (s,) = client.create_streams(1)
+    produce(client, s, 20, "l")
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    q = available_now(jspark, pm, out, ck, streams=str(s))  # default start: latest
+    assert sum(p["numInputRows"] for p in q.recentProgress) == 0
+    produce(client, s, 7, "m")
+    available_now(jspark, pm, out, ck, streams=str(s))
+    assert [r.offset for r in rows(jspark.read.parquet(str(out)))] == list(range(20, 27))
+    with pytest.raises(Exception, match="option 'endingOffsets' is for batch reads only"):
+        available_now(jspark, pm, tmp_path / "o2", tmp_path / "c2", streams=str(s),
+                      endingOffsets="latest")
+    with pytest.raises(Exception, match="option 'streams': stream 987654 does not exist"):
+        available_now(jspark, pm, tmp_path / "o3", tmp_path / "c3", streams="987654")
 
 
 # ------------------------------------------------------------- a corrupt or silent data node

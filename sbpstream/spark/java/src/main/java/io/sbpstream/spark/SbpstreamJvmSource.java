@@ -18,6 +18,7 @@ import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.sources.DataSourceRegister;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataTypes;
@@ -27,9 +28,9 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
-/** {@code spark.read.format("sbpstream-jvm")}: the batch read of the Python source
- *  {@code format("sbpstream")} (same schema, options and rows) in the JVM, with no Python
- *  worker. Registered by META-INF/services; the jar is built by sbpstream/spark/jvm.py. */
+/** {@code spark.read.format("sbpstream-jvm")} and {@code readStream}: the reads of the Python
+ *  source {@code format("sbpstream")} (same schema, options and rows) in the JVM, with no
+ *  Python process. Registered by META-INF/services; the jar is built by sbpstream/spark/jvm.py. */
 public final class SbpstreamJvmSource implements TableProvider, DataSourceRegister {
   public static final String NAME = "sbpstream-jvm";
 
@@ -79,22 +80,24 @@ public final class SbpstreamJvmSource implements TableProvider, DataSourceRegist
 
     @Override
     public Set<TableCapability> capabilities() {
-      return EnumSet.of(TableCapability.BATCH_READ);
+      return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
     }
 
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-      SourceOptions opts = SourceOptions.parse(options.asCaseSensitiveMap());
-      return () -> new SbpScan(opts);
+      Map<String, String> raw = new java.util.HashMap<>(options.asCaseSensitiveMap());
+      SourceOptions.checkNames(raw);
+      return () -> new SbpScan(raw);
     }
   }
 
   static final class SbpScan implements Scan, Batch {
-    private final SourceOptions opts;
+    private final Map<String, String> raw;
+    private SourceOptions opts;
     private InputPartition[] planned;
 
-    SbpScan(SourceOptions opts) {
-      this.opts = opts;
+    SbpScan(Map<String, String> raw) {
+      this.raw = raw;
     }
 
     @Override
@@ -104,21 +107,30 @@ public final class SbpstreamJvmSource implements TableProvider, DataSourceRegist
 
     @Override
     public String description() {
-      return NAME + (opts.pattern != null ? " pattern " + opts.pattern
-          : " streams " + opts.streams);
+      return NAME;
     }
 
     @Override
     public Batch toBatch() {
+      opts = SourceOptions.parse(raw, false);
       return this;
+    }
+
+    @Override
+    public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
+      return new SbpMicroBatchStream(SourceOptions.parse(raw, true));
     }
 
     @Override
     public InputPartition[] planInputPartitions() {
       if (planned == null) {
         try {
-          List<SbpInputPartition> parts = Planner.plan(opts);
-          planned = parts.toArray(new InputPartition[0]);
+          if (opts == null) {
+            opts = SourceOptions.parse(raw, false);
+          }
+          try (Planner planner = new Planner(opts)) {
+            planned = planner.planBatch().toArray(new InputPartition[0]);
+          }
         } catch (PmClient.NoPmReachable e) {
           throw new IllegalStateException(e.getMessage());
         } catch (IOException e) {

@@ -12,10 +12,10 @@ import java.util.Map;
 import java.util.regex.Pattern;
 import java.util.regex.PatternSyntaxException;
 
-/** The batch-read options of {@code format("sbpstream-jvm")}: those of the Python source
- *  (sbpstream/spark/options.py) that a batch read takes, with the same names, defaults and
- *  one-line errors naming the option. Options the JVM reader lacks fail naming
- *  {@code format("sbpstream")}, which has them. */
+/** The read options of {@code format("sbpstream-jvm")}: those of the Python source
+ *  (sbpstream/spark/options.py), with the same names, defaults and one-line errors naming the
+ *  option. Options the JVM reader lacks fail naming {@code format("sbpstream")}, which has
+ *  them. */
 public final class SourceOptions implements Serializable {
   private static final long serialVersionUID = 1L;
 
@@ -28,9 +28,10 @@ public final class SourceOptions implements Serializable {
   public static final int MAX_NAME_LENGTH = 255;
 
   static final String[] VALID = {"pm", "streams", "streamPattern", "startingOffsets",
-      "endingOffsets", "minPartitions", "failOnDataLoss", "timeoutMs", "fetchMaxBytes"};
+      "endingOffsets", "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "timeoutMs",
+      "fetchMaxBytes"};
   static final String[] SECURITY = {"user", "password", "tokenFile", "tlsCa"};
-  static final String[] STREAMING_ONLY = {"maxOffsetsPerTrigger", "commitToGroup"};
+  static final String[] UNSUPPORTED = {"commitToGroup"};
   static final String[] SPARK = {"path", "checkpointlocation", "queryname"};
 
   /** A stream as option 'streams' names it: its id ({@link Long}) or its name ({@link String}). */
@@ -41,13 +42,15 @@ public final class SourceOptions implements Serializable {
   public final Map<Object, Long> starting;
   public final Map<Object, Long> ending;
   public final Integer minPartitions;
+  /** readStream only: records per micro-batch at most (null: no limit). */
+  public final Integer maxOffsetsPerTrigger;
   public final boolean failOnDataLoss;
   public final int timeoutMs;
   public final int fetchMaxBytes;
 
   private SourceOptions(String[] pm, List<Object> streams, String pattern, long patternStart,
       Map<Object, Long> starting, Map<Object, Long> ending, Integer minPartitions,
-      boolean failOnDataLoss, int timeoutMs, int fetchMaxBytes) {
+      Integer maxOffsetsPerTrigger, boolean failOnDataLoss, int timeoutMs, int fetchMaxBytes) {
     this.pm = pm;
     this.streams = streams;
     this.pattern = pattern;
@@ -55,6 +58,7 @@ public final class SourceOptions implements Serializable {
     this.starting = starting;
     this.ending = ending;
     this.minPartitions = minPartitions;
+    this.maxOffsetsPerTrigger = maxOffsetsPerTrigger;
     this.failOnDataLoss = failOnDataLoss;
     this.timeoutMs = timeoutMs;
     this.fetchMaxBytes = fetchMaxBytes;
@@ -74,7 +78,9 @@ public final class SourceOptions implements Serializable {
     return new IllegalArgumentException(msg);
   }
 
-  public static SourceOptions parse(Map<String, String> o) {
+  /** Parse and check every read option; ``streaming`` for readStream (IllegalArgumentException
+   *  naming the bad option). */
+  public static SourceOptions parse(Map<String, String> o, boolean streaming) {
     checkNames(o);
     String[] pm = parsePm(get(o, "pm"));
     String pattern = get(o, "streamPattern");
@@ -99,7 +105,8 @@ public final class SourceOptions implements Serializable {
     Map<Object, Long> ending = new LinkedHashMap<>();
     if (pattern != null) {
       String s = get(o, "startingOffsets");
-      String low = s == null ? "earliest" : s.strip().toLowerCase(Locale.ROOT);
+      String low = s == null ? (streaming ? "latest" : "earliest")
+          : s.strip().toLowerCase(Locale.ROOT);
       if (!low.equals("earliest") && !low.equals("latest")) {
         throw bad("option 'startingOffsets' with 'streamPattern': 'earliest' or 'latest' "
             + "(per-stream JSON needs option 'streams')");
@@ -110,14 +117,24 @@ public final class SourceOptions implements Serializable {
         throw bad("option 'endingOffsets' with 'streamPattern': only 'latest'");
       }
     } else {
-      starting = parseOffsets("startingOffsets", get(o, "startingOffsets"), streams, "earliest",
-          false);
-      ending = parseOffsets("endingOffsets", get(o, "endingOffsets"), streams, "latest", true);
+      starting = parseOffsets("startingOffsets", get(o, "startingOffsets"), streams,
+          streaming ? "latest" : "earliest", false);
+    }
+    String rawEnding = get(o, "endingOffsets");
+    if (streaming && rawEnding != null) {
+      throw bad("option 'endingOffsets' is for batch reads only, not readStream");
+    }
+    if (pattern == null) {
+      ending = parseOffsets("endingOffsets", rawEnding, streams, "latest", true);
+    }
+    Integer maxPerTrigger = positiveInt(o, "maxOffsetsPerTrigger");
+    if (maxPerTrigger != null && !streaming) {
+      throw bad("option 'maxOffsetsPerTrigger' is for readStream only, not batch reads");
     }
     Integer timeout = positiveInt(o, "timeoutMs");
     Integer fetchMax = positiveInt(o, "fetchMaxBytes");
     return new SourceOptions(pm, streams, pattern, patternStart, starting, ending,
-        positiveInt(o, "minPartitions"), bool(o, "failOnDataLoss", true),
+        positiveInt(o, "minPartitions"), maxPerTrigger, bool(o, "failOnDataLoss", true),
         timeout == null ? DEFAULT_TIMEOUT_MS : timeout,
         fetchMax == null ? DEFAULT_FETCH_MAX_BYTES : fetchMax);
   }
@@ -132,10 +149,9 @@ public final class SourceOptions implements Serializable {
         throw bad("option '" + key + "' (authentication/TLS) is not supported by "
             + "format(\"sbpstream-jvm\"); use format(\"sbpstream\"), which supports it");
       }
-      if (contains(STREAMING_ONLY, low)) {
-        throw bad("option '" + key + "' is for readStream only, not batch reads; "
-            + "format(\"sbpstream-jvm\") reads batches only: use format(\"sbpstream\") for "
-            + "readStream");
+      if (contains(UNSUPPORTED, low)) {
+        throw bad("option '" + key + "' is not supported by format(\"sbpstream-jvm\"); use "
+            + "format(\"sbpstream\"), which supports it");
       }
       String close = closest(low);
       throw bad("option '" + key + "' is not an option of the sbpstream-jvm source"
