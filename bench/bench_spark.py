@@ -22,6 +22,8 @@ spread [min .. max]:
   (docs/spark.md, "The JVM reader"), no Python worker;
 - ``sbpstream availableNow``: the same as ``readStream`` with ``trigger(availableNow=True)``
   (fresh checkpoint);
+- ``JVM availableNow``: the same through ``readStream.format("sbpstream-jvm")`` (fresh
+  checkpoint);
 - ``parquet read``: ``spark.read.parquet`` over the same rows, written once from the source;
 - ``parquet availableNow``: Spark's file source over that copy under ``trigger(
   availableNow=True)``: what Spark's streaming machinery costs without any Python.
@@ -214,6 +216,19 @@ class Bench:
         got = sum(p["numInputRows"] for p in q.recentProgress)
         assert got == self.records, got
 
+    def jvm_available_now(self) -> None:
+        q = (
+            self.spark.readStream.format("sbpstream-jvm").option("pm", self.pm)
+            .option("streams", ",".join(map(str, self.sids)))
+            .option("startingOffsets", "earliest").load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(self.tmp / f"ck{self._next()}"))
+            .trigger(availableNow=True).start()
+        )
+        q.awaitTermination()
+        got = sum(p["numInputRows"] for p in q.recentProgress)
+        assert got == self.records, got
+
     def empty_read(self) -> None:
         """A batch read of no rows: the fixed cost of a query (planning, tasks, workers)."""
         self.spark.read.format("sbpstream").option("pm", self.pm).option(
@@ -327,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
                 ("sbpstream batch read", b.batch_read),
                 ("JVM batch read", b.jvm_batch_read),
                 ("sbpstream availableNow", b.available_now),
+                ("JVM availableNow", b.jvm_available_now),
                 ("parquet read", b.parquet_read),
                 ("parquet availableNow", b.parquet_available_now),
             ]
@@ -366,6 +382,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{'JVM batch read / parquet read':<32} "
                   f"{res['JVM batch read'] / res['parquet read']:.2f}x   (target >= 1.0)")
             print(f"{'availableNow / batch read':<32} {now / read:.2f}x   (target >= 0.7)")
+            jvm_now = res["JVM availableNow"]
+            print(f"{'JVM availableNow / JVM batch read':<32} "
+                  f"{jvm_now / res['JVM batch read']:.2f}x   (target >= 0.7); "
+                  f"{jvm_now / res['parquet availableNow']:.2f}x of Parquet's availableNow")
             for w in ("spark batch write", "spark streaming write") if res.get(
                     "sdk append") else ():
                 print(f"{w + ' / sdk append':<40} {res[w] / res['sdk append']:.2f}x   "
