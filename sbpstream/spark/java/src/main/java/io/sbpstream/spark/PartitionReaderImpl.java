@@ -33,6 +33,11 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
   private String[] replicas;
   private int replica;
   private SbpConnection conn;
+  /** A FETCH sent before the last answer was decoded (-1: none): its request id, position and
+   *  range on ``conn``. The data node prepares it while this answer is decoded and consumed. */
+  private int aheadId = -1;
+  private long aheadPos;
+  private int aheadRange;
 
   /** This replica cannot serve the read now: try another, then ask the PM. */
   private static final class Retry extends Exception {
@@ -158,20 +163,35 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
     int lossCode = 0;
     long lossStart = -1;
     try {
-      if (conn == null || !conn.usable() || !conn.address.equals(addr)) {
-        closeConn();
-        conn = new SbpConnection(addr, Math.min(p.timeoutMs, PmClient.CONNECT_TIMEOUT_MS),
-            FETCH_MAX_WAIT_MS + p.timeoutMs + FETCH_FRAME_MARGIN_MS);
+      int id;
+      boolean ahead = aheadId >= 0 && conn != null && conn.usable() && conn.address.equals(addr)
+          && aheadPos == pos && aheadRange == rangeIndex;
+      if (ahead) {
+        id = aheadId;
+      } else {
+        if (aheadId >= 0) {
+          closeConn(); // an answer this reader will not read is on its way: drop the connection
+        }
+        if (conn == null || !conn.usable() || !conn.address.equals(addr)) {
+          closeConn();
+          conn = new SbpConnection(addr, Math.min(p.timeoutMs, PmClient.CONNECT_TIMEOUT_MS),
+              FETCH_MAX_WAIT_MS + p.timeoutMs + FETCH_FRAME_MARGIN_MS);
+        }
+        id = conn.send(Messages.FETCH,
+            Messages.fetch(FETCH_MAX_WAIT_MS, p.streamId, pos, p.fetchMaxBytes, rangeIndex));
       }
-      int id = conn.send(Messages.FETCH,
-          Messages.fetch(FETCH_MAX_WAIT_MS, p.streamId, pos, p.fetchMaxBytes, rangeIndex));
+      aheadId = -1;
       while (true) {
         Frame f = conn.read(id);
         FbTable h = f.header();
         Messages.checkStatus(h, addr);
+        List<FetchResult> items = Messages.fetchResults(h);
+        if (f.end()) {
+          fetchAhead(f, items);
+        }
         int at = f.payloadOff;
         int payloadEnd = f.payloadOff + f.payloadLen;
-        for (FetchResult item : Messages.fetchResults(h)) {
+        for (FetchResult item : items) {
           if (item.batchLength > payloadEnd - at) {
             throw new ProtocolException("FETCH answer from " + addr + ": items claim more bytes "
                 + "than the frame's payload of " + f.payloadLen);
@@ -230,7 +250,42 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
     return 0;
   }
 
+  /** Send the next FETCH now, from the end of the last whole batch of this final answer frame,
+   *  before the frame is decoded, unless the span or the range ends there. A failure to send
+   *  is left to the round that would use it (it sends again). */
+  private void fetchAhead(Frame f, List<FetchResult> items) {
+    long next = -1;
+    long rangeEnd = -1;
+    int at = f.payloadOff;
+    int end = f.payloadOff + f.payloadLen;
+    for (FetchResult item : items) {
+      if (item.code != 0 || item.batchLength > end - at) {
+        return;
+      }
+      if (item.rangeEndOffset >= 0) {
+        rangeEnd = item.rangeEndOffset;
+      }
+      long n = RecordBatches.nextOffset(f.buf, at, item.batchLength);
+      if (n >= 0) {
+        next = n;
+      }
+      at += item.batchLength;
+    }
+    if (next <= pos || next >= p.untilOffset || (rangeEnd >= 0 && rangeEnd <= next)) {
+      return;
+    }
+    try {
+      aheadId = conn.send(Messages.FETCH,
+          Messages.fetch(FETCH_MAX_WAIT_MS, p.streamId, next, p.fetchMaxBytes, rangeIndex));
+      aheadPos = next;
+      aheadRange = rangeIndex;
+    } catch (IOException e) {
+      aheadId = -1;
+    }
+  }
+
   private void closeConn() {
+    aheadId = -1;
     if (conn != null) {
       conn.close();
       conn = null;

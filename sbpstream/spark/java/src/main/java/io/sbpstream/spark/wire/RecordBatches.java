@@ -51,6 +51,23 @@ public final class RecordBatches {
     return ((long) be32(b, at) << 32) | (be32(b, at + 4) & 0xffffffffL);
   }
 
+  /** The offset after the last whole batch of ``buf[off, off+len)`` (headers only, nothing
+   *  checked beyond the lengths), or -1 when it holds none. */
+  public static long nextOffset(byte[] buf, int off, int len) {
+    int pos = off;
+    int end = off + len;
+    long next = -1;
+    while (end - pos >= HEADER_SIZE) {
+      long total = LENGTH_PREFIX_SIZE + (long) be32(buf, pos + 8);
+      if (total < HEADER_SIZE || total > end - pos) {
+        break;
+      }
+      next = be64(buf, pos) + be32(buf, pos + 19);
+      pos += (int) total;
+    }
+    return next;
+  }
+
   /** Decode every batch of ``buf[off, off+len)``, keeping offsets in [from, until). Returns the
    *  offset after the last record kept, or ``from`` when none was. */
   public static long decode(byte[] buf, int off, int len, long from, long until, Sink sink)
