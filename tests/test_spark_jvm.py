@@ -318,9 +318,9 @@ def _read_partition(spark: Any, pm: str, node: str, timeout_ms: int) -> int:
         reader.close()
 
 
-def _batch(corrupt: bool) -> bytes:
+def _batch(corrupt: bool, base: int = 0) -> bytes:
     raw = bytearray(build_batch([Record(value=b"v%d" % i) for i in range(3)]))
-    raw[0:8] = (0).to_bytes(8, "big")  # base offset 0, as a data node numbers it
+    raw[0:8] = base.to_bytes(8, "big")  # the base offset, as a data node numbers it
     if corrupt:
         raw[-1] ^= 0x01  # a flipped bit in the last record: the CRC-32C must catch it
     return bytes(raw)
@@ -332,6 +332,7 @@ def _batch(corrupt: bool) -> bytes:
     (lambda rid: _fetch_answer(rid, _batch(False), corrupt_crc=True), "payload CRC mismatch"),
     (lambda rid: struct.pack(">I", 1 << 30), "framing error"),
     (lambda rid: _fetch_answer(rid, _batch(False)[:40]), "truncated batch header"),
+    (lambda rid: _fetch_answer(rid, _batch(False, base=1)), "records jump from offset 0 to 1"),
 ])
 def test_corrupt_answer_is_an_error(jspark: Any, cluster: LocalCluster, answer: Any,
                                     message: str | None) -> None:

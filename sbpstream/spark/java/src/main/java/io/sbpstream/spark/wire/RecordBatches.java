@@ -69,12 +69,14 @@ public final class RecordBatches {
   }
 
   /** Decode every batch of ``buf[off, off+len)``, keeping offsets in [from, until). Returns the
-   *  offset after the last record kept, or ``from`` when none was. */
+   *  offset after the last record kept, or ``from`` when none was. Offsets are dense: the
+   *  records kept must be ``from``, ``from + 1``, ... in order, so a gap or an overlap in an
+   *  answer is an error, never a silent loss. */
   public static long decode(byte[] buf, int off, int len, long from, long until, Sink sink)
       throws ProtocolException {
     int pos = off;
     int end = off + len;
-    long next = from;
+    long[] expect = {from};
     int[] hdr = new int[16];
     while (pos < end) {
       if (end - pos < HEADER_SIZE) {
@@ -107,7 +109,7 @@ public final class RecordBatches {
             + (end - pos) + " of " + total + " bytes");
       }
       int batchEnd = pos + (int) total;
-      if (base + count > from && base < until) {
+      if (base + count > expect[0] && base < until) {
         CRC32C c = new CRC32C();
         c.update(buf, pos + CRC_START, batchEnd - pos - CRC_START);
         if ((int) c.getValue() != crc) {
@@ -127,15 +129,11 @@ public final class RecordBatches {
               + (secEnd - secOff) + " bytes");
         }
         sink.reserve(count);
-        hdr = section(sec, secOff, secEnd, count, base, firstTs, from, until, sink, hdr);
-        long last = Math.min(base + count, until);
-        if (last > next) {
-          next = last;
-        }
+        hdr = section(sec, secOff, secEnd, count, base, firstTs, expect, until, sink, hdr);
       }
       pos = batchEnd;
     }
-    return next;
+    return expect[0];
   }
 
   /** The next varint's position is kept in {@code cur[0]}. */
@@ -157,7 +155,7 @@ public final class RecordBatches {
   }
 
   private static int[] section(byte[] b, int start, int end, int count, long base, long firstTs,
-      long from, long until, Sink sink, int[] hdr) throws ProtocolException {
+      long[] expect, long until, Sink sink, int[] hdr) throws ProtocolException {
     int[] cur = {start};
     for (int i = 0; i < count; i++) {
       long length = varint(b, cur, end);
@@ -212,7 +210,11 @@ public final class RecordBatches {
             + " bytes unaccounted for");
       }
       long offset = base + i;
-      if (offset >= from && offset < until) {
+      if (offset >= expect[0] && offset < until) {
+        if (offset != expect[0]) {
+          throw new ProtocolException("records jump from offset " + expect[0] + " to " + offset);
+        }
+        expect[0]++;
         sink.record(offset, firstTs + delta, b, keyOff, (int) kn, valOff, (int) vn, nh, hdr);
       }
     }
