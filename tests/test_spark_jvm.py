@@ -148,6 +148,7 @@ def test_pattern(jspark: Any, cluster: LocalCluster, data: dict[str, int]) -> No
     ({"streams": "1", "endingOffsets": "earliest"}, "'earliest' is not a valid ending offset"),
     ({"streams": "1", "minPartitions": "0"}, "option 'minPartitions' must be positive"),
     ({"streams": "1,1"}, "option 'streams': stream 1 is listed twice"),
+    ({"streams": "bad/name"}, "option 'streams': stream name 'bad/name' has invalid characters"),
 ])
 def test_option_errors(jspark: Any, cluster: LocalCluster, options: dict[str, str],
                        message: str) -> None:

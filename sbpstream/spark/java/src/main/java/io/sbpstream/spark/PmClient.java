@@ -54,15 +54,17 @@ public final class PmClient implements Closeable {
       c = new SbpConnection(addr, Math.min(timeoutMs, CONNECT_TIMEOUT_MS), requestTimeout());
       conns.put(addr, c);
     }
+    boolean ended = false;
     try {
       int id = c.send(opcode, header);
       List<FbTable> out = new ArrayList<>();
       while (true) {
         Frame f = c.read(id);
+        ended = f.end();
         FbTable h = f.header();
         Messages.checkStatus(h, addr);
         out.add(h);
-        if (f.end()) {
+        if (ended) {
           return out;
         }
         if (out.size() >= MAX_RESPONSE_FRAMES) {
@@ -71,7 +73,9 @@ public final class PmClient implements Closeable {
         }
       }
     } catch (IOException e) {
-      if (!(e instanceof SbpException)) {
+      // an error answer that ended the response leaves the connection in step; anything else
+      // (a broken frame, frames of this answer still to come) does not
+      if (!(e instanceof SbpException) || !ended) {
         c.close();
         conns.remove(addr);
       }

@@ -24,8 +24,9 @@ public final class SourceOptions implements Serializable {
   public static final int DEFAULT_TIMEOUT_MS = 15_000;
   public static final int DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024;
   public static final int MAX_STREAMS = 10_000;
-  /** Largest stream name (sbpstream.protocol.names). */
-  public static final int MAX_NAME_LENGTH = 255;
+  /** Longest stream name (sbpstream.protocol.names.MAX_STREAM_NAME_LEN, Kafka's bound). */
+  public static final int MAX_NAME_LENGTH = 249;
+  private static final Pattern NAME_CHARS = Pattern.compile("[a-zA-Z0-9._-]+");
 
   static final String[] VALID = {"pm", "streams", "streamPattern", "startingOffsets",
       "endingOffsets", "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "timeoutMs",
@@ -234,26 +235,31 @@ public final class SourceOptions implements Serializable {
     return out.toArray(new String[0]);
   }
 
-  /** A stream id (digits) or a name, as sbpstream.protocol.names.parse_stream_ref reads it. */
+  /** A stream id (digits) or a name, as sbpstream.protocol.names.parse_stream_ref reads it
+   *  (the same name rules, the same one-line problems). */
   static Object streamRef(String option, String text) {
     String t = text.strip();
-    if (t.isEmpty()) {
-      throw bad("option '" + option + "': empty stream name");
-    }
-    if (t.chars().allMatch(c -> c >= '0' && c <= '9')) {
+    if (!t.isEmpty() && t.chars().allMatch(c -> c >= '0' && c <= '9')) {
       try {
-        long id = Long.parseLong(t);
-        if (id <= 0) {
-          throw bad("option '" + option + "': stream id must be positive, not " + t);
-        }
-        return id;
+        return Long.parseLong(t);
       } catch (NumberFormatException e) {
         throw bad("option '" + option + "': stream id " + t + " is out of range");
       }
     }
-    if (t.length() > MAX_NAME_LENGTH) {
-      throw bad("option '" + option + "': stream name longer than " + MAX_NAME_LENGTH
-          + " characters");
+    String problem = null;
+    if (t.isEmpty()) {
+      problem = "a stream name must not be empty";
+    } else if (t.length() > MAX_NAME_LENGTH) {
+      problem = "stream name '" + t.substring(0, 40) + "'... is " + t.length()
+          + " characters; at most " + MAX_NAME_LENGTH + " are allowed";
+    } else if (!NAME_CHARS.matcher(t).matches()) {
+      problem = "stream name '" + t + "' has invalid characters; only a-z A-Z 0-9 . _ - are "
+          + "allowed";
+    } else if (t.equals(".") || t.equals("..")) {
+      problem = "stream name '" + t + "' is reserved";
+    }
+    if (problem != null) {
+      throw bad("option '" + option + "': " + problem);
     }
     return t;
   }
