@@ -355,3 +355,30 @@ def test_silent_data_node_times_out(jspark: Any, cluster: LocalCluster) -> None:
             _read_partition(jspark, cluster.pm_address, node.address, 1000)
     finally:
         node.close()
+
+
+# ------------------------------------------------------------------ a data node down, restarted
+
+
+def test_data_node_down_then_restarted(jspark: Any, cluster: LocalCluster,
+                                       client: Client) -> None:
+    """The primary of a sealed range is down: the read goes to the other replica and loses
+    nothing; after the node restarts it reads from it again. (Last in the module: it stops a
+    node of the shared cluster, and waits for it to be back.)"""
+    (s,) = client.create_streams(1, replica_nums=2)
+    produce(client, s, 200, "r")
+    client._runner.run(client._async.routing.seal(s, 0))
+    (sealed,) = [r for r in client.list_ranges(s) if r.range_index == 0]
+    primary = next(r.data_node.advertise_addr for r in sealed.replica_nodes if r.is_primary)
+    (node,) = [n for n in cluster.datanodes if n.address == primary]
+    pm = cluster.pm_address
+    before = rows(read(jspark, JVM, pm, streams=str(s)))
+    assert [r.offset for r in before] == list(range(200))
+    node.stop()
+    try:
+        during = rows(read(jspark, JVM, pm, streams=str(s), timeoutMs="4000"))
+    finally:
+        node.start()
+        node.wait_ready()
+    assert during == before
+    assert rows(read(jspark, JVM, pm, streams=str(s))) == before
