@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages the test suite and benchmarks use, only when missing:
 # Java with its compiler (Spark, and the sbpstream-jvm reader's jar), etcd (PM on etcd), flatc
-# (schema regeneration check), redis and nats (benchmark peers), chromium and chromium-driver (the web console's browser test, Selenium).
+# (schema regeneration check), redis and nats (benchmark peers), chromium and chromium-driver
+# (the web console's browser test, Selenium).
 # `ensure-sysdeps.sh jdk` installs only the JDK (what `make install` needs to build the jar).
 set -euo pipefail
 need=()
