@@ -23,6 +23,10 @@ install: $(STAMP)
 	@# 280 KB of source, 0.2 s to compile in every process that imports it without a .pyc
 	@# (an environment with PYTHONDONTWRITEBYTECODE set never writes one itself)
 	@$(BIN)/python -m compileall -q sbpstream pyspark_sbpstream.py > /dev/null
+	@# the JVM batch reader format("sbpstream-jvm"): a JDK (apt-get when javac is missing), then
+	@# its jar in sbpstream/spark/build/ (rebuilt only when the Java sources changed)
+	@bash scripts/ensure-sysdeps.sh jdk
+	@$(BIN)/python -m sbpstream.spark.jvm --if-stale > /dev/null
 
 sysdeps:
 	@bash scripts/ensure-sysdeps.sh

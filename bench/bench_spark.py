@@ -18,14 +18,20 @@ spread [min .. max]:
 - ``spark streaming write``: ``readStream`` over the Parquet copy (below), ``trigger(
   availableNow=True)``, one stream, into a fresh stream with a fresh checkpoint;
 - ``sbpstream batch read``: ``spark.read.format("sbpstream")`` of the S streams;
+- ``JVM batch read``: ``spark.read.format("sbpstream-jvm")`` of the S streams: the JVM reader
+  (docs/spark.md, "The JVM reader"), no Python worker;
 - ``sbpstream availableNow``: the same as ``readStream`` with ``trigger(availableNow=True)``
   (fresh checkpoint);
+- ``JVM availableNow``: the same through ``readStream.format("sbpstream-jvm")`` (fresh
+  checkpoint);
 - ``parquet read``: ``spark.read.parquet`` over the same rows, written once from the source;
 - ``parquet availableNow``: Spark's file source over that copy under ``trigger(
   availableNow=True)``: what Spark's streaming machinery costs without any Python.
 
 Reads force every row and column into ``format("noop")``. The ratios at the end are the targets
 of docs/spark.md: batch read / Parquet, availableNow / batch read, writes / SDK append.
+
+``--reads-only`` skips the SDK and write cases (the reads and their ratios only).
 
 ``--profile DIR`` instead runs each Spark case once with ``SBPSTREAM_SPARK_PROFILE=DIR`` (cProfile
 in the Python workers, see :mod:`sbpstream.spark.profiling`) and prints where the workers' time
@@ -59,9 +65,13 @@ def session() -> Any:
     prepare_environment()
     from pyspark.sql import SparkSession
 
+    from sbpstream.spark.jvm import jar_path
+
     s = (
         SparkSession.builder.master("local[2]")
         .appName("bench-spark")
+        .config("spark.jars", str(jar_path()))
+        .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -188,9 +198,27 @@ class Bench:
     def batch_read(self) -> None:
         self._source().write.format("noop").mode("overwrite").save()
 
+    def jvm_batch_read(self) -> None:
+        df = self.spark.read.format("sbpstream-jvm").option("pm", self.pm).option(
+            "streams", ",".join(map(str, self.sids))).load()
+        df.write.format("noop").mode("overwrite").save()
+
     def available_now(self) -> None:
         q = (
             self.spark.readStream.format("sbpstream").option("pm", self.pm)
+            .option("streams", ",".join(map(str, self.sids)))
+            .option("startingOffsets", "earliest").load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(self.tmp / f"ck{self._next()}"))
+            .trigger(availableNow=True).start()
+        )
+        q.awaitTermination()
+        got = sum(p["numInputRows"] for p in q.recentProgress)
+        assert got == self.records, got
+
+    def jvm_available_now(self) -> None:
+        q = (
+            self.spark.readStream.format("sbpstream-jvm").option("pm", self.pm)
             .option("streams", ",".join(map(str, self.sids)))
             .option("startingOffsets", "earliest").load()
             .writeStream.format("noop")
@@ -291,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--records", type=int, default=300_000)
     ap.add_argument("--streams", type=int, default=2)
     ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--reads-only", action="store_true",
+                    help="skip the SDK append and the write cases")
     ap.add_argument("--profile", type=Path, default=None,
                     help="profile each Spark case once into DIR instead of timing")
     args = ap.parse_args(argv)
@@ -310,7 +340,9 @@ def main(argv: list[str] | None = None) -> None:
                 ("spark batch write", b.batch_write),
                 ("spark streaming write", b.streaming_write),
                 ("sbpstream batch read", b.batch_read),
+                ("JVM batch read", b.jvm_batch_read),
                 ("sbpstream availableNow", b.available_now),
+                ("JVM availableNow", b.jvm_available_now),
                 ("parquet read", b.parquet_read),
                 ("parquet availableNow", b.parquet_available_now),
             ]
@@ -337,15 +369,25 @@ def main(argv: list[str] | None = None) -> None:
                   f"{args.streams} streams), local[2], medians of {RUNS} "
                   "(rows/s [min .. max]):", flush=True)
             res: dict[str, float] = {}
-            measure("sdk append", args.records, b.sdk_append, res)
-            measure("sdk append, no keys", args.records, b.sdk_append_bulk, res)
+            if args.reads_only:
+                cases = [c for c in cases if "write" not in c[0]]
+            else:
+                measure("sdk append", args.records, b.sdk_append, res)
+                measure("sdk append, no keys", args.records, b.sdk_append_bulk, res)
             for name, fn in cases:
                 measure(name, args.records, fn, res)
             read, now = res["sbpstream batch read"], res["sbpstream availableNow"]
             print(f"{'batch read / parquet read':<32} {read / res['parquet read']:.2f}x   "
                   "(target >= 1.0)")
+            print(f"{'JVM batch read / parquet read':<32} "
+                  f"{res['JVM batch read'] / res['parquet read']:.2f}x   (target >= 1.0)")
             print(f"{'availableNow / batch read':<32} {now / read:.2f}x   (target >= 0.7)")
-            for w in ("spark batch write", "spark streaming write"):
+            jvm_now = res["JVM availableNow"]
+            print(f"{'JVM availableNow / JVM batch read':<32} "
+                  f"{jvm_now / res['JVM batch read']:.2f}x   (target >= 0.7); "
+                  f"{jvm_now / res['parquet availableNow']:.2f}x of Parquet's availableNow")
+            for w in ("spark batch write", "spark streaming write") if res.get(
+                    "sdk append") else ():
                 print(f"{w + ' / sdk append':<40} {res[w] / res['sdk append']:.2f}x   "
                       f"(target >= 0.5; {res[w] / res['sdk append, no keys']:.2f}x of the "
                       "SDK's keyless bulk path)")

@@ -20,6 +20,17 @@ from sbpstream.cluster import LocalCluster
 TESTS_DIR = Path(__file__).resolve().parent
 
 
+def _jvm_jars() -> str:
+    """The sbpstream-jvm reader's jar for ``spark.jars`` (built when stale), or "" when it
+    cannot be built here (no JDK): its tests then skip, the others run as before."""
+    from sbpstream.spark.jvm import JvmBuildError, jar_path
+
+    try:
+        return str(jar_path())
+    except JvmBuildError:
+        return ""
+
+
 def _require_java() -> None:
     if shutil.which("java") is None:
         pytest.skip("java is not on PATH: the Spark tests need a JVM (Java 17)")
@@ -47,6 +58,8 @@ def spark_session_fixture() -> Iterator[Any]:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.jars", _jvm_jars())
+        .config("spark.driver.host", "127.0.0.1")  # where local executors fetch spark.jars
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
