@@ -348,6 +348,50 @@ def test_corrupt_answer_is_an_error(jspark: Any, cluster: LocalCluster, answer: 
         node.close()
 
 
+def _ranges_answer(request_id: int) -> bytes:
+    """LIST_RANGES answered in two frames, one stream each (the PM cuts a large answer into
+    frames of at most LIST_RANGES_FRAME_MAX ranges)."""
+    from sbpstream.protocol.messages import ListRangesResponse, ListRangesResult, Range
+
+    frames = b""
+    for i, sid in enumerate((1, 2)):
+        rng = Range(stream_id=sid, range_index=0, start_offset=0, next_offset=10 * sid,
+                    end_offset=-1)
+        header = ListRangesResponse(items=(ListRangesResult(stream_id=sid, ranges=(rng,)),))
+        frames += encode_frame(Opcode.LIST_RANGES, request_id, 0x03 if i else 0x01,
+                               header.encode())
+    return frames
+
+
+def test_pm_answer_of_several_frames_keeps_every_frame(jspark: Any) -> None:
+    """The connection reuses its receive buffer: the planner's PM client must keep each frame's
+    items, not read the last frame's bytes through the earlier frames' tables (stream 1's
+    ranges would then be lost: a silent gap in the plan)."""
+    from py4j.java_gateway import get_field
+
+    from sbpstream.protocol.messages import ListRangesRequest, StreamOwner
+
+    pm = FakeDataNode(_ranges_answer)
+    jvm, gw = jspark._jvm, jspark.sparkContext._gateway
+    try:
+        addrs = gw.new_array(jvm.java.lang.String, 1)
+        addrs[0] = pm.address
+        client = jvm.io.sbpstream.spark.PmClient(addrs, 5000)
+        messages = jvm.io.sbpstream.spark.wire.Messages
+        try:
+            tables = client.call(pm.address, int(Opcode.LIST_RANGES),
+                                 ListRangesRequest(timeout_ms=5000, items=(
+                                     StreamOwner(stream_id=1), StreamOwner(stream_id=2))).encode())
+            got = [(get_field(rl, "streamId"),
+                    [get_field(r, "nextOffset") for r in get_field(rl, "ranges")])
+                   for h in tables for rl in messages.rangeLists(h)]
+        finally:
+            client.close()
+        assert got == [(1, [10]), (2, [20])]
+    finally:
+        pm.close()
+
+
 def test_silent_data_node_times_out(jspark: Any, cluster: LocalCluster) -> None:
     node = FakeDataNode(lambda rid: None)
     try:

@@ -13,6 +13,7 @@ import java.io.Closeable;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -61,7 +62,10 @@ public final class PmClient implements Closeable {
       while (true) {
         Frame f = c.read(id);
         ended = f.end();
-        FbTable h = f.header();
+        // the connection reads the next frame into the same buffer: keep a copy of this one's
+        // header, or an answer of several frames would be read as its last frame several times
+        FbTable h = FbTable.root(
+            Arrays.copyOfRange(f.buf, f.headerOff, f.headerOff + f.headerLen), 0, f.headerLen);
         Messages.checkStatus(h, addr);
         out.add(h);
         if (ended) {
