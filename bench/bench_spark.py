@@ -203,9 +203,10 @@ class Bench:
             "streams", ",".join(map(str, self.sids))).load()
         df.write.format("noop").mode("overwrite").save()
 
-    def available_now(self) -> None:
+    def available_now(self, fmt: str = "sbpstream") -> None:
+        """``readStream`` with ``trigger(availableNow=True)`` of every row, fresh checkpoint."""
         q = (
-            self.spark.readStream.format("sbpstream").option("pm", self.pm)
+            self.spark.readStream.format(fmt).option("pm", self.pm)
             .option("streams", ",".join(map(str, self.sids)))
             .option("startingOffsets", "earliest").load()
             .writeStream.format("noop")
@@ -217,17 +218,7 @@ class Bench:
         assert got == self.records, got
 
     def jvm_available_now(self) -> None:
-        q = (
-            self.spark.readStream.format("sbpstream-jvm").option("pm", self.pm)
-            .option("streams", ",".join(map(str, self.sids)))
-            .option("startingOffsets", "earliest").load()
-            .writeStream.format("noop")
-            .option("checkpointLocation", str(self.tmp / f"ck{self._next()}"))
-            .trigger(availableNow=True).start()
-        )
-        q.awaitTermination()
-        got = sum(p["numInputRows"] for p in q.recentProgress)
-        assert got == self.records, got
+        self.available_now("sbpstream-jvm")
 
     def empty_read(self) -> None:
         """A batch read of no rows: the fixed cost of a query (planning, tasks, workers)."""
