@@ -48,7 +48,7 @@ from sbpstream.records.reader import iter_batches, iter_records
 from sbpstream.records.header import read_header, compute_crc
 
 TIMEOUT_MS = 5_000  # per input: far above any decode here, so "hang" means a loop
-FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -389,7 +389,7 @@ def _render_frames(frames: list[Frame]) -> str:
                    f"x{bytes(f.payload).hex()}\n" for f in frames)
 
 
-@settings(max_examples=8, deadline=None, derandomize=True,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(answers(), st.data())
 def test_frames_valid_and_mutated(probe: Probe, buf: bytes, data: st.DataObject) -> None:
@@ -473,7 +473,7 @@ def test_compressed_sections_odd_and_broken(probe: Probe) -> None:
         _records_agree(out, m, 0, 1 << 62)
         if "bomb" in what:
             assert "MAX_DECOMPRESSED_BYTES" in out, f"{what}: {out[:300]}"
-        if what in ("zstd", "lz4") or "without content size" in what:
+        if what in ("zstd", "lz4", "zstd without content size", "lz4 without content size"):
             assert out.startswith("ok\n"), f"{what}: {out[:300]}"
 
 
