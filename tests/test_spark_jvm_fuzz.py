@@ -384,6 +384,11 @@ def _py_frames(buf: bytes) -> list[Frame] | None:
     return frames
 
 
+def _answer_frames(frames: list[Frame]) -> list[Frame]:
+    """The frames that answer a FETCH: responses of opcode FETCH (the JVM discards others)."""
+    return [f for f in frames if f.is_response and f.opcode == Opcode.FETCH]
+
+
 def _render_frames(frames: list[Frame]) -> str:
     return "".join(f"{f.opcode} {f.flags} {f.request_id} x{bytes(f.header).hex()} "
                    f"x{bytes(f.payload).hex()}\n" for f in frames)
@@ -402,14 +407,26 @@ def test_frames_valid_and_mutated(probe: Probe, buf: bytes, data: st.DataObject)
             m = one(m)
         inputs.append(m)
     outs = _run(probe, "readFrames", inputs, 2_000)
-    assert outs[0] == "ok\n" + _render_frames(_py_frames(buf) or []), outs[0]
+    assert outs[0] == "ok\n" + _render_frames(_answer_frames(_py_frames(buf) or [])), outs[0]
     for out, m in zip(outs[1:], inputs[1:], strict=True):
         if not _check_outcome(out, m):
             continue
         py = _py_frames(m)
         assert py is not None, f"the JVM read frames Python refuses: {m.hex()}"
         java = out[3:]
-        assert _render_frames(py).startswith(java), f"{m.hex()}: {java} vs {py}"
+        assert _render_frames(_answer_frames(py)).startswith(java), f"{m.hex()}: {java} vs {py}"
+
+
+def test_frame_of_another_opcode_is_not_the_answer(probe: Probe) -> None:
+    """A frame answering the request id with another opcode (here unknown: the spec discards
+    it) or that is no response is not the FETCH answer: its header is not read as one."""
+    fetch = FetchResponse(items=(FetchResult(stream_id=7, batch_length=0),)).encode()
+    other = FetchResponse(items=(FetchResult(stream_id=666, batch_length=0),)).encode()
+    answer = (encode_frame(0x1102, 1, FLAG_RESPONSE | FLAG_END, other)
+              + encode_frame(int(Opcode.FETCH), 1, 0, other)
+              + encode_frame(int(Opcode.FETCH), 1, FLAG_RESPONSE | FLAG_END, fetch))
+    (out,) = _run(probe, "readFrames", [answer], 2_000)
+    assert out == f"ok\n{int(Opcode.FETCH)} 3 1 x{fetch.hex()} x\n"
 
 
 # ----------------------------------------------------------------- compressed sections, by hand
