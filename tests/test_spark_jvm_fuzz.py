@@ -508,3 +508,22 @@ def test_batch_of_several_compression_blocks(probe: Probe, codec: int) -> None:
     (out,) = _run(probe, "decodeBatches", [buf], 0, 60)
     assert out.startswith("ok\n"), out[:300]
     _records_agree(out, buf, 0, 60)
+
+
+def test_offsets_and_timestamps_past_int64(probe: Probe) -> None:
+    """A batch whose offsets or timestamps do not fit in int64 is an error, not skipped (its
+    ``base_offset + record_count`` wrapped negative: the batch looked wholly before the window)
+    nor wrapped around into a wrong timestamp."""
+    top = (1 << 63) - 1
+    recs = [Record(value=b"a", timestamp_ms=0), Record(value=b"b", timestamp_ms=5),
+            Record(value=b"c", timestamp_ms=9)]
+    offsets = bytearray(build_batch(recs))
+    offsets[0:8] = (top - 1).to_bytes(8, "big")  # offsets top-1, top, top+1
+    stamps = bytearray(build_batch(recs))
+    stamps[0:8] = bytes(8)
+    stamps[23:31] = (top - 3).to_bytes(8, "big")  # first_timestamp: the deltas overflow
+    outs = _run(probe, "decodeBatches", [bytes(offsets), _fix_crcs(bytes(stamps))], 0, top)
+    assert outs[0].startswith("error ProtocolException: "), outs[0]
+    assert "offset" in outs[0]
+    assert outs[1].startswith("error ProtocolException: "), outs[1]
+    assert "timestamp" in outs[1]

@@ -101,6 +101,10 @@ public final class RecordBatches {
       if (count <= 0) {
         throw new ProtocolException("bad record_count " + count);
       }
+      if (base > Long.MAX_VALUE - count) { // base + count would wrap: the batch looked skippable
+        throw new ProtocolException("batch offsets past int64: base_offset " + base
+            + ", record_count " + count);
+      }
       int codec = attributes & CODEC_MASK;
       if (codec > CODEC_LZ4 || (attributes & ~CODEC_MASK) != 0) {
         throw new ProtocolException(String.format("bad attributes 0x%04x", attributes));
@@ -210,13 +214,18 @@ public final class RecordBatches {
         throw new ProtocolException("record " + i + ": " + (recEnd - cur[0])
             + " bytes unaccounted for");
       }
+      long ts = firstTs + delta;
+      if (((firstTs ^ ts) & (delta ^ ts)) < 0) {
+        throw new ProtocolException("record " + i + ": timestamp past int64 (first_timestamp "
+            + firstTs + " + delta " + delta + ")");
+      }
       long offset = base + i;
       if (offset >= expect[0] && offset < until) {
         if (offset != expect[0]) {
           throw new ProtocolException("records jump from offset " + expect[0] + " to " + offset);
         }
         expect[0]++;
-        sink.record(offset, firstTs + delta, b, keyOff, (int) kn, valOff, (int) vn, nh, hdr);
+        sink.record(offset, ts, b, keyOff, (int) kn, valOff, (int) vn, nh, hdr);
       }
     }
     if (cur[0] != end) {
