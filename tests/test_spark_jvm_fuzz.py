@@ -198,7 +198,9 @@ def batches(draw: st.DrawFn) -> bytes:
 
 def _py_records(buf: bytes, lo: int, hi: int) -> str | None:
     """What the Python decoder makes of ``buf`` over [lo, hi), rendered as WireProbe renders
-    it (without the "next" line), or None when it refuses the bytes."""
+    it (without the "next" line), or None when it refuses the bytes. The window's start moves
+    past each record kept, as the reader's position does: a batch overlapping records already
+    read (its base offset is not under the CRC) gives them once, not twice."""
     lines = []
     try:
         for batch in iter_batches(buf):
@@ -207,6 +209,7 @@ def _py_records(buf: bytes, lo: int, hi: int) -> str | None:
                 continue
             for r in iter_records(batch):
                 if lo <= r.offset < hi:
+                    lo = r.offset + 1
                     hs = "".join(f"x{k.encode().hex()}=x{bytes(v).hex()}," for k, v in r.headers)
                     key = "null" if r.key is None else "x" + bytes(r.key).hex()
                     value = "null" if r.value is None else "x" + bytes(r.value).hex()
