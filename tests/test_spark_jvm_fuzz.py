@@ -452,10 +452,14 @@ def _with_section(plain_batch: bytes, codec: int, section: bytes) -> bytes:
 def _sections() -> list[tuple[str, int, bytes, bytes]]:
     """(what, codec, plain batch, section): odd but decodable compressed sections, and broken
     ones, including decompression bombs past MAX_DECOMPRESSED_BYTES."""
+    import os
+
     import lz4.frame
     import zstandard
 
     plain = build_batch([Record(value=b"v%d" % i, key=b"k") for i in range(4)])
+    big = build_batch([Record(value=b"%d" % i * 400) for i in range(600)])  # 4 blocks of 64 KiB
+    noise = build_batch([Record(value=os.urandom(3000)) for i in range(50)])  # incompressible
     sec = plain[53:]
     half = len(sec) // 2
     z = zstandard.ZstdCompressor()
@@ -484,6 +488,12 @@ def _sections() -> list[tuple[str, int, bytes, bytes]]:
         ("lz4 truncated", CODEC_LZ4, plain, lz[:-3]),
         ("lz4 without content size", CODEC_LZ4, plain, lz4.frame.compress(sec)),
         ("lz4 empty", CODEC_LZ4, plain, b""),
+        ("lz4 checksums", CODEC_LZ4, plain,
+         lz4.frame.compress(sec, content_checksum=True, block_checksum=True)),
+        ("lz4 linked blocks", CODEC_LZ4, big, lz4.frame.compress(big[53:], store_size=True)),
+        ("lz4 independent blocks", CODEC_LZ4, big, lz4.frame.compress(
+            big[53:], block_linked=False, content_checksum=True, block_checksum=True)),
+        ("lz4 stored blocks", CODEC_LZ4, noise, lz4.frame.compress(noise[53:])),
         ("lz4 bomb", CODEC_LZ4, plain, lz4.frame.compress(bomb, store_size=True)),
         ("lz4 bomb without content size", CODEC_LZ4, plain, lz4.frame.compress(bomb)),
     ]
@@ -492,13 +502,19 @@ def _sections() -> list[tuple[str, int, bytes, bytes]]:
 def test_compressed_sections_odd_and_broken(probe: Probe) -> None:
     cases = _sections()
     inputs = [_with_section(plain, codec, sec) for _, codec, plain, sec in cases]
-    outs = _run(probe, "decodeBatches", inputs, 0, 1 << 62)
-    for (what, *_), out, m in zip(cases, outs, inputs, strict=True):
+    # each input alone, then with one bit of its section flipped (the CRC recomputed)
+    flipped = [_fix_crcs(m[:-2] + bytes([m[-2] ^ 0x10]) + m[-1:]) for m in inputs]
+    outs = _run(probe, "decodeBatches", inputs + flipped, 0, 1 << 62)
+    for out, m in zip(outs[len(inputs):], flipped, strict=True):
+        _records_agree(out, m, 0, 1 << 62)
+    for (what, *_), out, m in zip(cases, outs, inputs, strict=False):
         assert out.startswith(("ok\n", "error ProtocolException")), f"{what}: {out[:300]}"
         _records_agree(out, m, 0, 1 << 62)
         if "bomb" in what:
             assert "MAX_DECOMPRESSED_BYTES" in out, f"{what}: {out[:300]}"
-        if what in ("zstd", "lz4", "zstd without content size", "lz4 without content size"):
+        if what in ("zstd", "lz4", "zstd without content size", "lz4 without content size",
+                    "lz4 checksums", "lz4 linked blocks", "lz4 independent blocks",
+                    "lz4 stored blocks"):
             assert out.startswith("ok\n"), f"{what}: {out[:300]}"
 
 
@@ -530,3 +546,20 @@ def test_offsets_and_timestamps_past_int64(probe: Probe) -> None:
     assert "offset" in outs[0]
     assert outs[1].startswith("error ProtocolException: "), outs[1]
     assert "timestamp" in outs[1]
+
+
+_LINKED = bytearray(build_batch([Record(value=b"%d" % i * 400, key=b"k%d" % i)
+                                 for i in range(200)], codec=CODEC_LZ4))
+_LINKED[0:8] = bytes(8)  # base offset 0; the section: an lz4 frame of linked 64 KiB blocks
+
+
+@settings(FUZZ, max_examples=30)
+@given(st.data())
+def test_mutated_lz4_frame_of_linked_blocks(probe: Probe, data: st.DataObject) -> None:
+    """Mutations inside a multi-block lz4 section, the batch CRC recomputed so that they reach
+    the frame decoder (Lz4Frame): an error or what Python decodes."""
+    buf = bytes(_LINKED)
+    muts = data.draw(st.lists(mutation(len(buf)), min_size=10, max_size=10))
+    inputs = [_fix_crcs(buf[:53] + m(buf)[53:]) for m in muts]
+    for out, m in zip(_run(probe, "decodeBatches", inputs, 0, 200), inputs, strict=True):
+        _records_agree(out, m, 0, 200)

@@ -10,7 +10,6 @@ import java.nio.charset.CharacterCodingException;
 import java.nio.charset.CodingErrorAction;
 import java.nio.charset.StandardCharsets;
 import java.util.zip.CRC32C;
-import org.apache.commons.compress.compressors.lz4.FramedLZ4CompressorInputStream;
 
 /** Record batches (design.md section 4, sbpstream/records/): a buffer of whole batches back to
  *  back, each CRC-32C checked, decompressed (bounded) and decoded record by record into a
@@ -247,29 +246,31 @@ public final class RecordBatches {
   /** The records section decompressed, refusing more than MAX_DECOMPRESSED_BYTES. The section
    *  is exactly one frame, as compression.py reads it: a second frame, a skippable frame or any
    *  byte after the first is an error (the Python reader refuses them too). lz4 frames are read
-   *  with commons-compress, which follows linked blocks: python-lz4 writes a frame of more than
-   *  one block (a section over 64 KiB) with each block referring to the one before. */
+   *  by {@link Lz4Frame}, which follows linked blocks: python-lz4 writes a frame of more than
+   *  one block (a section over 64 KiB) with each block referring to the ones before. */
   static byte[] decompress(int codec, byte[] b, int off, int len) throws ProtocolException {
-    if (codec == CODEC_ZSTD) {
-      long frame;
+    if (codec == CODEC_LZ4) {
       try {
-        frame = Zstd.findFrameCompressedSize(b, off, len);
-      } catch (RuntimeException e) { // ZstdException: not a whole frame
+        return Lz4Frame.decompress(b, off, len, MAX_DECOMPRESSED_BYTES);
+      } catch (RuntimeException e) { // none expected: every bound is checked; named if any
         throw new ProtocolException("cannot decompress records (codec " + codec + "): " + e);
       }
-      if (Zstd.isError(frame)) {
-        throw new ProtocolException("cannot decompress records (codec " + codec + "): "
-            + Zstd.getErrorName(frame));
-      }
-      if (frame != len) {
-        throw new ProtocolException((len - frame) + " bytes after the zstd frame of the "
-            + "records section");
-      }
     }
-    long declared = codec == CODEC_LZ4 ? lz4ContentSize(b, off, len) : -1;
-    ByteArrayInputStream raw = new ByteArrayInputStream(b, off, len);
-    try (InputStream in = codec == CODEC_ZSTD ? new ZstdInputStream(raw)
-        : new FramedLZ4CompressorInputStream(raw, false)) {
+    long frame;
+    try {
+      frame = Zstd.findFrameCompressedSize(b, off, len);
+    } catch (RuntimeException e) { // ZstdException: not a whole frame
+      throw new ProtocolException("cannot decompress records (codec " + codec + "): " + e);
+    }
+    if (Zstd.isError(frame)) {
+      throw new ProtocolException("cannot decompress records (codec " + codec + "): "
+          + Zstd.getErrorName(frame));
+    }
+    if (frame != len) {
+      throw new ProtocolException((len - frame) + " bytes after the zstd frame of the "
+          + "records section");
+    }
+    try (InputStream in = new ZstdInputStream(new ByteArrayInputStream(b, off, len))) {
       byte[] out = new byte[Math.max(1024, Math.min(MAX_DECOMPRESSED_BYTES, len * 4))];
       int n = 0;
       while (true) {
@@ -287,39 +288,11 @@ public final class RecordBatches {
         }
         n += r;
       }
-      if (codec == CODEC_LZ4 && raw.available() > 0) {
-        throw new ProtocolException(raw.available() + " bytes after the lz4 frame of the "
-            + "records section");
-      }
-      if (declared >= 0 && declared != n) {
-        throw new ProtocolException("lz4 frame holds " + n + " bytes, its header says "
-            + declared);
-      }
       return n == out.length ? out : java.util.Arrays.copyOf(out, n);
     } catch (ProtocolException e) {
       throw e;
     } catch (IOException | RuntimeException e) {
       throw new ProtocolException("cannot decompress records (codec " + codec + "): " + e);
     }
-  }
-
-  /** The content size an lz4 frame header declares, or -1 when it declares none (or is too
-   *  short to say: the decompressor then reports it). */
-  private static long lz4ContentSize(byte[] b, int off, int len) throws ProtocolException {
-    if (len < 7 || (b[off + 4] & 0x08) == 0) {
-      return -1;
-    }
-    if (len < 14) {
-      throw new ProtocolException("truncated lz4 frame header");
-    }
-    long size = 0;
-    for (int i = 7; i >= 0; i--) {
-      size = (size << 8) | (b[off + 6 + i] & 0xff);
-    }
-    if (size < 0 || size > MAX_DECOMPRESSED_BYTES) {
-      throw new ProtocolException("records decompress to " + Long.toUnsignedString(size)
-          + " bytes, over MAX_DECOMPRESSED_BYTES (" + MAX_DECOMPRESSED_BYTES + ")");
-    }
-    return size;
   }
 }
