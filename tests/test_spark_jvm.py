@@ -426,3 +426,56 @@ def test_data_node_down_then_restarted(jspark: Any, cluster: LocalCluster,
         node.wait_ready()
     assert during == before
     assert rows(read(jspark, JVM, pm, streams=str(s))) == before
+
+
+class _HangUpAfter(FakeDataNode):
+    """Answers the first request with ``first`` (an answer's first frames, not its end), then
+    closes the connection."""
+
+    def _serve(self) -> None:
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            head = _recv(conn, 4)
+            body = _recv(conn, struct.unpack(">I", head)[0]) if head else None
+            if body is not None:
+                conn.sendall(self.answer(struct.unpack(">I", body[4:8])[0]))
+
+
+def test_rows_read_before_a_failover_survive_a_loss_that_ends_the_span(jspark: Any,
+                                                                       cluster: LocalCluster
+                                                                       ) -> None:
+    """Offsets 0 and 1 arrive in the first frame of an answer, the connection then drops; the
+    other replica says the stream is deleted (failOnDataLoss=false: the rest is skipped). The
+    two rows read must still be returned, not dropped with the span's end."""
+    from sbpstream.protocol.messages import Status
+
+    two = bytearray(build_batch([Record(value=b"v0"), Record(value=b"v1")]))
+    two[0:8] = bytes(8)  # base offset 0
+    first = bytearray(_fetch_answer(1, bytes(two)))
+    first[7] = 0x01  # flags: a response frame, but not the answer's end
+    deleted = FetchResponse(items=(FetchResult(stream_id=FAKE_STREAM, status=Status(code=31)),))
+    a = _HangUpAfter(lambda rid: bytes(first))
+    b = FakeDataNode(lambda rid: encode_frame(Opcode.FETCH, rid, 0x03, deleted.encode()))
+    jvm, gw = jspark._jvm, jspark.sparkContext._gateway
+    try:
+        strings = gw.new_array(jvm.java.lang.String, 2)
+        strings[0], strings[1] = a.address, b.address
+        pm = gw.new_array(jvm.java.lang.String, 1)
+        pm[0] = cluster.pm_address
+        part = jvm.io.sbpstream.spark.SbpInputPartition(
+            pm, FAKE_STREAM, 0, 0, 3, strings, False, 5000, 1 << 20)
+        reader = jvm.io.sbpstream.spark.PartitionReaderImpl(part)
+        try:
+            offsets = []
+            while reader.next():
+                batch = reader.get()
+                offsets += [batch.column(1).getLong(i) for i in range(batch.numRows())]
+        finally:
+            reader.close()
+        assert offsets == [0, 1]
+    finally:
+        a.close()
+        b.close()

@@ -84,7 +84,9 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
             + " ms (option 'timeoutMs')");
       }
     }
-    return false;
+    // rows decoded before a round that then failed over and skipped the rest as lost (the
+    // span ends there) are still this batch's: returning false would drop them silently
+    return sink.rows > 0;
   }
 
   @Override

@@ -1,5 +1,6 @@
 package io.sbpstream.spark.wire;
 
+import com.github.luben.zstd.Zstd;
 import com.github.luben.zstd.ZstdInputStream;
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
@@ -9,7 +10,6 @@ import java.nio.charset.CharacterCodingException;
 import java.nio.charset.CodingErrorAction;
 import java.nio.charset.StandardCharsets;
 import java.util.zip.CRC32C;
-import net.jpountz.lz4.LZ4FrameInputStream;
 
 /** Record batches (design.md section 4, sbpstream/records/): a buffer of whole batches back to
  *  back, each CRC-32C checked, decompressed (bounded) and decoded record by record into a
@@ -99,6 +99,10 @@ public final class RecordBatches {
       }
       if (count <= 0) {
         throw new ProtocolException("bad record_count " + count);
+      }
+      if (base > Long.MAX_VALUE - count) { // base + count would wrap: the batch looked skippable
+        throw new ProtocolException("batch offsets past int64: base_offset " + base
+            + ", record_count " + count);
       }
       int codec = attributes & CODEC_MASK;
       if (codec > CODEC_LZ4 || (attributes & ~CODEC_MASK) != 0) {
@@ -209,13 +213,18 @@ public final class RecordBatches {
         throw new ProtocolException("record " + i + ": " + (recEnd - cur[0])
             + " bytes unaccounted for");
       }
+      long ts = firstTs + delta;
+      if (((firstTs ^ ts) & (delta ^ ts)) < 0) {
+        throw new ProtocolException("record " + i + ": timestamp past int64 (first_timestamp "
+            + firstTs + " + delta " + delta + ")");
+      }
       long offset = base + i;
       if (offset >= expect[0] && offset < until) {
         if (offset != expect[0]) {
           throw new ProtocolException("records jump from offset " + expect[0] + " to " + offset);
         }
         expect[0]++;
-        sink.record(offset, firstTs + delta, b, keyOff, (int) kn, valOff, (int) vn, nh, hdr);
+        sink.record(offset, ts, b, keyOff, (int) kn, valOff, (int) vn, nh, hdr);
       }
     }
     if (cur[0] != end) {
@@ -234,11 +243,34 @@ public final class RecordBatches {
     }
   }
 
-  /** The records section decompressed, refusing more than MAX_DECOMPRESSED_BYTES. */
+  /** The records section decompressed, refusing more than MAX_DECOMPRESSED_BYTES. The section
+   *  is exactly one frame, as compression.py reads it: a second frame, a skippable frame or any
+   *  byte after the first is an error (the Python reader refuses them too). lz4 frames are read
+   *  by {@link Lz4Frame}, which follows linked blocks: python-lz4 writes a frame of more than
+   *  one block (a section over 64 KiB) with each block referring to the ones before. */
   static byte[] decompress(int codec, byte[] b, int off, int len) throws ProtocolException {
-    try (InputStream raw = new ByteArrayInputStream(b, off, len);
-        InputStream in = codec == CODEC_ZSTD ? new ZstdInputStream(raw)
-            : new LZ4FrameInputStream(raw)) {
+    if (codec == CODEC_LZ4) {
+      try {
+        return Lz4Frame.decompress(b, off, len, MAX_DECOMPRESSED_BYTES);
+      } catch (RuntimeException e) { // none expected: every bound is checked; named if any
+        throw new ProtocolException("cannot decompress records (codec " + codec + "): " + e);
+      }
+    }
+    long frame;
+    try {
+      frame = Zstd.findFrameCompressedSize(b, off, len);
+    } catch (RuntimeException e) { // ZstdException: not a whole frame
+      throw new ProtocolException("cannot decompress records (codec " + codec + "): " + e);
+    }
+    if (Zstd.isError(frame)) {
+      throw new ProtocolException("cannot decompress records (codec " + codec + "): "
+          + Zstd.getErrorName(frame));
+    }
+    if (frame != len) {
+      throw new ProtocolException((len - frame) + " bytes after the zstd frame of the "
+          + "records section");
+    }
+    try (InputStream in = new ZstdInputStream(new ByteArrayInputStream(b, off, len))) {
       byte[] out = new byte[Math.max(1024, Math.min(MAX_DECOMPRESSED_BYTES, len * 4))];
       int n = 0;
       while (true) {

@@ -29,6 +29,8 @@ public final class SbpConnection implements Closeable {
   private final OutputStream out;
   private byte[] rbuf = new byte[IO_BUFFER_BYTES];
   private int nextId = 1;
+  /** The opcode of the requests sent: an answer frame of another opcode is not theirs. */
+  private int sentOpcode = -1;
   private boolean broken;
 
   public SbpConnection(String address, int connectTimeoutMs, int readTimeoutMs)
@@ -90,6 +92,7 @@ public final class SbpConnection implements Closeable {
     f[15] = (byte) header.length;
     System.arraycopy(header, 0, f, 16, header.length);
     // no payload: its CRC is 0, already in place
+    sentOpcode = opcode;
     try {
       out.write(f);
       out.flush();
@@ -101,20 +104,25 @@ public final class SbpConnection implements Closeable {
   }
 
   /** The next frame answering ``requestId``. A system error frame is thrown as an
-   *  {@link SbpException}; a GOAWAY is an IOException (the server is closing this connection). */
+   *  {@link SbpException}; a GOAWAY is an IOException (the server is closing this connection).
+   *  A frame that is not a response of the opcode sent (an unknown opcode, a request from the
+   *  peer) is discarded, as a wrong magic is (docs/protocol.md section 1): its header is not the
+   *  answer's and must not be read as if it were. */
   public Frame read(int requestId) throws IOException {
     try {
       for (int discarded = 0; ; discarded++) {
         Frame f = readFrame();
-        if (f == null) {
-          if (discarded >= MAX_DISCARDED_FRAMES) {
-            throw new ProtocolException(address + " sent " + discarded + " frames with a bad magic");
-          }
-          continue;
-        }
-        if (f.opcode == Frame.OPCODE_GOAWAY && (f.flags & Frame.FLAG_RESPONSE) == 0) {
+        if (f != null && f.opcode == Frame.OPCODE_GOAWAY
+            && (f.flags & Frame.FLAG_RESPONSE) == 0) {
           broken = true;
           throw new IOException(address + " closes the connection (GOAWAY)");
+        }
+        if (f == null || f.opcode != sentOpcode || (f.flags & Frame.FLAG_RESPONSE) == 0) {
+          if (discarded >= MAX_DISCARDED_FRAMES) {
+            throw new ProtocolException(address + " sent " + discarded + " frames with a bad "
+                + "magic or that answer no request of opcode " + sentOpcode);
+          }
+          continue;
         }
         if (f.requestId != requestId) {
           throw new ProtocolException(address + " answered request id " + f.requestId
