@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from array import array
 from collections.abc import Callable
 
 import lz4.frame
@@ -814,3 +815,30 @@ def test_stream_records_fails_as_the_batch_walk_does(
     got = run(lambda: [tuple(r)[1:] for r in stream_records(data, 1, ConsumedRecord,
                                                            start_offset=start)])
     assert got == want
+
+
+def test_a_batch_overlapping_an_earlier_one_repeats_no_record(
+        decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base offset is outside the batch CRC: a FETCH answer whose second batch claims
+    offsets the first already gave (a corrupt or hostile node) must not hand them out twice,
+    by any of the decoders (the consumer's, the columns', the Spark source's)."""
+    from sbpstream.client.types import ConsumedRecord
+    from sbpstream.records import iter_all_records, iter_all_records_bytes, reader, stream_records
+    from sbpstream.records.header import patch_base_offset
+
+    first = bytearray(build_batch([Record(value=b"a%d" % i) for i in range(3)]))
+    second = bytearray(build_batch([Record(value=b"b%d" % i) for i in range(3)]))
+    patch_base_offset(second, 1)  # offsets 1..3, where the first batch holds 0..2
+    buf = bytes(first + second)
+    want = [0, 1, 2, 3]
+    got = stream_records(buf, 9, ConsumedRecord)
+    assert [r[1] for r in got] == want
+    assert [r.offset for r in iter_all_records(buf)] == want
+    assert [r[0] for r in iter_all_records_bytes(buf)] == want
+    assert decode_columns(buf).offsets == want
+    assert [r[1] for r in stream_records(buf, 9, ConsumedRecord, start_offset=2)] == [2, 3]
+    for sink in ([reader._column_sink, None] if decoder == "compiled" else [None]):
+        monkeypatch.setattr(reader, "_column_sink", sink)
+        cols = reader.decode_column_buffers(buf)
+        assert list(array("q", cols.offsets)) == want
+        assert reader.decode_column_buffers(buf, start_offset=1, until_offset=3).rows == 2

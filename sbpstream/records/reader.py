@@ -141,19 +141,26 @@ def iter_all_records(buf: Buffer, *, start_offset: int = 0) -> Iterator[DecodedR
         for record in iter_records(batch):
             if record.offset >= start_offset:
                 yield record
+        # a later batch overlapping this one (its base offset is outside the CRC) repeats none
+        start_offset = h.base_offset + h.record_count
 
 
 def _byte_sections(buf: Buffer, start_offset: int) -> Iterator[Iterator[tuple[Any, ...]]]:
-    """Per batch that reaches ``start_offset``: its records, decoded from ONE ``bytes`` copy of
-    the records section (so keys, values and header values are ``bytes`` slices straight away,
-    cheaper than a memoryview slice plus ``tobytes`` per field)."""
+    """Per batch that reaches ``start_offset``: its records at or after it and after every
+    earlier batch's (a batch overlapping an earlier one repeats none: the base offset is outside
+    the batch CRC), decoded from ONE ``bytes`` copy of the records section (so keys, values and
+    header values are ``bytes`` slices straight away, cheaper than a memoryview slice plus
+    ``tobytes`` per field)."""
     for batch in iter_batches(buf):
         h = read_header(batch)
         if h.base_offset + h.record_count <= start_offset:
             continue
         h, section = open_batch(batch)
-        yield iter(_decode_bytes(section.tobytes(), h.record_count, h.base_offset,
-                                 h.first_timestamp, tuple, None))
+        recs = _decode_bytes(section.tobytes(), h.record_count, h.base_offset,
+                             h.first_timestamp, tuple, None)
+        lo = start_offset
+        yield iter(recs) if h.base_offset >= lo else (r for r in recs if r[0] >= lo)
+        start_offset = h.base_offset + h.record_count  # an overlapping later batch repeats none
 
 
 def iter_all_records_bytes(
@@ -198,6 +205,7 @@ def stream_records(
                 out.extend(recs)
             else:
                 out.extend(list(recs)[start_offset - base :])
+            start_offset = base + h.record_count  # an overlapping later batch repeats none
         pos = end
     return out
 
@@ -272,6 +280,7 @@ def decode_column_buffers(buf: Buffer, *, start_offset: int = 0, until_offset: i
             for _ in _decode_section(data, h.record_count, h.base_offset, h.first_timestamp):
                 pass  # raises the BatchError the compiled loop found
             raise BatchError("malformed records section")  # pragma: no cover - loops agree
+        start_offset = h.base_offset + h.record_count  # an overlapping later batch repeats none
     (offsets, stamps, koffs, kdata, kvalid, voffs, vdata, vvalid) = sink.buffers()
     return ColumnBuffers(sink.rows, offsets, stamps, koffs, kdata,
                          kvalid if sink.key_nulls else None, sink.key_nulls, voffs, vdata,
@@ -316,6 +325,7 @@ def _pure_column_buffers(buf: Buffer, lo: int, hi: int, ts_scale: int) -> Column
                 cols.keys.append(key)
                 cols.values.append(value)
                 cols.headers.append(hdrs)
+        lo = h.base_offset + h.record_count  # an overlapping later batch repeats none
     offsets = array("q", cols.offsets)
     stamps = array("q", cols.timestamps)
     if sys.byteorder != "little":
