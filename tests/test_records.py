@@ -828,6 +828,7 @@ def test_a_batch_overlapping_an_earlier_one_repeats_no_record(
 
     first = bytearray(build_batch([Record(value=b"a%d" % i) for i in range(3)]))
     second = bytearray(build_batch([Record(value=b"b%d" % i) for i in range(3)]))
+    patch_base_offset(first, 0)  # a built batch's base is -1 until a data node numbers it
     patch_base_offset(second, 1)  # offsets 1..3, where the first batch holds 0..2
     buf = bytes(first + second)
     want = [0, 1, 2, 3]
@@ -842,3 +843,23 @@ def test_a_batch_overlapping_an_earlier_one_repeats_no_record(
         cols = reader.decode_column_buffers(buf)
         assert list(array("q", cols.offsets)) == want
         assert reader.decode_column_buffers(buf, start_offset=1, until_offset=3).rows == 2
+
+
+def test_a_timestamp_past_int64_when_scaled_is_an_error_not_a_wrap(
+        decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Spark source scales timestamps to microseconds in int64 buffers: a record whose
+    timestamp does not fit is a clear error (it wrapped to a wrong time before)."""
+    from sbpstream.records import reader
+    from sbpstream.records.header import patch_base_offset
+
+    big = 2**61  # ms: fits int64, but not once made microseconds
+    buf = bytearray(build_batch([Record(value=b"ok", timestamp_ms=1000),
+                                 Record(value=b"far", timestamp_ms=big)]))
+    patch_base_offset(buf, 0)  # a built batch's base is -1 until a data node numbers it
+    for sink in ([reader._column_sink, None] if decoder == "compiled" else [None]):
+        monkeypatch.setattr(reader, "_column_sink", sink)
+        assert list(array("q", reader.decode_column_buffers(buf).timestamps)) == [1000, big]
+        with pytest.raises(OverflowError, match=f"offset 1 has timestamp_ms {big}, outside"):
+            reader.decode_column_buffers(buf, ts_scale=1000)
+        cols = reader.decode_column_buffers(buf, ts_scale=1000, until_offset=1)
+        assert list(array("q", cols.timestamps)) == [1_000_000]

@@ -133,6 +133,21 @@ def test_pattern(jspark: Any, cluster: LocalCluster, data: dict[str, int]) -> No
         r for r in got if r.stream_id == data["b"]]
 
 
+def test_a_timestamp_spark_cannot_hold_is_an_error(jspark: Any, cluster: LocalCluster,
+                                                  client: Client) -> None:
+    """A record's timestamp_ms is any int64; Spark's timestamps are int64 microseconds. One
+    that does not fit fails the read with a message naming it, in both readers (both wrapped
+    it into a wrong time before)."""
+    (sid,) = client.create_streams(1)
+    big = 2**61
+    with client.producer(linger_ms=1) as p:
+        p.send(sid, b"far", timestamp_ms=big)
+        p.flush()
+    for fmt in (PY, JVM):
+        with pytest.raises(Exception, match=f"timestamp_ms {big}, outside what"):
+            read(jspark, fmt, cluster.pm_address, streams=str(sid)).collect()
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"streams": "987654"}, "option 'streams': stream 987654 does not exist"),
     ({"streams": "no.such.stream"}, "option 'streams': no stream is named 'no.such.stream'"),

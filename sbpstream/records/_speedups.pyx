@@ -163,6 +163,11 @@ cdef inline bytes _take(_Buf* b):
     return PyBytes_FromStringAndSize(b.p, b.n)
 
 
+def _ts_error(offset, timestamp_ms):
+    return (f"record at offset {offset} has timestamp_ms {timestamp_ms}, outside what an int64 "
+            "timestamp at this scale (a Spark timestamp: microseconds) holds")
+
+
 cdef class ColumnSink:
     """Growable little-endian Arrow buffers for offsets, timestamps (ms times ``ts_scale``),
     keys and values (int32 offsets, data, validity bitmap), filled section by section by
@@ -171,10 +176,14 @@ cdef class ColumnSink:
     cdef _Buf _offsets, _stamps, _koffs, _kdata, _kvalid, _voffs, _vdata, _vvalid
     cdef readonly Py_ssize_t rows, key_nulls, value_nulls
     cdef readonly list headers
-    cdef int64_t _scale
+    cdef int64_t _scale, _ts_lo, _ts_hi  # timestamps (ms) whose scaled value fits int64
 
     def __cinit__(self, int64_t ts_scale=1):
+        if ts_scale <= 0:
+            raise ValueError(f"ts_scale must be positive, got {ts_scale}")
         self._scale = ts_scale
+        self._ts_hi = INT64_MAX // ts_scale
+        self._ts_lo = -(INT64_MAX // ts_scale)
         self.headers = []
         _reserve(&self._koffs, 4)
         _reserve(&self._voffs, 4)
@@ -268,6 +277,10 @@ cdef class ColumnSink:
                 continue
             (<int64_t*>(self._offsets.p + self._offsets.n))[0] = off
             self._offsets.n += 8
+            if ((delta > 0 and first_ts > INT64_MAX - delta)
+                    or (delta < 0 and first_ts < INT64_MIN - delta)
+                    or not self._ts_lo <= first_ts + delta <= self._ts_hi):
+                raise OverflowError(_ts_error(off, first_ts + <object>delta))
             (<int64_t*>(self._stamps.p + self._stamps.n))[0] = (first_ts + delta) * self._scale
             self._stamps.n += 8
             if row % 8 == 0:

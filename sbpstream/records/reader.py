@@ -33,6 +33,8 @@ from sbpstream.records.varint import ZIGZAG_BYTE, decode_varint
 # Smallest record: length, timestamp_delta, key_length, value_length, header_count, 1 byte each.
 MIN_RECORD_BYTES: Final = 5
 MIN_RECORD_BODY_BYTES: Final = MIN_RECORD_BYTES - 1
+_INT64_MAX: Final = (1 << 63) - 1
+"""Column buffers hold int64 timestamps: a scaled one past this is an error, not a wrap."""
 
 Buffer = bytes | bytearray | memoryview
 
@@ -320,6 +322,10 @@ def _pure_column_buffers(buf: Buffer, lo: int, hi: int, ts_scale: int) -> Column
         for offset, ts, key, value, hdrs in _decode_bytes(
                 section.tobytes(), h.record_count, h.base_offset, h.first_timestamp, tuple, None):
             if lo <= offset < hi:
+                if not -_INT64_MAX <= ts * ts_scale <= _INT64_MAX:
+                    raise OverflowError(
+                        f"record at offset {offset} has timestamp_ms {ts}, outside what an int64 "
+                        "timestamp at this scale (a Spark timestamp: microseconds) holds")
                 cols.offsets.append(offset)
                 cols.timestamps.append(ts * ts_scale)
                 cols.keys.append(key)

@@ -1,5 +1,6 @@
 package io.sbpstream.spark;
 
+import io.sbpstream.spark.wire.ProtocolException;
 import io.sbpstream.spark.wire.RecordBatches;
 import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
 import org.apache.spark.sql.execution.vectorized.WritableColumnVector;
@@ -48,10 +49,17 @@ final class ColumnSink implements RecordBatches.Sink {
 
   @Override
   public void record(long offset, long timestampMs, byte[] buf, int keyOff, int keyLen,
-      int valueOff, int valueLen, int hdrCount, int[] hdr) {
+      int valueOff, int valueLen, int hdrCount, int[] hdr) throws ProtocolException {
     int r = rows;
+    long micros;
+    try {
+      micros = Math.multiplyExact(timestampMs, US_PER_MS);
+    } catch (ArithmeticException e) {
+      throw new ProtocolException("record at offset " + offset + " of stream " + streamId
+          + " has timestamp_ms " + timestampMs + ", outside what a Spark timestamp holds");
+    }
     cols[1].putLong(r, offset);
-    cols[2].putLong(r, timestampMs * US_PER_MS);
+    cols[2].putLong(r, micros);
     if (keyLen < 0) {
       cols[3].putNull(r);
     } else {

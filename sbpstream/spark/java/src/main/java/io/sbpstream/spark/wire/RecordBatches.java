@@ -39,7 +39,7 @@ public final class RecordBatches {
     /** One record; ``keyLen``/``valueLen`` -1 for null. ``hdr`` holds ``hdrCount`` quadruples
      *  (key offset, key length, value offset, value length) into ``buf``. */
     void record(long offset, long timestampMs, byte[] buf, int keyOff, int keyLen, int valueOff,
-        int valueLen, int hdrCount, int[] hdr);
+        int valueLen, int hdrCount, int[] hdr) throws ProtocolException;
   }
 
   private static int be32(byte[] b, int at) {
