@@ -407,6 +407,42 @@ def test_pm_answer_of_several_frames_keeps_every_frame(jspark: Any) -> None:
         pm.close()
 
 
+def _gapped_ranges_answer(request_id: int) -> bytes:
+    """LIST_RANGES of one stream whose second range does not start where the first ends."""
+    from sbpstream.protocol.messages import ListRangesResponse, ListRangesResult, Range
+
+    sid = GAPPED_STREAM
+    ranges = (Range(stream_id=sid, range_index=0, start_offset=0, next_offset=10, end_offset=10),
+              Range(stream_id=sid, range_index=1, start_offset=15, next_offset=20,
+                    end_offset=-1))
+    header = ListRangesResponse(items=(ListRangesResult(stream_id=sid, ranges=ranges),))
+    return encode_frame(Opcode.LIST_RANGES, request_id, 0x03, header.encode())
+
+
+GAPPED_STREAM = 2**32 + 5  # over int32: py4j passes it to Java as a Long
+
+
+def test_ranges_that_do_not_follow_each_other_are_an_error(jspark: Any) -> None:
+    """Metadata with a hole between two ranges is refused when planned, never read as a plan
+    that skips the hole (offsets.py's spans_of_stream refuses it too)."""
+    pm = FakeDataNode(_gapped_ranges_answer)
+    jvm, gw = jspark._jvm, jspark.sparkContext._gateway
+    try:
+        addrs = gw.new_array(jvm.java.lang.String, 1)
+        addrs[0] = pm.address
+        client = jvm.io.sbpstream.spark.PmClient(addrs, 5000)
+        ids = jvm.java.util.ArrayList()
+        ids.add(GAPPED_STREAM)
+        try:
+            with pytest.raises(Exception, match=f"stream {GAPPED_STREAM}: its ranges do not "
+                               "follow each other .range 0 ends at 10, range 1 starts at 15"):
+                client.ranges(ids)
+        finally:
+            client.close()
+    finally:
+        pm.close()
+
+
 def test_silent_data_node_times_out(jspark: Any, cluster: LocalCluster) -> None:
     node = FakeDataNode(lambda rid: None)
     try:

@@ -193,6 +193,12 @@ def test_spans_follow_ranges_and_split() -> None:
     assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))
     assert all(p.size > 0 for p in parts)
     assert split_spans(spans, 2) == spans
+    # ranges that do not follow each other are an error, never a gap or an overlap in the plan
+    for bad in ([ranges[0], RangeInfo(1, 120, 250, ("b:1",)), ranges[2]],
+                [ranges[0], RangeInfo(1, 90, 250, ("b:1",)), ranges[2]],
+                [RangeInfo(0, 0, -1, ("a:1",)), RangeInfo(1, 100, -1, ("b:1",))]):
+        with pytest.raises(ValueError, match="stream 7: its ranges do not follow each other"):
+            spans_of_stream(7, bad, 50, 300)
     tiny = [Span(1, 0, 0, 2, ())]
     assert len(split_spans(tiny, 10)) == 2
 

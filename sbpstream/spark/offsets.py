@@ -13,6 +13,7 @@ nothing. This is how "latest" stays stable across a restart without a checkpoint
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -108,12 +109,21 @@ def spans_of_stream(
     """Cut [from, until) of a stream along its ranges; empty pieces are dropped.
 
     Offsets not covered by any range (below the first range: trimmed away) produce no span; the
-    caller checks for data loss before planning.
+    caller checks for data loss before planning. Ranges that do not follow each other (one
+    ends where the next does not start, or a writable one has a successor: metadata that is not
+    the PM's) are a ValueError, not a gap or an overlap in the plan.
     """
     out: list[Span] = []
+    ordered = sorted(ranges, key=lambda r: r.range_index)
+    for a, b in itertools.pairwise(ordered):
+        if a.end_offset != b.start_offset:
+            raise ValueError(
+                f"stream {stream_id}: its ranges do not follow each other (range {a.range_index} "
+                f"ends at {a.end_offset}, range {b.range_index} starts at {b.start_offset}); "
+                "the PM's metadata is inconsistent")
     if until_offset <= from_offset:
         return out
-    for r in sorted(ranges, key=lambda r: r.range_index):
+    for r in ordered:
         end = until_offset if r.end_offset < 0 else r.end_offset
         lo = max(from_offset, r.start_offset)
         hi = min(until_offset, end)

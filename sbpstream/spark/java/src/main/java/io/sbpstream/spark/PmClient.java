@@ -255,6 +255,16 @@ public final class PmClient implements Closeable {
       for (long s : arr) {
         List<RangeInfo> rs = out.computeIfAbsent(s, k -> new ArrayList<>());
         rs.sort((a, b) -> Integer.compare(a.rangeIndex, b.rangeIndex));
+        for (int i = 1; i < rs.size(); i++) { // as offsets.py spans_of_stream: never a gap
+          RangeInfo a = rs.get(i - 1);
+          RangeInfo b = rs.get(i);
+          if (a.endOffset != b.startOffset) {
+            throw new IllegalStateException("stream " + s + ": its ranges do not follow each "
+                + "other (range " + a.rangeIndex + " ends at " + a.endOffset + ", range "
+                + b.rangeIndex + " starts at " + b.startOffset + "); the PM's metadata is "
+                + "inconsistent");
+          }
+        }
       }
     }
     return out;
