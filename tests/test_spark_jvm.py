@@ -3,6 +3,7 @@ LocalCluster and a local[2] SparkSession: same rows, same options, errors not si
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -258,10 +259,12 @@ def test_available_now_latest_and_errors(jspark: Any, cluster: LocalCluster, cli
 
 
 class FakeDataNode:
-    """Answers every request on one connection with ``answer(request_id)`` (None: silence)."""
+    """Answers every request on one connection with ``answer(request_id)`` (None: silence);
+    with ``requests``, closes the connection after answering that many."""
 
-    def __init__(self, answer: Any) -> None:
+    def __init__(self, answer: Any, requests: int | None = None) -> None:
         self.answer = answer
+        self.requests = requests
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(4)
@@ -275,7 +278,9 @@ class FakeDataNode:
         except OSError:
             return
         with conn:
-            while True:
+            answered = 0
+            while self.requests is None or answered < self.requests:
+                answered += 1
                 head = _recv(conn, 4)
                 if head is None:
                     return
@@ -378,6 +383,24 @@ def _ranges_answer(request_id: int) -> bytes:
     return frames
 
 
+@contextlib.contextmanager
+def _pm_client(spark: Any, answer: Any) -> Iterator[tuple[Any, str]]:
+    """The JVM reader's PmClient (py4j) talking to a fake PM that answers with ``answer``, and
+    the fake PM's address."""
+    pm = FakeDataNode(answer)
+    jvm, gw = spark._jvm, spark.sparkContext._gateway
+    try:
+        addrs = gw.new_array(jvm.java.lang.String, 1)
+        addrs[0] = pm.address
+        client = jvm.io.sbpstream.spark.PmClient(addrs, 5000)
+        try:
+            yield client, pm.address
+        finally:
+            client.close()
+    finally:
+        pm.close()
+
+
 def test_pm_answer_of_several_frames_keeps_every_frame(jspark: Any) -> None:
     """The connection reuses its receive buffer: the planner's PM client must keep each frame's
     items, not read the last frame's bytes through the earlier frames' tables (stream 1's
@@ -386,25 +409,15 @@ def test_pm_answer_of_several_frames_keeps_every_frame(jspark: Any) -> None:
 
     from sbpstream.protocol.messages import ListRangesRequest, StreamOwner
 
-    pm = FakeDataNode(_ranges_answer)
-    jvm, gw = jspark._jvm, jspark.sparkContext._gateway
-    try:
-        addrs = gw.new_array(jvm.java.lang.String, 1)
-        addrs[0] = pm.address
-        client = jvm.io.sbpstream.spark.PmClient(addrs, 5000)
-        messages = jvm.io.sbpstream.spark.wire.Messages
-        try:
-            tables = client.call(pm.address, int(Opcode.LIST_RANGES),
-                                 ListRangesRequest(timeout_ms=5000, items=(
-                                     StreamOwner(stream_id=1), StreamOwner(stream_id=2))).encode())
-            got = [(get_field(rl, "streamId"),
-                    [get_field(r, "nextOffset") for r in get_field(rl, "ranges")])
-                   for h in tables for rl in messages.rangeLists(h)]
-        finally:
-            client.close()
-        assert got == [(1, [10]), (2, [20])]
-    finally:
-        pm.close()
+    messages = jspark._jvm.io.sbpstream.spark.wire.Messages
+    request = ListRangesRequest(timeout_ms=5000, items=(
+        StreamOwner(stream_id=1), StreamOwner(stream_id=2))).encode()
+    with _pm_client(jspark, _ranges_answer) as (client, address):
+        tables = client.call(address, int(Opcode.LIST_RANGES), request)
+        got = [(get_field(rl, "streamId"),
+                [get_field(r, "nextOffset") for r in get_field(rl, "ranges")])
+               for h in tables for rl in messages.rangeLists(h)]
+    assert got == [(1, [10]), (2, [20])]
 
 
 def _gapped_ranges_answer(request_id: int) -> bytes:
@@ -425,22 +438,12 @@ GAPPED_STREAM = 2**32 + 5  # over int32: py4j passes it to Java as a Long
 def test_ranges_that_do_not_follow_each_other_are_an_error(jspark: Any) -> None:
     """Metadata with a hole between two ranges is refused when planned, never read as a plan
     that skips the hole (offsets.py's spans_of_stream refuses it too)."""
-    pm = FakeDataNode(_gapped_ranges_answer)
-    jvm, gw = jspark._jvm, jspark.sparkContext._gateway
-    try:
-        addrs = gw.new_array(jvm.java.lang.String, 1)
-        addrs[0] = pm.address
-        client = jvm.io.sbpstream.spark.PmClient(addrs, 5000)
-        ids = jvm.java.util.ArrayList()
-        ids.add(GAPPED_STREAM)
-        try:
-            with pytest.raises(Exception, match=f"stream {GAPPED_STREAM}: its ranges do not "
-                               "follow each other .range 0 ends at 10, range 1 starts at 15"):
-                client.ranges(ids)
-        finally:
-            client.close()
-    finally:
-        pm.close()
+    ids = jspark._jvm.java.util.ArrayList()
+    ids.add(GAPPED_STREAM)
+    refused = pytest.raises(Exception, match=f"stream {GAPPED_STREAM}: its ranges do not "
+                            "follow each other .range 0 ends at 10, range 1 starts at 15")
+    with _pm_client(jspark, _gapped_ranges_answer) as (client, _), refused:
+        client.ranges(ids)
 
 
 def test_silent_data_node_times_out(jspark: Any, cluster: LocalCluster) -> None:
@@ -479,22 +482,6 @@ def test_data_node_down_then_restarted(jspark: Any, cluster: LocalCluster,
     assert rows(read(jspark, JVM, pm, streams=str(s))) == before
 
 
-class _HangUpAfter(FakeDataNode):
-    """Answers the first request with ``first`` (an answer's first frames, not its end), then
-    closes the connection."""
-
-    def _serve(self) -> None:
-        try:
-            conn, _ = self.sock.accept()
-        except OSError:
-            return
-        with conn:
-            head = _recv(conn, 4)
-            body = _recv(conn, struct.unpack(">I", head)[0]) if head else None
-            if body is not None:
-                conn.sendall(self.answer(struct.unpack(">I", body[4:8])[0]))
-
-
 def test_rows_read_before_a_failover_survive_a_loss_that_ends_the_span(jspark: Any,
                                                                        cluster: LocalCluster
                                                                        ) -> None:
@@ -508,7 +495,7 @@ def test_rows_read_before_a_failover_survive_a_loss_that_ends_the_span(jspark: A
     first = bytearray(_fetch_answer(1, bytes(two)))
     first[7] = 0x01  # flags: a response frame, but not the answer's end
     deleted = FetchResponse(items=(FetchResult(stream_id=FAKE_STREAM, status=Status(code=31)),))
-    a = _HangUpAfter(lambda rid: bytes(first))
+    a = FakeDataNode(lambda rid: bytes(first), requests=1)  # then it hangs up
     b = FakeDataNode(lambda rid: encode_frame(Opcode.FETCH, rid, 0x03, deleted.encode()))
     jvm, gw = jspark._jvm, jspark.sparkContext._gateway
     try:

@@ -252,19 +252,25 @@ def test_valid_batches_decode_as_python_does(probe: Probe, bufs: list[bytes],
         _records_agree(out, b, lo, hi)
 
 
+def mutants(data: st.DataObject, raw: bytes, count: int, chain: int) -> list[bytes]:
+    """``count`` copies of ``raw``, each changed by a drawn chain of 1 to ``chain`` mutations."""
+    out = []
+    for ms in data.draw(st.lists(st.lists(mutation(len(raw)), min_size=1, max_size=chain),
+                                 min_size=count, max_size=count)):
+        m = raw
+        for one in ms:
+            m = one(m)
+        out.append(m)
+    return out
+
+
 @FUZZ
 @given(batches(), st.data())
 def test_mutated_batches_are_an_error_or_what_python_decodes(probe: Probe, buf: bytes,
                                                              data: st.DataObject) -> None:
-    muts = data.draw(st.lists(st.lists(mutation(len(buf)), min_size=1, max_size=3),
-                              min_size=20, max_size=20))
+    muts = mutants(data, buf, 20, 3)
     fix = data.draw(st.lists(st.booleans(), min_size=20, max_size=20))
-    inputs = []
-    for ms, f in zip(muts, fix, strict=True):
-        m = buf
-        for one in ms:
-            m = one(m)
-        inputs.append(_fix_crcs(m) if f else m)
+    inputs = [_fix_crcs(m) if f else m for m, f in zip(muts, fix, strict=True)]
     lo, hi = _window(buf)
     for out, m in zip(_run(probe, "decodeBatches", inputs, lo, hi), inputs, strict=True):
         _records_agree(out, m, lo, hi)
@@ -342,14 +348,7 @@ def test_response_headers_valid_and_mutated(probe: Probe, kind: str, data: st.Da
     strategy, cls = HEADERS[kind]
     msg = data.draw(strategy)
     raw = msg.encode()
-    muts = data.draw(st.lists(st.lists(mutation(len(raw)), min_size=1, max_size=3),
-                              min_size=20, max_size=20))
-    inputs = [raw]
-    for ms in muts:
-        m = raw
-        for one in ms:
-            m = one(m)
-        inputs.append(m)
+    inputs = [raw, *mutants(data, raw, 20, 3)]
     outs = _run(probe, "decodeHeaders", inputs, kind)
     assert outs[0] == "ok\n" + _render(kind, msg), outs[0]
     for out, m in zip(outs[1:], inputs[1:], strict=True):
@@ -406,14 +405,7 @@ def _render_frames(frames: list[Frame]) -> str:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(answers(), st.data())
 def test_frames_valid_and_mutated(probe: Probe, buf: bytes, data: st.DataObject) -> None:
-    muts = data.draw(st.lists(st.lists(mutation(len(buf)), min_size=1, max_size=2),
-                              min_size=15, max_size=15))
-    inputs = [buf]
-    for ms in muts:
-        m = buf
-        for one in ms:
-            m = one(m)
-        inputs.append(m)
+    inputs = [buf, *mutants(data, buf, 15, 2)]
     outs = _run(probe, "readFrames", inputs, 2_000)
     assert outs[0] == "ok\n" + _render_frames(_answer_frames(_py_frames(buf) or [])), outs[0]
     for out, m in zip(outs[1:], inputs[1:], strict=True):

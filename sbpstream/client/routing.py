@@ -52,11 +52,6 @@ PM answers 256 streams in ~8 ms against ~30 ms for 1,000, so a consumer of 1,000
 reading its first ones after one such answer while the PM works on the rest. Far under the
 protocol's items-per-request limit, and the response far below the frame limit."""
 
-MAX_RANGE_LOOKUPS_IN_FLIGHT = 1
-"""Coalesced LIST_RANGES requests out at once: the PM goes from one to the next with no round
-trip in between, and a consumer of 100,000 streams does not queue hundreds of them at the PM."""
-
-
 class PmCall(Protocol):
     """Send a request to the PM leader and decode its answer (following redirects, retrying)."""
 
@@ -213,34 +208,25 @@ class RangeRouter:
         return fut
 
     async def _flush_lookups(self) -> None:
-        """Send the pending lookups, MAX_RANGE_LOOKUPS_PER_REQUEST streams per LIST_RANGES, up
-        to MAX_RANGE_LOOKUPS_IN_FLIGHT requests at once, in the order they were asked for."""
+        """Send the pending lookups, MAX_RANGE_LOOKUPS_PER_REQUEST streams per LIST_RANGES, one
+        request after the other in the order they were asked for (the PM goes from one to the
+        next; a consumer of 100,000 streams does not queue hundreds of them at the PM)."""
         await asyncio.sleep(0)  # let every task of this turn ask first
-        running: set[asyncio.Task[None]] = set()
-        try:
-            while self._waiters or running:
-                while self._waiters and len(running) < MAX_RANGE_LOOKUPS_IN_FLIGHT:
-                    ids = list(itertools.islice(self._waiters, MAX_RANGE_LOOKUPS_PER_REQUEST))
-                    futs = {sid: self._waiters.pop(sid) for sid in ids}
-                    self._in_flight.update(futs)
-                    self.range_lookup_requests += 1
-                    running.add(asyncio.ensure_future(self._lookup_batch(futs)))
-                _, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in running:
-                t.cancel()
+        while self._waiters:
+            ids = list(itertools.islice(self._waiters, MAX_RANGE_LOOKUPS_PER_REQUEST))
+            futs = {sid: self._waiters.pop(sid) for sid in ids}
+            self._in_flight.update(futs)
+            self.range_lookup_requests += 1
+            try:
+                await self._lookup_batch(futs)
+            finally:
+                for sid, f in futs.items():
+                    if self._in_flight.get(sid) is f:
+                        del self._in_flight[sid]
 
     async def _lookup_batch(self, futs: dict[int, asyncio.Future[list[Range]]]) -> None:
         """One LIST_RANGES for the streams of ``futs``; each future gets its stream's ranges or
         error (the request's own failure goes to all of them)."""
-        try:
-            await self._lookup_call(futs)
-        finally:
-            for sid, f in futs.items():
-                if self._in_flight.get(sid) is f:
-                    del self._in_flight[sid]
-
-    async def _lookup_call(self, futs: dict[int, asyncio.Future[list[Range]]]) -> None:
         try:
             req = ListRangesRequest(
                 timeout_ms=self.request_timeout_ms,

@@ -134,35 +134,40 @@ def iter_records(batch: Buffer, *, verify_crc: bool = True) -> Iterator[DecodedR
     return cast(Iterator[DecodedRecord], records)
 
 
-def iter_all_records(buf: Buffer, *, start_offset: int = 0) -> Iterator[DecodedRecord]:
-    """Records of every batch in a FETCH buffer, skipping offsets before ``start_offset``."""
+def _batches_from(buf: Buffer, start_offset: int,
+                  until_offset: int | None = None) -> Iterator[tuple[memoryview, int]]:
+    """Each batch of a FETCH buffer holding offsets in [start_offset, until_offset), with the
+    offset its records are kept from: ``start_offset``, then the end of every batch before it.
+    So a batch overlapping an earlier one repeats none of its records (the base offset is
+    outside the batch CRC: a corrupt or hostile node could otherwise hand one out twice)."""
     for batch in iter_batches(buf):
         h = read_header(batch)
-        if h.base_offset + h.record_count <= start_offset:
+        end = h.base_offset + h.record_count
+        if end <= start_offset or (until_offset is not None and h.base_offset >= until_offset):
             continue
+        yield batch, start_offset
+        start_offset = end
+
+
+def iter_all_records(buf: Buffer, *, start_offset: int = 0) -> Iterator[DecodedRecord]:
+    """Records of every batch in a FETCH buffer, skipping offsets before ``start_offset`` (and
+    those an earlier batch gave: :func:`_batches_from`)."""
+    for batch, lo in _batches_from(buf, start_offset):
         for record in iter_records(batch):
-            if record.offset >= start_offset:
+            if record.offset >= lo:
                 yield record
-        # a later batch overlapping this one (its base offset is outside the CRC) repeats none
-        start_offset = h.base_offset + h.record_count
 
 
 def _byte_sections(buf: Buffer, start_offset: int) -> Iterator[Iterator[tuple[Any, ...]]]:
-    """Per batch that reaches ``start_offset``: its records at or after it and after every
-    earlier batch's (a batch overlapping an earlier one repeats none: the base offset is outside
-    the batch CRC), decoded from ONE ``bytes`` copy of the records section (so keys, values and
-    header values are ``bytes`` slices straight away, cheaper than a memoryview slice plus
-    ``tobytes`` per field)."""
-    for batch in iter_batches(buf):
-        h = read_header(batch)
-        if h.base_offset + h.record_count <= start_offset:
-            continue
+    """Per batch of :func:`_batches_from`: its records from the offset it is kept from,
+    decoded from ONE ``bytes`` copy of the records section (so keys, values and header values
+    are ``bytes`` slices straight away, cheaper than a memoryview slice plus ``tobytes`` per
+    field)."""
+    for batch, lo in _batches_from(buf, start_offset):
         h, section = open_batch(batch)
         recs = _decode_bytes(section.tobytes(), h.record_count, h.base_offset,
                              h.first_timestamp, tuple, None)
-        lo = start_offset
         yield iter(recs) if h.base_offset >= lo else (r for r in recs if r[0] >= lo)
-        start_offset = h.base_offset + h.record_count  # an overlapping later batch repeats none
 
 
 def iter_all_records_bytes(
@@ -271,18 +276,14 @@ def decode_column_buffers(buf: Buffer, *, start_offset: int = 0, until_offset: i
     if _column_sink is None:
         return _pure_column_buffers(buf, start_offset, hi, ts_scale)
     sink = _column_sink(ts_scale)
-    for batch in iter_batches(buf):
-        h = read_header(batch)
-        if h.base_offset + h.record_count <= start_offset or h.base_offset >= hi:
-            continue
+    for batch, lo in _batches_from(buf, start_offset, hi):
         h, section = open_batch(batch)
         data = section.tobytes()
         if not sink.add_section(data, h.record_count, h.base_offset, h.first_timestamp,
-                                start_offset, hi, _decode_headers):
+                                lo, hi, _decode_headers):
             for _ in _decode_section(data, h.record_count, h.base_offset, h.first_timestamp):
                 pass  # raises the BatchError the compiled loop found
             raise BatchError("malformed records section")  # pragma: no cover - loops agree
-        start_offset = h.base_offset + h.record_count  # an overlapping later batch repeats none
     (offsets, stamps, koffs, kdata, kvalid, voffs, vdata, vvalid) = sink.buffers()
     return ColumnBuffers(sink.rows, offsets, stamps, koffs, kdata,
                          kvalid if sink.key_nulls else None, sink.key_nulls, voffs, vdata,
@@ -312,26 +313,23 @@ def _binary_column(items: Sequence[bytes | None]) -> tuple[bytes, bytes, bytes |
     return ends.tobytes(), data, bytes(validity) if nulls else None, nulls
 
 
-def _pure_column_buffers(buf: Buffer, lo: int, hi: int, ts_scale: int) -> ColumnBuffers:
+def _pure_column_buffers(buf: Buffer, start: int, hi: int, ts_scale: int) -> ColumnBuffers:
     cols = Columns()
-    for batch in iter_batches(buf):
-        h = read_header(batch)
-        if h.base_offset + h.record_count <= lo or h.base_offset >= hi:
-            continue
+    for batch, lo in _batches_from(buf, start, hi):
         h, section = open_batch(batch)
         for offset, ts, key, value, hdrs in _decode_bytes(
                 section.tobytes(), h.record_count, h.base_offset, h.first_timestamp, tuple, None):
             if lo <= offset < hi:
-                if not -_INT64_MAX <= ts * ts_scale <= _INT64_MAX:
+                scaled = ts * ts_scale
+                if not -_INT64_MAX <= scaled <= _INT64_MAX:
                     raise OverflowError(
                         f"record at offset {offset} has timestamp_ms {ts}, outside what an int64 "
                         "timestamp at this scale (a Spark timestamp: microseconds) holds")
                 cols.offsets.append(offset)
-                cols.timestamps.append(ts * ts_scale)
+                cols.timestamps.append(scaled)
                 cols.keys.append(key)
                 cols.values.append(value)
                 cols.headers.append(hdrs)
-        lo = h.base_offset + h.record_count  # an overlapping later batch repeats none
     offsets = array("q", cols.offsets)
     stamps = array("q", cols.timestamps)
     if sys.byteorder != "little":
