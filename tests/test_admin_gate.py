@@ -219,11 +219,14 @@ def _stream_ids(body: Any) -> set[int]:
     return {int(r["stream_id"]) for r in body["streams"]}
 
 
-@pytest.mark.parametrize("scheme", ["bearer", "basic"])
-@pytest.mark.parametrize("case", MATRIX, ids=lambda c: c.id)
+SCHEMES = ("bearer", "basic")
+"""Bearer: a token from AUTHENTICATE; Basic: user:password (the data node asks the PM)."""
+
+
+@pytest.mark.parametrize(("case", "scheme"), [
+    pytest.param(c, s, id=f"{c.id}:{s}") for c in MATRIX
+    for s in (SCHEMES if c.who is not None else SCHEMES[:1])])
 def test_admin_port_matrix(secure: Secure, case: AdminCase, scheme: str) -> None:
-    if case.who is None and scheme == "basic":
-        pytest.skip("no credentials: one scheme is enough")
     r = secure.get(case.door, case.path, case.who, scheme)
     assert r.status == case.status, (case, r.body[:300])
     if r.status in (401, 403):
@@ -299,7 +302,9 @@ def test_console_login_gives_a_bearer_token(secure: Secure) -> None:
     assert call(secure.ports["pm"], "POST", "/v1/streams", ca=secure.ca, body=b"{}",
                 headers=secure.auth("admin", "bearer")).status == 405
     page = call(secure.ports["pm"], "GET", "/console/console.js", ca=secure.ca)
-    assert b"/v1/login" in page.body and b"localStorage" not in page.body
+    assert b"/v1/login" in page.body  # the token stays in memory: nothing stores it
+    for store in (b"localStorage.", b"sessionStorage", b"document.cookie", b"indexedDB"):
+        assert store not in page.body
 
 
 # ------------------------------------------------------------------ without auth
@@ -399,3 +404,49 @@ async def test_basic_is_refused_over_plain_http() -> None:
                                     gate.clock_ms() + 60_000), gate.key)
     req.headers["authorization"] = f"Bearer {tok}"
     assert (await auth.authenticate(req)).principal == "alice"
+
+
+# ------------------------------------------------------------------ the console, in a browser
+
+
+@pytest.mark.browser
+def test_console_login_form_in_a_browser(secure: Secure) -> None:
+    """Chromium (skipped where it is not installed, like tests/test_console.py): the console
+    asks for a login, alice sees her stream and not the nodes, and nothing is stored."""
+    import shutil
+
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        pytest.skip("chromium and chromium-driver are not installed (scripts/ensure-sysdeps.sh)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--ignore-certificate-errors"):  # the development CA is not the browser's
+        opts.add_argument(arg)
+    d = webdriver.Chrome(options=opts, service=webdriver.ChromeService(driver_path))
+    try:
+        wait = WebDriverWait(d, 30.0, poll_frequency=0.2)
+        d.get(f"https://127.0.0.1:{secure.ports['pm']}/")
+        wait.until(lambda _: d.find_elements(By.ID, "login-user"))
+        d.find_element(By.ID, "login-user").send_keys("alice")
+        d.find_element(By.ID, "login-password").send_keys("wrong")
+        d.find_element(By.CSS_SELECTOR, "form#login button").click()
+        wait.until(lambda _: d.find_element(By.ID, "login-error").text)
+        d.find_element(By.ID, "login-password").send_keys(PASSWORDS["alice"])
+        d.find_element(By.CSS_SELECTOR, "form#login button").click()
+        orders = str(secure.streams["orders"])
+        wait.until(lambda _: orders in " ".join(e.text for e in d.find_elements(
+            By.CSS_SELECTOR, "#streams td a")))
+        shown = " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, "#streams td a"))
+        assert str(secure.streams["payments"]) not in shown.split()
+        assert "describe on *" in d.find_element(By.ID, "view").text  # nodes: not shown
+        assert d.execute_script("return window.localStorage.length") == 0
+        assert d.get_cookies() == []
+        d.get(f"https://127.0.0.1:{secure.ports['pm']}/#/stream/{orders}")
+        wait.until(lambda _: d.find_elements(By.ID, "login-user"))  # a reload forgets it
+    finally:
+        d.quit()
