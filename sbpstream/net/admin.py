@@ -46,7 +46,8 @@ bounded so that a request cannot make the server hold more than this."""
 
 _REASONS: Final = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
                    404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
-                   413: "Payload Too Large", 500: "Internal Server Error", 502: "Bad Gateway"}
+                   413: "Payload Too Large", 500: "Internal Server Error", 502: "Bad Gateway",
+                   503: "Service Unavailable"}
 _METHODS: Final = ("GET", "HEAD", "POST")
 
 
