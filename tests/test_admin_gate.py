@@ -450,3 +450,48 @@ def test_console_login_form_in_a_browser(secure: Secure) -> None:
         wait.until(lambda _: d.find_elements(By.ID, "login-user"))  # a reload forgets it
     finally:
         d.quit()
+
+
+# ------------------------------------------------------------------ what the server takes
+
+
+async def test_admin_server_answers_every_request_shape() -> None:
+    """Each malformed or unsupported request gets its JSON answer; the server keeps serving."""
+    from sbpstream.net.admin import MAX_REQUEST_BODY_BYTES, MetricsExporter, Sample
+
+    exporter = MetricsExporter(lambda: [Sample("sbpstream_test", "gauge", "a test", 1)])
+    await exporter.start()
+
+    async def raw(data: bytes) -> tuple[int, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", exporter.port)
+        try:
+            writer.write(data)
+            await writer.drain()
+            got = await asyncio.wait_for(reader.read(), HTTP_TIMEOUT_S)
+        finally:
+            writer.close()
+        head, _, body = got.partition(b"\r\n\r\n")
+        return int(head.split(b" ")[1]), body
+
+    try:
+        shapes = {
+            b"GET nothing HTTP/1.1\r\n\r\n": 400,
+            b"BREW / HTTP/1.1\r\n\r\n": 405,
+            b"POST /v1/login HTTP/1.1\r\n\r\n": 411,
+            b"POST /v1/login HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n": 411,
+            b"POST /v1/login HTTP/1.1\r\nContent-Length: %d\r\n\r\n"
+            % (MAX_REQUEST_BODY_BYTES + 1): 413,
+            b"GET /metrics HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n": 400,
+            b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n": 400,
+            b"GET /metrics HTTP/1.1\r\nX: " + b"y" * 20_000 + b"\r\n\r\n": 400,
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}": 405,
+            b"POST /v1/login HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}": 404,  # no such route
+        }
+        for data, status in shapes.items():
+            got, body = await raw(data)
+            assert got == status, (data[:60], got, body)
+            assert json.loads(body)["error"]
+        got, body = await raw(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert got == 200 and b"sbpstream_test 1.0" in body
+    finally:
+        await exporter.close()
