@@ -495,3 +495,14 @@ async def test_admin_server_answers_every_request_shape() -> None:
         assert got == 200 and b"sbpstream_test 1.0" in body
     finally:
         await exporter.close()
+
+
+def test_public_metrics_serves_metrics_only(secure: Secure, tmp_path: Path) -> None:
+    """``--public-metrics``: /metrics without credentials; everything else still needs them."""
+    port = free_port()
+    with LocalCluster(tmp_path, datanodes=0, secure=secure.certs,
+                      extra_pm_args=["--metrics-port", str(port), "--public-metrics"]):
+        _wait_http(port, secure.ca)
+        r = call(port, "GET", "/metrics", ca=secure.ca)
+        assert r.status == 200 and b"sbpstream_pm_leader" in r.body
+        assert call(port, "GET", "/v1/info", ca=secure.ca).status == 401
