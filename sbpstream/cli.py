@@ -508,6 +508,8 @@ def pm_server(
     metrics_port: Annotated[int, typer.Option(
         "--metrics-port", help="Serve Prometheus /metrics over HTTP here (-1: off, 0: any).")
                             ] = -1,
+    public_metrics: Annotated[bool, typer.Option(
+        "--public-metrics", help="With --auth, serve /metrics without credentials.")] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
                          ] = "INFO",
     tls_cert: TlsCertOption = "",
@@ -527,7 +529,7 @@ def pm_server(
     config = PmConfig(metadata=metadata, port=port, host=host, advertise=advertise,
                       heartbeat_interval_ms=heartbeat_interval_ms,
                       node_timeout_ms=node_timeout_ms, metrics_port=metrics_port,
-                      security=security)
+                      public_metrics=public_metrics, security=security)
     try:
         config.validate()
         security.validate()
@@ -571,6 +573,8 @@ def datanode_server(
     metrics_port: Annotated[int, typer.Option(
         "--metrics-port", help="Serve Prometheus /metrics over HTTP here (-1: off, 0: any).")
                             ] = -1,
+    public_metrics: Annotated[bool, typer.Option(
+        "--public-metrics", help="With --auth, serve /metrics without credentials.")] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
                          ] = "INFO",
     tls_cert: TlsCertOption = "",
@@ -592,6 +596,7 @@ def datanode_server(
             advertise=advertise, heartbeat_interval_ms=heartbeat_interval_ms,
             metrics_interval_ms=metrics_interval_ms, fsync=FsyncPolicy(fsync),
             fsync_interval_ms=fsync_interval_ms, metrics_port=metrics_port,
+            public_metrics=public_metrics,
             security=security_config(tls_cert, tls_key, tls_ca, auth, secret_file,
                                      allow_remote_unauthenticated),
         )

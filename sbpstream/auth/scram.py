@@ -103,3 +103,21 @@ class ScramLogin:
         if not self.known:
             raise AuthenticationFailedError("unknown user or wrong password")
         return server_final
+
+
+def check_password(user: str, password: str, credential: Credential | None) -> None:
+    """Check a password given whole (HTTP Basic, the console's login) against the stored
+    verifier: a SCRAM exchange run in-process, so the same code decides as for a wire login.
+    AuthenticationFailedError (one message for an unknown user and a wrong password)."""
+    from scramp import ScramClient
+
+    if len(user) > MAX_SCRAM_MESSAGE_BYTES or len(password) > MAX_SCRAM_MESSAGE_BYTES:
+        raise AuthenticationFailedError("unknown user or wrong password")
+    login = ScramLogin(user, credential)
+    try:
+        client = ScramClient([MECHANISM], user, password)
+        server_first = login.first(client.get_client_first().encode())
+        client.set_server_first(server_first.decode())
+        login.final(client.get_client_final().encode())
+    except ScramException:
+        raise AuthenticationFailedError("unknown user or wrong password") from None

@@ -36,6 +36,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
                    help="how often compaction looks for segments to reclaim")
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="serve Prometheus /metrics over HTTP on this port (-1: off, 0: any)")
+    p.add_argument("--public-metrics", action="store_true",
+                   help="with --auth, serve /metrics without credentials (else a scrape "
+                   "needs a Bearer token or Basic)")
     p.add_argument("--log-level", default="INFO")
     add_security_args(p)
     a = p.parse_args(argv)
@@ -48,6 +51,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
             fsync_interval_ms=a.fsync_interval_ms,
             retention_interval_ms=a.retention_interval_ms,
             compaction_interval_ms=a.compaction_interval_ms, metrics_port=a.metrics_port,
+            public_metrics=a.public_metrics,
             security=security_from_args(a))
     except ValueError as exc:
         p.error(str(exc))

@@ -39,6 +39,8 @@ class DataNodeConfig:
     fetch_frame_bytes: int = DEFAULT_FETCH_FRAME_BYTES
     metrics_port: int = -1
     """Prometheus ``/metrics`` over HTTP on this port (host = ``host``); -1 = off, 0 = any."""
+    public_metrics: bool = False
+    """With auth on, ``/metrics`` without credentials (``--public-metrics``): off by default."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS, auth, protected mode (docs/security.md)."""
 

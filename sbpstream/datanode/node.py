@@ -28,7 +28,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from sbpstream.auth.client import Credentials
+from sbpstream.auth.config import TlsConfig
 from sbpstream.auth.gate import DATANODE_PM_ONLY, DATANODE_RULES
+from sbpstream.auth.http import HttpAuth
 from sbpstream.auth.names import StreamNames
 from sbpstream.auth.setup import server_security
 from sbpstream.datanode.append import AppendHandler
@@ -47,6 +50,7 @@ from sbpstream.datanode.metrics import Metrics, rss_bytes
 from sbpstream.datanode.pmclient import PmClient
 from sbpstream.datanode.rereplicate import SWEEP_INTERVAL_S
 from sbpstream.introspect.figures import DataNodeStreams, Introspector
+from sbpstream.introspect.http import admin_gate
 from sbpstream.introspect.http import routes as admin_routes
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
@@ -191,13 +195,26 @@ class DataNode:
         spawn(self._every(cfg.retention_interval_ms, self._retention, "retention"))
         spawn(self._every(cfg.compaction_interval_ms, self._compact, "compaction"))
         if cfg.metrics_port >= 0:
-            self.exporter = MetricsExporter(self.metric_samples, cfg.host, cfg.metrics_port,
-                                            routes=admin_routes(self.introspector),
-                                            tls=cfg.security.tls)
+            http = None  # auth on: who asks on the admin port (sbpstream.auth.http)
+            if sec.gate is not None:
+                http = HttpAuth(sec.gate, pm_login=self._pm_login)
+            self.exporter = MetricsExporter(
+                self.metric_samples, cfg.host, cfg.metrics_port,
+                routes=admin_routes(self.introspector, auth=http), tls=cfg.security.tls,
+                protected=sec.protected, gate=None if http is None else admin_gate(
+                    http, public_metrics=cfg.public_metrics))
             await self.exporter.start()
         log.info("event=datanode_started node_id=%d address=%s dir=%s fsync=%s ranges=%d "
                  "reconcile=%s", self.node_id, self.advertise, self.directory, cfg.fsync.value,
                  held, "background" if background else "done")
+
+    async def _pm_login(self, user: str, password: str) -> str:
+        """HTTP Basic on the admin port: a data node keeps no passwords, the PM checks them (a
+        SCRAM login on the caller's behalf, answering the caller's token)."""
+        tls = self.config.security.tls
+        creds = Credentials(user=user, password=password, pm=self.config.pm,
+                            tls=TlsConfig(tls.cert, tls.key, tls.ca) if tls.ca else None)
+        return await creds.token()
 
     def metric_samples(self) -> list[Sample]:
         """Figures for ``/metrics`` (runs on the loop thread: see sbpstream.net.admin)."""

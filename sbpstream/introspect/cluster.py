@@ -7,6 +7,11 @@ A node that does not answer in time is left out of the figures and named in ``un
 
 Everything here is read-only, walks at most :data:`VIEW_MAX_STREAMS` streams, and runs on demand
 (a CLI call, an HTTP request, the console's refresh), never on a request path.
+
+With auth on, the admin HTTP routes (:mod:`sbpstream.introspect.http`) decide who sees what
+before calling here: :meth:`ClusterView.stats` keeps only the streams its ``visible`` filter
+allows (the caller's ``describe``, checked by the SBP gate's code), and :meth:`ClusterView.tail`
+reads the records with the caller's own token, so the data node's gate checks ``fetch`` too.
 """
 
 from __future__ import annotations
@@ -14,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from sbpstream.introspect.counters import RATED
 from sbpstream.introspect.figures import ATTR_ROLE, JSON, MAX_TOP, connection_figures
 from sbpstream.pm import metadata as md
-from sbpstream.protocol.errors import SbpError
+from sbpstream.protocol.errors import ErrorCode, SbpError
 from sbpstream.protocol.messages import (
     ClientRole,
     FetchItem,
@@ -32,7 +37,7 @@ from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import iter_records
 
 if TYPE_CHECKING:
-    from sbpstream.net.client import ConnectionPool
+    from sbpstream.net.client import Connection, ConnectionPool
     from sbpstream.net.server import Server
     from sbpstream.pm.service import PmService
 
@@ -47,6 +52,9 @@ TAIL_MAX_BYTES: Final = 1 << 20
 """Bytes fetched for a tail at most; a record value is cut to TAIL_VALUE_CHARS characters."""
 TAIL_VALUE_CHARS: Final = 1000
 _PAGE: Final = 1000
+
+Visible = Callable[[Sequence[tuple[int, str | None]]], Awaitable[list[bool]]]
+"""Which of these (stream id, name; None: not at hand) the asker may see, in order."""
 
 
 def _text(b: memoryview | None) -> str | None:
@@ -166,13 +174,20 @@ class ClusterView:
             "last_append_ms": max((int(r["last_append_ms"]) for r in rows), default=0),
         }
 
-    async def stats(self, stream_ids: Sequence[int], top: int) -> list[JSON]:
-        """STATS on the PM: the named streams, or the ``top`` by rate, across the cluster."""
+    async def stats(self, stream_ids: Sequence[int], top: int,
+                    visible: Visible | None = None) -> list[JSON]:
+        """STATS on the PM: the named streams, or the ``top`` by rate, across the cluster;
+        only those ``visible`` allows, when given."""
         if stream_ids:
             metas = [s for s in await self.service.meta.get_streams(list(stream_ids))
                      if s is not None and not s.deleted]
         else:
             metas, _ = await self._streams()
+        if visible is not None:
+            shown = await visible([(s.stream_id, s.name) for s in metas])
+            metas = [s for s, ok in zip(metas, shown, strict=True) if ok]
+            if not metas:
+                return []
         ids = [s.stream_id for s in metas]
         ranges = await self._ranges(ids)
         traffic, _ = await self._traffic(ids if stream_ids else ())
@@ -215,9 +230,11 @@ class ClusterView:
         out["unreachable"] = unreachable
         return out
 
-    async def tail(self, stream_id: int, n: int) -> JSON | None:
+    async def tail(self, stream_id: int, n: int, token: str | None = None) -> JSON | None:
         """The latest ``n`` records (at most TAIL_MAX_RECORDS) of the stream's last range, read
-        from a live replica with one FETCH; keys and values as text (invalid UTF-8 replaced)."""
+        from a live replica with one FETCH; keys and values as text (invalid UTF-8 replaced).
+        ``token``: read on a connection of its own authenticated with it (the asker's), not
+        with the PM's; an item the data node refuses raises its error."""
         n = max(1, min(n, TAIL_MAX_RECORDS))
         got = await self.service.meta.get_streams([stream_id])
         if got[0] is None or got[0].deleted:
@@ -234,10 +251,28 @@ class ClusterView:
             out["error"] = "no live replica holds the stream's last range"
             return out
         address = self.service.node_address(live[0][1])
-        rows = await self._node_stats(address, [stream_id])
+        if token is None:
+            conn = await self.pool.get(address)
+            return await self._tail_from(conn, out, last, stream_id, n)
+        from sbpstream.auth.client import Credentials
+        from sbpstream.net.client import Connection
+
+        own = await Connection.open(address, connect_timeout_s=DN_STATS_TIMEOUT_S,
+                                    ssl_context=self.pool.ssl_context,
+                                    authenticator=Credentials(token=token))
+        try:
+            return await self._tail_from(own, out, last, stream_id, n)
+        finally:
+            await own.aclose()
+
+    @staticmethod
+    async def _tail_from(conn: Connection, out: JSON, last: md.RangeMeta, stream_id: int,
+                         n: int) -> JSON:
+        frame = await conn.request_one(Opcode.STATS, StatsRequest(
+            stream_ids=(stream_id,), top=MAX_TOP).encode(), timeout_s=DN_STATS_TIMEOUT_S)
+        rows: list[JSON] = json.loads(bytes(frame.payload))["streams"]
         end = int(rows[0]["next_offset"]) if rows else last.next_offset
         start = max(last.start_offset, end - n)
-        conn = await self.pool.get(address)
         req = FetchRequest(max_wait_ms=0, items=(FetchItem(
             stream_id=stream_id, request_index=0, fetch_offset=start,
             batch_max_bytes=TAIL_MAX_BYTES, range_index=last.range_index),))
@@ -245,6 +280,8 @@ class ClusterView:
         records: list[JSON] = []
         for f in frames:
             for item, batch in FetchResponse.decode(f.header).chunks(f.payload):
+                if item.status.code == ErrorCode.AUTHORIZATION_FAILED:
+                    item.status.raise_for_error()  # the asker may not read it
                 if not item.batch_length:
                     continue
                 for rec in iter_records(batch):

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a data node silent this long is dead; its writable ranges move")
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="serve Prometheus /metrics over HTTP on this port (-1: off, 0: any)")
+    p.add_argument("--public-metrics", action="store_true",
+                   help="with --auth, serve /metrics without credentials (else a scrape "
+                   "needs a Bearer token or Basic)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     add_security_args(p)
     return p
@@ -54,6 +57,7 @@ def config_from_args(args: argparse.Namespace) -> PmConfig:
         heartbeat_interval_ms=args.heartbeat_interval_ms,
         node_timeout_ms=args.node_timeout_ms,
         metrics_port=args.metrics_port,
+        public_metrics=args.public_metrics,
         security=security_from_args(args),
     )
 

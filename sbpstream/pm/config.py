@@ -37,6 +37,8 @@ class PmConfig:
     """A data node silent this long is dead: its writable ranges are sealed and renewed."""
     metrics_port: int = -1
     """Prometheus ``/metrics`` over HTTP on this port (host = ``host``); -1 = off, 0 = any."""
+    public_metrics: bool = False
+    """With auth on, ``/metrics`` without credentials (``--public-metrics``): off by default."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS, auth, protected mode (docs/security.md)."""
 

@@ -20,12 +20,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from sbpstream.auth.gate import PM_NODE_ONLY, PM_RULES
+from sbpstream.auth.http import HttpAuth
 from sbpstream.auth.names import StreamNames
 from sbpstream.auth.pmauth import PmAuth
 from sbpstream.auth.records import AuthRecords
 from sbpstream.auth.setup import server_security
 from sbpstream.introspect.cluster import ClusterView
 from sbpstream.introspect.figures import ATTR_CLIENT_ID, Introspector
+from sbpstream.introspect.http import admin_gate
 from sbpstream.introspect.http import routes as admin_routes
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import Authenticator, ConnectionPool
@@ -329,10 +331,16 @@ class PmServer:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
         self.introspector.start()
         if self.config.metrics_port >= 0:
-            self.exporter = MetricsExporter(self.metric_samples, self.config.host,
-                                            self.config.metrics_port,
-                                            routes=admin_routes(self.introspector, self.cluster),
-                                            tls=self.config.security.tls)
+            http = None  # auth on: who asks on the admin port (sbpstream.auth.http)
+            if self.security.gate is not None and self.auth is not None:
+                http = HttpAuth(self.security.gate, records=self.auth.records,
+                                token_ttl_s=self.config.security.token_ttl_s)
+            self.exporter = MetricsExporter(
+                self.metric_samples, self.config.host, self.config.metrics_port,
+                routes=admin_routes(self.introspector, self.cluster, http),
+                tls=self.config.security.tls, protected=self.security.protected,
+                gate=None if http is None else admin_gate(
+                    http, public_metrics=self.config.public_metrics))
             await self.exporter.start()
         log.info("event=pm_started address=%s metadata=%s heartbeat_interval_ms=%d "
                  "node_timeout_ms=%d", self.address, self.config.metadata,

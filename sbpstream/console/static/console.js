@@ -1,6 +1,9 @@
 // sbpstream web console: reads the PM's /v1 JSON and renders it. No framework, no build step.
 // Every value from the cluster goes into the page through textContent (el()), never innerHTML:
 // a record value holding HTML or script is shown as text.
+// With auth on, the server answers 401 until the user logs in: the login form POSTs the user and
+// password to /v1/login (HTTPS), which answers a bearer token. The token is kept in this page's
+// memory only (no localStorage, no cookie): a reload or its expiry asks for the password again.
 "use strict";
 
 const REFRESH_MS = 1000;
@@ -8,6 +11,10 @@ const RATE_POINTS = 120;          // points kept for a stream's rate chart (two 
 const TAIL_RECORDS = 20;          // latest records shown on a stream page
 let timer = null;
 let history = { stream: null, points: [] };
+let session = null;               // { token, principal }: in memory only
+
+class LoginNeeded extends Error {}
+class Forbidden extends Error {}
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -49,19 +56,77 @@ function table(headers, rows, id) {
   return t;
 }
 
+async function reasonOf(r) {
+  try { const b = await r.json(); return b.reason || b.error || ("HTTP " + r.status); }
+  catch (e) { return "HTTP " + r.status; }
+}
+
 async function getJSON(path) {
-  const r = await fetch(path, { cache: "no-store" });
+  const headers = session ? { "Authorization": "Bearer " + session.token } : {};
+  const r = await fetch(path, { cache: "no-store", headers: headers, credentials: "omit" });
+  if (r.status === 401) { session = null; throw new LoginNeeded(await reasonOf(r)); }
+  if (r.status === 403) throw new Forbidden(await reasonOf(r));
   if (!r.ok) throw new Error(path + ": HTTP " + r.status);
   return r.json();
+}
+
+// A part of a page the user may not see: its reason instead of its figures.
+async function orForbidden(promise) {
+  try { return await promise; }
+  catch (e) { if (e instanceof Forbidden) return { forbidden: e.message }; throw e; }
+}
+
+function loginForm(view, reason) {
+  const form = el("form");
+  form.id = "login";
+  form.appendChild(el("h2", "Log in"));
+  if (reason) form.appendChild(el("p", reason, "empty"));
+  const user = el("input"); user.id = "login-user"; user.autocomplete = "username";
+  user.placeholder = "user";
+  const pw = el("input"); pw.id = "login-password"; pw.type = "password";
+  pw.autocomplete = "current-password"; pw.placeholder = "password";
+  const go = el("button", "Log in"); go.type = "submit";
+  const msg = el("p", "", "dead"); msg.id = "login-error";
+  [user, pw, go, msg].forEach(x => form.appendChild(x));
+  form.addEventListener("submit", async ev => {
+    ev.preventDefault();
+    msg.textContent = "";
+    try {
+      const r = await fetch("/v1/login", { method: "POST", cache: "no-store", credentials: "omit",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ user: user.value, password: pw.value }) });
+      pw.value = "";
+      if (!r.ok) { msg.textContent = await reasonOf(r); return; }
+      const b = await r.json();
+      session = { token: b.token, principal: b.principal };
+      showUser();
+      loop();
+    } catch (e) { msg.textContent = e.message; }
+  });
+  view.replaceChildren(form);
+  user.focus();
+}
+
+function showUser() {
+  const who = document.getElementById("user");
+  who.replaceChildren();
+  if (!session) return;
+  who.appendChild(el("span", session.principal + " "));
+  const out = link("#/", "log out");
+  out.id = "logout";
+  out.addEventListener("click", ev => { ev.preventDefault(); session = null; showUser(); loop(); });
+  who.appendChild(out);
 }
 
 function setStatus(text) { document.getElementById("status").textContent = text; }
 
 async function overview(view) {
-  const [nodes, streams] = await Promise.all([getJSON("/v1/nodes"), getJSON("/v1/streams?top=100")]);
+  const [nodes, streams] = await Promise.all([orForbidden(getJSON("/v1/nodes")),
+                                             getJSON("/v1/streams?top=100")]);
   const frag = document.createDocumentFragment();
   frag.appendChild(el("h2", "Nodes"));
-  frag.appendChild(table(
+  if (nodes.forbidden) frag.appendChild(el("p", "not shown: " + nodes.forbidden, "empty"));
+  else frag.appendChild(table(
     ["node", "address", "state", "last heartbeat (s)", "ranges", "writable", "primary",
      "append req/s", "disk in B/s", "disk free", "memory"],
     nodes.nodes.map(n => {
@@ -81,14 +146,16 @@ async function overview(view) {
       fmtBytes(s.per_minute.bytes_appended), s.per_minute.records_fetched,
       fmtBytes(s.bytes_appended), s.last_append_ms ? new Date(s.last_append_ms).toISOString() : ""]),
     "streams"));
-  frag.appendChild(el("h2", "Under-replicated ranges"));
-  if (nodes.under_replicated.length === 0) frag.appendChild(el("p", "none", "empty"));
-  else frag.appendChild(table(["stream", "range", "replicas", "live", "wanted"],
-    nodes.under_replicated.map(u => [u.stream_id, u.range_index, u.replicas.join(", "),
-      u.live_replicas.join(", "), u.replica_nums]), "under"));
-  frag.appendChild(el("h2", "Clients"));
-  frag.appendChild(table(["id", "peer", "client id", "age (s)"],
-    nodes.clients.map(c => [c.id, c.peer, c.client_id, c.age_s]), "clients"));
+  if (!nodes.forbidden) {
+    frag.appendChild(el("h2", "Under-replicated ranges"));
+    if (nodes.under_replicated.length === 0) frag.appendChild(el("p", "none", "empty"));
+    else frag.appendChild(table(["stream", "range", "replicas", "live", "wanted"],
+      nodes.under_replicated.map(u => [u.stream_id, u.range_index, u.replicas.join(", "),
+        u.live_replicas.join(", "), u.replica_nums]), "under"));
+    frag.appendChild(el("h2", "Clients"));
+    frag.appendChild(table(["id", "peer", "client id", "age (s)"],
+      nodes.clients.map(c => [c.id, c.peer, c.client_id, c.age_s]), "clients"));
+  }
   view.replaceChildren(frag);
 }
 
@@ -117,7 +184,7 @@ function drawChart(canvas, points) {
 
 async function streamPage(view, sid) {
   const [s, tail] = await Promise.all([getJSON("/v1/streams/" + sid),
-                                       getJSON("/v1/streams/" + sid + "/tail?n=" + TAIL_RECORDS)]);
+    orForbidden(getJSON("/v1/streams/" + sid + "/tail?n=" + TAIL_RECORDS))]);
   if (history.stream !== sid) history = { stream: sid, points: [] };
   const now = performance.now();
   const pts = history.points;
@@ -144,9 +211,10 @@ async function streamPage(view, sid) {
       r.replicas.map(x => x.node_id + (x.primary ? "*" : "") + (x.live ? "" : " (down)")).join(", ")]),
     "ranges"));
   frag.appendChild(el("h2", "Latest records"));
+  if (tail.forbidden) frag.appendChild(el("p", "not shown: " + tail.forbidden, "empty"));
   if (tail.error) frag.appendChild(el("p", tail.error, "dead"));
   frag.appendChild(table(["offset", "time", "key", "value"],
-    tail.records.map(r => [r.offset, new Date(r.timestamp_ms).toISOString(),
+    (tail.records || []).map(r => [r.offset, new Date(r.timestamp_ms).toISOString(),
       r.key === null ? "" : r.key, el("pre", r.value === null ? "" : r.value, "value")]), "tail"));
   view.replaceChildren(frag);
   drawChart(canvas, pts);
@@ -175,13 +243,24 @@ async function render() {
     setStatus("updated " + new Date().toLocaleTimeString());
     document.body.dataset.ready = "1";
   } catch (e) {
+    if (e instanceof LoginNeeded) {
+      clearTimeout(timer);
+      timer = null;
+      showUser();
+      setStatus("login needed");
+      loginForm(view, e.message);
+      return false;
+    }
+    if (e instanceof Forbidden) view.replaceChildren(el("p", "not allowed: " + e.message, "dead"));
     setStatus("error: " + e.message);
   }
+  return true;
 }
 
 function loop() {
   clearTimeout(timer);
-  render().finally(() => { timer = setTimeout(loop, REFRESH_MS); });
+  render().then(again => { if (again) timer = setTimeout(loop, REFRESH_MS); },
+                () => { timer = setTimeout(loop, REFRESH_MS); });
 }
 
 window.addEventListener("hashchange", loop);
