@@ -236,10 +236,18 @@ class ItemRule:
     #: FETCH session's poll): passed through, the data node re-checks the session itself
     #: (datanode/fetch.py); else naming nothing is a listing, filtered frame by frame
     empty_passes: bool = False
+    #: the operations one item needs, when they depend on the item (None: ``ops``)
+    item_ops: Callable[[Any], tuple[Op, ...]] | None = None
 
     @property
     def ops(self) -> tuple[Op, ...]:
         return (self.op, *self.also)
+
+
+DIGEST_OPS: Final = (Op.FETCH,)
+"""A digest (DESCRIBE_RANGES with digest fields, datanode/digest.py) reads the stored batches
+as a FETCH would, and answers a function of their bytes: ``fetch`` on the stream, not only
+``describe``."""
 
 
 def _sid(attr: str = "stream_id") -> Callable[[Any], int | None]:
@@ -285,7 +293,8 @@ DATANODE_RULES: Final[Mapping[int, ItemRule]] = {
         lambda it, st: m.FetchResult(it.stream_id, it.request_index, 0, st), streaming=True,
         empty_passes=True),
     Opcode.DESCRIBE_RANGES: ItemRule(  # the SDK asks the primary for a writable range's end
-        Op.DESCRIBE, "items", _sid(), lambda it, st: m.DescribeRangeResult(it.stream_id, st)),
+        Op.DESCRIBE, "items", _sid(), lambda it, st: m.DescribeRangeResult(it.stream_id, st),
+        item_ops=lambda it: DIGEST_OPS if it.digest_end_offset >= 0 else (Op.DESCRIBE,)),
 }
 
 
@@ -531,7 +540,7 @@ class ServerAuth:
         sid_of, name_of = rule.stream_id, rule.name
         keys = [(sid_of(it), None) for it in items] if name_of is None else \
             [(sid_of(it), name_of(it)) for it in items]
-        verdict = await self.allowed(perms, rule.ops, keys, claims)
+        verdict = await self._verdicts(rule, items, keys, perms, claims)
         allowed = [v is None for v in verdict]
         if all(allowed) and not by_name:
             return await handler(req, resp)
@@ -560,6 +569,21 @@ class ServerAuth:
         await resp.send(dataclasses.replace(done, **{rule.response_field: tuple(merged)})
                         .encode(), payload)
         return None
+
+    async def _verdicts(self, rule: ItemRule, items: Sequence[Any],
+                        keys: list[tuple[int | None, str | None]], perms: Permissions,
+                        claims: tokens.Claims) -> list[m.Status | None]:
+        if rule.item_ops is None:
+            return await self.allowed(perms, rule.ops, keys, claims)
+        by_ops: dict[tuple[Op, ...], list[int]] = {}
+        for i, it in enumerate(items):
+            by_ops.setdefault(rule.item_ops(it), []).append(i)
+        out: list[m.Status | None] = [None] * len(keys)
+        for ops, at in by_ops.items():
+            got = await self.allowed(perms, ops, [keys[i] for i in at], claims)
+            for i, v in zip(at, got, strict=True):
+                out[i] = v
+        return out
 
     async def _by_name_result(self, rule: ItemRule, perms: Permissions, claims: tokens.Claims,
                               name: str, result: Any) -> Any:
