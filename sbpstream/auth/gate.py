@@ -538,8 +538,8 @@ class ServerAuth:
             # a listing (DESCRIBE_STREAMS pages): answered, filtered frame by frame
             return await self._filtered_listing(rule, handler, req, resp, perms, claims)
         sid_of, name_of = rule.stream_id, rule.name
-        keys = [(sid_of(it), None) for it in items] if name_of is None else \
-            [(sid_of(it), name_of(it)) for it in items]
+        keys: list[tuple[int | None, str | None]] = [
+            (sid_of(it), None if name_of is None else name_of(it)) for it in items]
         verdict = await self._verdicts(rule, items, keys, perms, claims)
         allowed = [v is None for v in verdict]
         if all(allowed) and not by_name:
