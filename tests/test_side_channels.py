@@ -137,7 +137,7 @@ async def test_introspection_and_quota_counters_need_describe_on_everything(
                 assert "bob may not describe" in message and "'*'" in message
                 assert payload == b""
             # STATS of named streams: the rows bob may describe, the others left out
-            code, _, out, payload = await _status(
+            code, _, _, payload = await _status(
                 conn, m.StatsRequest(stream_ids=(mine, secret)), m.StatsResponse)
             assert code == 0
             rows = json.loads(payload)["streams"]
