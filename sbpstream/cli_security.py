@@ -11,7 +11,6 @@ from __future__ import annotations
 import secrets
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -81,14 +80,12 @@ def _admin_run(pm: str, secret_file: str,
     try:
         with tempfile.TemporaryDirectory() as tmp:
             token_file = ""
-            if secret_file:  # a short-lived node token, minted here, passed as a token file
-                from sbpstream.auth import tokens
+            if secret_file:  # a short-lived bootstrap *user* token (admin on *), minted here
+                from sbpstream.auth.bootstrap import bootstrap_token
                 from sbpstream.auth.config import read_secret
 
-                key = tokens.derive_key(read_secret(secret_file))
-                now = int(time.time() * 1000)
                 token_file = str(Path(tmp) / "token")
-                Path(token_file).write_text(tokens.node_token(key, "cli", now, 300_000))
+                Path(token_file).write_text(bootstrap_token(read_secret(secret_file)))
             return run(main(token_file))
     except SbpError as exc:
         _fail(str(exc))

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sbpstream.auth import tokens
+from sbpstream.auth import cursor, tokens
 from sbpstream.auth.acl import Op, Permissions
 from sbpstream.auth.names import StreamNames
 from sbpstream.net.server import Handler, Request, Responder, ServerConnection
@@ -33,6 +33,7 @@ from sbpstream.protocol.errors import (
     AuthenticationRequiredError,
     AuthorizationFailedError,
     ErrorCode,
+    InternalError,
     InvalidRequestError,
     SbpError,
     TokenExpiredError,
@@ -44,6 +45,10 @@ from sbpstream.protocol.opcodes import Opcode
 CONN_CLAIMS: Final = "auth.claims"
 CONN_PERMS: Final = "auth.perms"
 """Keys in a connection's ``attributes`` once it has authenticated."""
+CONN_GATE: Final = "auth.gate"
+"""The gate that accepted the connection's token (live reads re-check through it)."""
+CONN_WATCHERS: Final = "auth.watchers"
+"""Callbacks run when the connection presents a new token (live reads re-check their streams)."""
 
 MECH_TOKEN: Final = "TOKEN"
 
@@ -69,9 +74,17 @@ def claims_of(conn: ServerConnection) -> tokens.Claims | None:
     return c if isinstance(c, tokens.Claims) else None
 
 
-def set_claims(conn: ServerConnection, claims: tokens.Claims) -> None:
+def set_claims(conn: ServerConnection, claims: tokens.Claims,
+               gate: ServerAuth | None = None) -> None:
+    """The connection now acts with ``claims``; its live reads are told (they re-check)."""
     conn.attributes[CONN_CLAIMS] = claims
     conn.attributes[CONN_PERMS] = Permissions(claims.acls)
+    if gate is not None:
+        conn.attributes[CONN_GATE] = gate
+    watchers = conn.attributes.get(CONN_WATCHERS)
+    if isinstance(watchers, set):
+        for cb in list(watchers):
+            cb()
 
 
 def perms_of(conn: ServerConnection) -> Permissions:
@@ -79,13 +92,106 @@ def perms_of(conn: ServerConnection) -> Permissions:
     return p if isinstance(p, Permissions) else Permissions(())
 
 
+def denied_status(claims: tokens.Claims, op: Op | str, what: str, grant: str) -> m.Status:
+    """AUTHORIZATION_FAILED naming the principal, the operation, the resource and the fix."""
+    p = claims.principal
+    o = op.value if isinstance(op, Op) else op
+    return m.Status(int(ErrorCode.AUTHORIZATION_FAILED),
+                    f"{p} may not {o} {what}: no rule grants {o} on it; add one with "
+                    f"`sbpstream acl add {p} {o} {grant}`")
+
+
+def stream_denied(claims: tokens.Claims, op: Op, stream_id: int | None,
+                  name: str | None) -> m.Status:
+    """A refusal about one stream (``stream_id`` None: one to be created, named ``name``)."""
+    if stream_id is None:
+        if name:
+            return denied_status(claims, op, f"stream {name!r}", f"'prefix:{name}'")
+        return denied_status(claims, op, "an unnamed stream", "'*'")
+    what = f"stream {stream_id}" + (f" ({name})" if name else "")
+    return denied_status(claims, op, what, f"stream:{stream_id}")
+
+
+def group_denied(claims: tokens.Claims, op: Op, group: str) -> m.Status:
+    return denied_status(claims, op, f"group {group!r}", f"'group:{group}'")
+
+
+def cluster_denied(claims: tokens.Claims, op: Op, what: str) -> m.Status:
+    return denied_status(claims, op, f"{what} (it needs {op.value} on *)", "'*'")
+
+
 def require_admin(conn: ServerConnection) -> tokens.Claims:
+    """Users, ACLs, quotas, a group's offsets: a user token with ``admin`` on ``*``. Node tokens
+    are refused: a data node (or anything holding the cluster secret's node tokens) is not a user
+    administrator; the first admin is made with a bootstrap *user* token (auth/bootstrap.py)."""
     claims = claims_of(conn)
     if claims is None:
         raise AuthenticationRequiredError()
-    if not claims.is_node and not perms_of(conn).allows(Op.ADMIN):
-        raise AuthorizationFailedError(f"{claims.principal} lacks the admin operation on *")
+    if claims.is_node:
+        raise AuthorizationFailedError(
+            f"{claims.principal} holds a node token, which may not administer users, ACLs or "
+            "quotas; use an admin user, or `sbpstream user add --secret-file` for the first one")
+    if not perms_of(conn).allows(Op.ADMIN):
+        raise AuthorizationFailedError(cluster_denied(claims, Op.ADMIN, "administer users, "
+                                                      "ACLs, quotas and groups").message)
     return claims
+
+
+# --------------------------------------------------------------------------- live reads
+# A data node's subscriptions and fetch sessions outlive the request that made them: they ask
+# these about their connection's current token (see docs/security.md, "Revocation and live
+# reads").
+
+
+def watch_token(conn: ServerConnection, callback: Callable[[], None]) -> None:
+    """Run ``callback`` whenever the connection presents a new token."""
+    w = conn.attributes.get(CONN_WATCHERS)
+    if not isinstance(w, set):
+        w = conn.attributes[CONN_WATCHERS] = set()
+    w.add(callback)
+
+
+def unwatch_token(conn: ServerConnection, callback: Callable[[], None]) -> None:
+    w = conn.attributes.get(CONN_WATCHERS)
+    if isinstance(w, set):
+        w.discard(callback)
+
+
+def token_expiry_s(conn: ServerConnection) -> float | None:
+    """Seconds until the connection's token expires (<= 0: expired); None without auth or for a
+    node token (nodes renew their own)."""
+    claims = claims_of(conn)
+    if claims is None or claims.is_node:
+        return None
+    gate = conn.attributes.get(CONN_GATE)
+    now = gate.clock_ms() if isinstance(gate, ServerAuth) else now_ms()
+    return (claims.expires_ms - now) / 1000.0
+
+
+def token_expired(conn: ServerConnection) -> TokenExpiredError | None:
+    """TOKEN_EXPIRED when the connection's (user) token has expired and was not renewed."""
+    left = token_expiry_s(conn)
+    if left is None or left > 0:
+        return None
+    claims = claims_of(conn)
+    assert claims is not None
+    return TokenExpiredError(f"the token of {claims.principal} expired and the connection did "
+                             "not present a new one; authenticate again and read again")
+
+
+async def live_verdicts(conn: ServerConnection, op: Op,
+                        stream_ids: Sequence[int]) -> list[m.Status | None]:
+    """Per stream, under the connection's current token: None when ``op`` is granted, else the
+    status ending that stream (AUTHORIZATION_FAILED, or a name lookup's retriable error)."""
+    claims = claims_of(conn)
+    if claims is None or claims.is_node or not stream_ids:
+        return [None] * len(stream_ids)
+    gate = conn.attributes.get(CONN_GATE)
+    perms = perms_of(conn)
+    if not isinstance(gate, ServerAuth):  # (every data node connection has one)
+        return [None if perms.allows(op, sid) else stream_denied(claims, op, sid, None)
+                for sid in stream_ids]
+    return await gate.allowed(perms, (op,), [(sid, None) for sid in stream_ids], claims)
 
 
 ADMIN_OPCODES: Final = frozenset({
@@ -108,10 +214,6 @@ def check_data_node(claims: tokens.Claims, node_id: int, what: str) -> None:
             f"{what} for node {node_id} with the token of node {claims.node_id}")
 
 
-def denied_status(claims: tokens.Claims, what: str) -> m.Status:
-    return m.Status(int(ErrorCode.AUTHORIZATION_FAILED), f"{claims.principal} may not {what}")
-
-
 # --------------------------------------------------------------------------- per-item rules
 
 
@@ -130,10 +232,22 @@ class ItemRule:
     also: tuple[Op, ...] = ()  # other operations that grant the item as well
     group_ops: tuple[Op, ...] = ()  # the request's ``group`` needs one of these first
     by_name: str = ""  # a request field naming one more stream, answered after the items
+    #: naming nothing, the request reads what the server already holds for the connection (a
+    #: FETCH session's poll): passed through, the data node re-checks the session itself
+    #: (datanode/fetch.py); else naming nothing is a listing, filtered frame by frame
+    empty_passes: bool = False
+    #: the operations one item needs, when they depend on the item (None: ``ops``)
+    item_ops: Callable[[Any], tuple[Op, ...]] | None = None
 
     @property
     def ops(self) -> tuple[Op, ...]:
         return (self.op, *self.also)
+
+
+DIGEST_OPS: Final = (Op.FETCH,)
+"""A digest (DESCRIBE_RANGES with digest fields, datanode/digest.py) reads the stored batches
+as a FETCH would, and answers a function of their bytes: ``fetch`` on the stream, not only
+``describe``."""
 
 
 def _sid(attr: str = "stream_id") -> Callable[[Any], int | None]:
@@ -176,14 +290,22 @@ DATANODE_RULES: Final[Mapping[int, ItemRule]] = {
         payload_bytes=lambda it: int(it.batch_length)),
     Opcode.FETCH: ItemRule(
         Op.FETCH, "items", _sid(),
-        lambda it, st: m.FetchResult(it.stream_id, it.request_index, 0, st), streaming=True),
+        lambda it, st: m.FetchResult(it.stream_id, it.request_index, 0, st), streaming=True,
+        empty_passes=True),
     Opcode.DESCRIBE_RANGES: ItemRule(  # the SDK asks the primary for a writable range's end
-        Op.DESCRIBE, "items", _sid(), lambda it, st: m.DescribeRangeResult(it.stream_id, st)),
+        Op.DESCRIBE, "items", _sid(), lambda it, st: m.DescribeRangeResult(it.stream_id, st),
+        item_ops=lambda it: DIGEST_OPS if it.digest_end_offset >= 0 else (Op.DESCRIBE,)),
 }
 
 
+MAX_CAPTURED_FRAMES: Final = 1
+"""A sub-request's answer the gate merges with its refusals is one frame (the batched opcodes
+answer in one, at most MAX_FRAME_LENGTH): more is refused, never buffered. Multi-frame answers
+(FETCH, LIST_RANGES, listings) are forwarded frame by frame instead."""
+
+
 class _Capture:
-    """A Responder stand-in collecting the frames of a sub-request's answer."""
+    """A Responder stand-in holding the one frame of a sub-request's answer."""
 
     def __init__(self, real: Responder) -> None:
         self.opcode = real.opcode
@@ -199,6 +321,10 @@ class _Capture:
 
     async def send(self, header: Buffer = b"", payload: Buffer | Sequence[Buffer] = b"", *,
                    end: bool = True) -> None:
+        if len(self.frames) >= MAX_CAPTURED_FRAMES:
+            raise InternalError(f"{Opcode(self.opcode).name} answered in more than "
+                                f"{MAX_CAPTURED_FRAMES} frame(s): the gate merges one-frame "
+                                "answers only")
         body = bytes(payload) if isinstance(payload, bytes | bytearray | memoryview) \
             else b"".join(bytes(p) for p in payload)
         self.frames.append((bytes(header), body))
@@ -208,6 +334,33 @@ class _Capture:
     async def send_error(self, code: int, message: str, detail: bytes = b"") -> None:
         self.finished = True
         raise error_for(code, message, detail)
+
+
+class _Filter:
+    """A Responder stand-in passing each frame of an answer through ``edit`` as it is sent:
+    nothing is buffered beyond the frame in hand."""
+
+    def __init__(self, real: Responder,
+                 edit: Callable[[bytes], Awaitable[bytes]]) -> None:
+        self.opcode = real.opcode
+        self.request_id = real.request_id
+        self._real = real
+        self._edit = edit
+
+    @property
+    def closed(self) -> bool:
+        return self._real.closed
+
+    @property
+    def frames_sent(self) -> int:
+        return int(getattr(self._real, "frames_sent", 0))
+
+    async def send(self, header: Buffer = b"", payload: Buffer | Sequence[Buffer] = b"", *,
+                   end: bool = True) -> None:
+        await self._real.send(await self._edit(bytes(header)), payload, end=end)
+
+    async def send_error(self, code: int, message: str, detail: bytes = b"") -> None:
+        await self._real.send_error(code, message, detail)
 
 
 # --------------------------------------------------------------------------- the gate
@@ -221,6 +374,7 @@ class ServerAuth:
                  clock_ms: Callable[[], int] = now_ms, *,
                  cluster_only: frozenset[int] = frozenset()) -> None:
         self.key = tokens.derive_key(secret)
+        self.cursor_key = cursor.derive_cursor_key(secret)
         self.node_only = node_only
         self.cluster_only = cluster_only
         self.item_rules = item_rules
@@ -251,7 +405,7 @@ class ServerAuth:
     # ---- AUTHENTICATE with a token (every server); the PM adds SCRAM (pmauth)
     def accept_token(self, conn: ServerConnection, token: bytes) -> m.AuthenticateResponse:
         claims = tokens.verify(token, self.key, self.clock_ms())
-        set_claims(conn, claims)
+        set_claims(conn, claims, self)
         return m.AuthenticateResponse(expires_at_ms=claims.expires_ms,
                                       principal=claims.principal, done=True)
 
@@ -264,12 +418,12 @@ class ServerAuth:
     # ---- the checks of one item, names looked up where only a prefix: rule could grant
     async def allowed(self, perms: Permissions, ops: tuple[Op, ...],
                       keys: Sequence[tuple[int | None, str | None]],
-                      claims: tokens.Claims, what: str) -> list[m.Status | None]:
+                      claims: tokens.Claims) -> list[m.Status | None]:
         """Per (stream id, name) key: None when one of ``ops`` is granted, else the status to
-        answer the item with (AUTHORIZATION_FAILED, or the name lookup's error)."""
+        answer the item with (AUTHORIZATION_FAILED naming the stream, or the name lookup's
+        error)."""
         out: list[m.Status | None] = []
         need: list[int] = []
-        no: m.Status | None = None
         first, more = ops[0], ops[1:]
         for sid, name in keys:
             if perms.allows(first, sid, name) or (
@@ -279,9 +433,7 @@ class ServerAuth:
                 out.append(None)
                 need.append(sid)
             else:
-                if no is None:
-                    no = denied_status(claims, f"{what} this stream")
-                out.append(no)
+                out.append(stream_denied(claims, first, sid, name))
         if not need:
             return out
         try:
@@ -294,9 +446,9 @@ class ServerAuth:
         wanted = set(need)
         for i, (sid, name) in enumerate(keys):
             if sid in wanted and name is None and out[i] is None:
-                ok = failed is None and any(perms.allows(o, sid, names.get(sid, ""))
-                                            for o in ops)
-                out[i] = None if ok else (failed or denied_status(claims, f"{what} this stream"))
+                known = names.get(sid, "")
+                ok = failed is None and any(perms.allows(o, sid, known) for o in ops)
+                out[i] = None if ok else (failed or stream_denied(claims, first, sid, known))
         return out
 
     # ---- per-item authorization
@@ -372,21 +524,23 @@ class ServerAuth:
         if rule.group_ops:
             group = str(msg.group)  # type: ignore[attr-defined]  # the rule says it has one
             if not any(perms.allows_group(o, group) for o in rule.group_ops):
-                what = "/".join(o.value for o in rule.group_ops)
                 whole: Any = resp_cls
-                await resp.send(whole(status=denied_status(
-                    claims, f"{what} group {group!r}")).encode())
+                await resp.send(whole(status=group_denied(
+                    claims, rule.group_ops[0], group)).encode())
                 return None
         items: tuple[Any, ...] = getattr(msg, rule.field)
         if rule.field == "items" and any(isinstance(it, m.DataNode) for it in items):
             raise AuthorizationFailedError("LIST_RANGES by data node is for PMs and nodes only")
         by_name = str(getattr(msg, rule.by_name)) if rule.by_name else ""
-        if not items and not by_name:  # a listing (DESCRIBE_STREAMS pages): answered, filtered
+        if not items and not by_name:
+            if rule.empty_passes:  # a session's poll: the data node re-checks the session
+                return await handler(req, resp)
+            # a listing (DESCRIBE_STREAMS pages): answered, filtered frame by frame
             return await self._filtered_listing(rule, handler, req, resp, perms, claims)
         sid_of, name_of = rule.stream_id, rule.name
-        keys = [(sid_of(it), None) for it in items] if name_of is None else \
-            [(sid_of(it), name_of(it)) for it in items]
-        verdict = await self.allowed(perms, rule.ops, keys, claims, rule.op.value)
+        keys: list[tuple[int | None, str | None]] = [
+            (sid_of(it), None if name_of is None else name_of(it)) for it in items]
+        verdict = await self._verdicts(rule, items, keys, perms, claims)
         allowed = [v is None for v in verdict]
         if all(allowed) and not by_name:
             return await handler(req, resp)
@@ -416,11 +570,26 @@ class ServerAuth:
                         .encode(), payload)
         return None
 
+    async def _verdicts(self, rule: ItemRule, items: Sequence[Any],
+                        keys: list[tuple[int | None, str | None]], perms: Permissions,
+                        claims: tokens.Claims) -> list[m.Status | None]:
+        if rule.item_ops is None:
+            return await self.allowed(perms, rule.ops, keys, claims)
+        by_ops: dict[tuple[Op, ...], list[int]] = {}
+        for i, it in enumerate(items):
+            by_ops.setdefault(rule.item_ops(it), []).append(i)
+        out: list[m.Status | None] = [None] * len(keys)
+        for ops, at in by_ops.items():
+            got = await self.allowed(perms, ops, [keys[i] for i in at], claims)
+            for i, v in zip(at, got, strict=True):
+                out[i] = v
+        return out
+
     async def _by_name_result(self, rule: ItemRule, perms: Permissions, claims: tokens.Claims,
                               name: str, result: Any) -> Any:
         stream = getattr(result, "stream", None)
         sid = int(stream.stream_id) if stream is not None and not result.status.code else None
-        (v,) = await self.allowed(perms, rule.ops, [(sid, name)], claims, rule.op.value)
+        (v,) = await self.allowed(perms, rule.ops, [(sid, name)], claims)
         return result if v is None else m.StreamResult(m.Stream(name=name), v)
 
     @staticmethod
@@ -444,17 +613,32 @@ class ServerAuth:
     async def _filtered_listing(self, rule: ItemRule, handler: Handler, req: Request,
                                 resp: Responder, perms: Permissions,
                                 claims: tokens.Claims) -> None:
-        cap = _Capture(resp)
-        await handler(req, cap)  # type: ignore[arg-type]
+        """A listing answered with only what the principal may see, each frame filtered as the
+        handler sends it (nothing is buffered). A DESCRIBE_STREAMS continuation is sealed
+        (auth/cursor.py): the PM's names the last stream it read, maybe one filtered out."""
         resp_cls = m.RESPONSES[Opcode(req.opcode)]
-        for i, (header, payload) in enumerate(cap.frames):
+        listing = req.opcode == Opcode.DESCRIBE_STREAMS
+        if listing:
+            r = m.DescribeStreamsRequest.decode(req.header)
+            pos = cursor.unseal(self.cursor_key, r.continuation)
+            if pos is not None:
+                req = Request(req.opcode, req.request_id, req.flags,
+                              dataclasses.replace(r, continuation=pos).encode(), req.payload,
+                              req.conn, req.received_at)
+
+        async def edit(header: bytes) -> bytes:
             out: Any = resp_cls.decode(header)
             results = getattr(out, rule.response_field)
             verdict = await self.allowed(perms, rule.ops, [_result_key(r) for r in results],
-                                         claims, rule.op.value)
+                                         claims)
             kept = tuple(r for r, v in zip(results, verdict, strict=True) if v is None)
-            await resp.send(dataclasses.replace(out, **{rule.response_field: kept}).encode(),
-                            payload, end=i == len(cap.frames) - 1)
+            out = dataclasses.replace(out, **{rule.response_field: kept})
+            if listing and 0 <= out.continuation < cursor.SEALED_BIT:
+                out = dataclasses.replace(out, continuation=cursor.seal(self.cursor_key,
+                                                                        out.continuation))
+            return bytes(out.encode())
+
+        await handler(req, _Filter(resp, edit))  # type: ignore[arg-type]
 
 
 def _result_key(result: Any) -> tuple[int | None, str | None]:
@@ -484,19 +668,20 @@ async def _join_group(gate: ServerAuth, claims: tokens.Claims, handler: Handler,
     r = m.JoinGroupRequest.decode(req.header)
     perms = perms_of(req.conn)
     if not perms.allows_group(Op.FETCH, r.group):
-        return await _answer(resp, denied_status(claims, f"fetch group {r.group!r}"))
+        return await _answer(resp, group_denied(claims, Op.FETCH, r.group))
     names = [n.name for n in r.stream_names]
     ids = {} if gate.ids is None or not names else await gate.ids(names)
     keys: list[tuple[int | None, str | None]] = [(sid, None) for sid in r.stream_ids]
     keys += [(ids.get(n), n) for n in names]
-    verdict = await gate.allowed(perms, (Op.FETCH,), keys, claims, "fetch")
-    bad = next((k for k, v in zip(keys, verdict, strict=True) if v is not None), None)
+    verdict = await gate.allowed(perms, (Op.FETCH,), keys, claims)
+    bad = next((v for v in verdict if v is not None), None)
     if bad is not None:
-        return await _answer(resp, denied_status(
-            claims, f"fetch stream {bad[1] if bad[1] is not None else bad[0]}"))
+        return await _answer(resp, bad)
     pattern = r.stream_pattern
     if pattern and not perms.allows_pattern(Op.FETCH, pattern.removesuffix("*")):
-        return await _answer(resp, denied_status(claims, f"fetch every stream {pattern!r}"))
+        prefix = pattern.removesuffix("*")
+        return await _answer(resp, denied_status(
+            claims, Op.FETCH, f"every stream named {pattern!r}", f"'prefix:{prefix}'"))
     await handler(req, resp)
 
 
@@ -507,8 +692,7 @@ def _group_only(ops: tuple[Op, ...]) -> Special:
             return await handler(req, resp)
         group = str(m.decode_request(req.opcode, req.header).group)  # type: ignore[attr-defined]
         if not any(perms_of(req.conn).allows_group(o, group) for o in ops):
-            what = "/".join(o.value for o in ops)
-            return await _answer(resp, denied_status(claims, f"{what} group {group!r}"))
+            return await _answer(resp, group_denied(claims, ops[0], group))
         await handler(req, resp)
 
     return check
@@ -531,7 +715,7 @@ async def _describe_groups(gate: ServerAuth, claims: tokens.Claims, handler: Han
     out = m.DescribeGroupsResponse.decode(cap.frames[-1][0])
     got = iter(out.items)
     items = tuple(next(got) if y else m.GroupDescription(
-        g.name, denied_status(claims, f"describe group {g.name!r}"))
+        g.name, group_denied(claims, Op.DESCRIBE, g.name))
         for g, y in zip(r.groups, ok, strict=True))
     await resp.send(dataclasses.replace(out, items=items).encode())
 
@@ -549,13 +733,45 @@ async def _list_groups(gate: ServerAuth, claims: tokens.Claims, handler: Handler
         g for g in out.groups if perms.allows_group(Op.DESCRIBE, g.name))).encode())
 
 
-async def _describe_quotas(gate: ServerAuth, claims: tokens.Claims, handler: Handler,
-                           req: Request, resp: Responder) -> None:
-    """DESCRIBE_QUOTAS: every principal's limits, so ``describe`` on ``*`` (or ``admin``)."""
+def _sees_cluster(claims: tokens.Claims, perms: Permissions) -> bool:
+    """``describe`` on ``*`` (every stream, group and principal), or ``admin``; node tokens."""
+    return claims.is_node or perms.allows(Op.DESCRIBE) or perms.allows(Op.ADMIN)
+
+
+def _cluster_wide(what: str) -> Special:
+    """An opcode showing the whole server (every principal's limits or counters, every
+    connection, every stream's traffic): ``describe`` on ``*`` or ``admin``."""
+
+    async def check(gate: ServerAuth, claims: tokens.Claims, handler: Handler, req: Request,
+                    resp: Responder) -> None:
+        if not _sees_cluster(claims, perms_of(req.conn)):
+            return await _answer(resp, cluster_denied(claims, Op.DESCRIBE, what))
+        await handler(req, resp)
+
+    return check
+
+
+async def _stats(gate: ServerAuth, claims: tokens.Claims, handler: Handler, req: Request,
+                 resp: Responder) -> None:
+    """STATS: the server's busiest streams need ``describe`` on ``*`` (or ``admin``); STATS of
+    named streams answers the rows of those the principal may describe, the others left out."""
     perms = perms_of(req.conn)
-    if not claims.is_node and not perms.allows(Op.DESCRIBE) and not perms.allows(Op.ADMIN):
-        return await _answer(resp, denied_status(claims, "describe quotas (describe on *)"))
-    await handler(req, resp)
+    if _sees_cluster(claims, perms):
+        return await handler(req, resp)
+    r = m.StatsRequest.decode(req.header)
+    if not r.stream_ids:
+        return await _answer(resp, cluster_denied(claims, Op.DESCRIBE,
+                                                  "see the busiest streams"))
+    verdict = await gate.allowed(perms, (Op.DESCRIBE,), [(sid, None) for sid in r.stream_ids],
+                                 claims)
+    keep = tuple(sid for sid, v in zip(r.stream_ids, verdict, strict=True) if v is None)
+    if not keep:
+        return await _answer(resp, next(v for v in verdict if v is not None))
+    # the handler builds rows of the streams named only (a PM's merge every node's rows of
+    # them): naming the allowed ones alone is the filter
+    sub = dataclasses.replace(r, stream_ids=keep)
+    await handler(Request(req.opcode, req.request_id, req.flags, sub.encode(), req.payload,
+                          req.conn, req.received_at), resp)
 
 
 async def _report_metrics(gate: ServerAuth, claims: tokens.Claims, handler: Handler,
@@ -574,7 +790,11 @@ _SPECIAL: Final[Mapping[int, Special]] = {
     Opcode.LEAVE_GROUP: _group_only(GROUP_READ),
     Opcode.DESCRIBE_GROUPS: _describe_groups,
     Opcode.LIST_GROUPS: _list_groups,
-    Opcode.DESCRIBE_QUOTAS: _describe_quotas,
+    Opcode.DESCRIBE_QUOTAS: _cluster_wide("describe quotas"),
+    Opcode.QUOTA_COUNTERS: _cluster_wide("read the quota counters"),
+    Opcode.INFO: _cluster_wide("read the server's figures (INFO)"),
+    Opcode.CONNECTIONS: _cluster_wide("list the server's connections"),
+    Opcode.STATS: _stats,
     Opcode.REPORT_METRICS: _report_metrics,
 }
 """Opcodes checked as a whole (or per group) rather than per stream item."""

@@ -297,7 +297,9 @@ class AsyncClient:
                         rx is None or rx.fullmatch(st.name)):
                     self._names[st.name] = st.stream_id
                     out.append(st)
-            if resp.continuation < 0 or not resp.items:
+            # a filtered page may be empty and go on (the gate hides streams the principal
+            # may not describe); a continuation that does not move ends it
+            if resp.continuation < 0 or resp.continuation == continuation:
                 return out
             continuation = resp.continuation
 
@@ -335,7 +337,9 @@ class AsyncClient:
             for r in resp.items:
                 if r.status.ok and r.stream is not None:
                     out.append(r.stream)
-            if resp.continuation < 0 or not resp.items:
+            # a filtered page may be empty and go on (the gate hides streams the principal
+            # may not describe); a continuation that does not move ends it
+            if resp.continuation < 0 or resp.continuation == continuation:
                 return out
             continuation = resp.continuation
 

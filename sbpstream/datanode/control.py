@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from sbpstream.datanode.digest import range_digest
+from sbpstream.datanode.digest import DigestBudget, range_digest
 from sbpstream.datanode.limits import (
     DEFAULT_DIGEST_TIMEOUT_MS,
     DEFAULT_SYNC_TIMEOUT_MS,
@@ -46,6 +46,7 @@ from sbpstream.protocol.messages import (
     TrimStreamsRequest,
     TrimStreamsResponse,
 )
+from sbpstream.quota.enforcer import FETCH
 
 if TYPE_CHECKING:
     from sbpstream.datanode.context import NodeContext
@@ -175,6 +176,7 @@ class ControlHandlers:
         ms = m.timeout_ms if m.timeout_ms > 0 else DEFAULT_DIGEST_TIMEOUT_MS
         deadline = time.monotonic() + min(ms, MAX_DIGEST_TIMEOUT_MS) / 1000
         out: list[DescribeRangeResult] = []
+        budget = DigestBudget()  # bounded per request, charged as fetch (digest.py)
         for it in m.items:
             try:
                 res = DescribeRangeResult(
@@ -185,7 +187,7 @@ class ControlHandlers:
                         async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                             d = await range_digest(ctx, it.stream_id, it.range_index,
                                                    it.digest_start_offset,
-                                                   it.digest_end_offset)
+                                                   it.digest_end_offset, budget)
                     except TimeoutError:
                         raise RequestTimeoutError(
                             f"digest of range {it.stream_id}/{it.range_index} not done within "
@@ -195,7 +197,9 @@ class ControlHandlers:
                 out.append(res)
             except Exception as exc:  # per-item status
                 out.append(DescribeRangeResult(stream_id=it.stream_id, status=_status(exc)))
-        await resp.send(DescribeRangesResponse(items=tuple(out)).encode())
+        throttle = ctx.quotas.charge(req.conn, FETCH, budget.used, budget.by_stream) \
+            if budget.used else 0
+        await resp.send(DescribeRangesResponse(throttle, items=tuple(out)).encode())
 
     async def trim(self, req: Request, resp: Responder) -> None:
         ctx = self.ctx

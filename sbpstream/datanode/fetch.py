@@ -18,6 +18,15 @@ serves its session's streams the same way, reading only those that may have chan
 added, changed, woken by a commit, or last read with batches or an error), and answers only the
 streams with batches, an error or a state that changed since the session last reported it;
 every frame carries the session's id.
+
+**Revocation** (auth on; docs/security.md, "Revocation and live reads"). A session is served
+under its connection's current token: a FETCH of the session under a token other than the one
+its streams were last checked against (the connection renewed it, with maybe other rules)
+re-checks ``fetch`` on every stream of the session first, not only the ones the FETCH adds, and
+answers each stream no longer allowed with AUTHORIZATION_FAILED in its place, out of the
+session from then on. Within one token the rules cannot change (they travel in the token), so
+the check is not repeated for each incremental FETCH. A long poll ends no later than its
+connection's token expires; the next request is refused with TOKEN_EXPIRED by the gate.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sbpstream.auth.acl import Op
+from sbpstream.auth.gate import claims_of, live_verdicts, token_expiry_s
 from sbpstream.datanode.limits import (
     DEFAULT_FETCH_ITEM_BYTES,
     MAX_BATCHES_PER_FETCH_FRAME,
@@ -166,13 +177,39 @@ class FetchHandler:
         out.session_id = session.session_id
         session.busy = True
         try:
-            await self._serve_session(m, session, out, t0)
+            await self._recheck(req.conn, session, out)
+            await self._serve_session(m, session, out, t0, req.conn)
         finally:
             # free before the last frame goes: the client may send its next FETCH the moment
             # it has it, maybe before this task runs again
             self._done_with(session)
         out.throttle_ms = self._charge(req, out)
         await out.flush(end=True)
+
+    async def _recheck(self, conn: ServerConnection, session: FetchSession,
+                       out: FramePacker) -> None:
+        """Under a token other than the one the session was last checked against: ``fetch`` on
+        every stream of it; the streams no longer allowed are answered with their refusal and
+        leave the session. A new session's streams were checked by the gate just now."""
+        claims = claims_of(conn)
+        if session.claims is claims:
+            return
+        first = session.claims is None
+        session.claims = claims
+        if first or claims is None:
+            return
+        sids = list(session.streams)
+        verdict = await live_verdicts(conn, Op.FETCH, sids)
+        gone: list[int] = []
+        for sid, v in zip(sids, verdict, strict=True):
+            c = session.streams.get(sid)
+            if v is None or c is None:
+                continue
+            await out.add(FetchResult(stream_id=sid, request_index=c.item.request_index,
+                                      batch_length=0, status=v))
+            gone.append(sid)
+        if gone:
+            self.sessions.update(session, (), gone)
 
     @staticmethod
     def _done_with(session: FetchSession) -> None:
@@ -213,13 +250,13 @@ class FetchHandler:
         self.sessions.close_owner(conn)
 
     async def _serve_session(self, m: FetchRequest, session: FetchSession, out: FramePacker,
-                             t0: float) -> None:
+                             t0: float, conn: ServerConnection) -> None:
         """Serve a session's FETCH but its last frame: read only its dirty streams (added,
         changed, woken by a commit, or not yet read to their committed end), long-polled as any
         FETCH."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
+        deadline = loop.time() + _wait_s(m, conn)
         min_bytes = max(m.min_bytes, 0)
         wake = session.wake = asyncio.Event()
         states: dict[int, _ItemState] = {}
@@ -271,7 +308,7 @@ class FetchHandler:
                      t0: float, req: Request) -> None:
         ctx = self.ctx
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
+        deadline = loop.time() + _wait_s(m, req.conn)
         min_bytes = max(m.min_bytes, 0)
         wake = asyncio.Event()
         registered: list[StreamInfo] = []
@@ -393,6 +430,14 @@ class FetchHandler:
                 InternalError(f"{type(exc).__name__}: {exc}"))))
         st.done = True
         return 1
+
+
+def _wait_s(m: FetchRequest, conn: ServerConnection) -> float:
+    """How long a FETCH may long-poll: its max_wait_ms, at most MAX_FETCH_WAIT_MS, and no longer
+    than its connection's token lives."""
+    wait = min(max(m.max_wait_ms, 0), MAX_FETCH_WAIT_MS) / 1000.0
+    left = token_expiry_s(conn)
+    return wait if left is None else max(0.0, min(wait, left))
 
 
 def _alive(owner: object) -> bool:

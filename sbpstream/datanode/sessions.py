@@ -177,6 +177,9 @@ class FetchSession:
     #: session is closed (epoch -1, replaced by ``(id, 0)``, or a refused update)
     push: bool = False
     on_close: Callable[[], None] | None = None
+    #: auth: the token (claims) its streams were last checked against (None: not yet); a
+    #: FETCH of the session under another token re-checks every stream first (fetch.py)
+    claims: object = None
 
     def __post_init__(self) -> None:
         for sid, st in self.streams.items():

@@ -37,6 +37,14 @@ replace a stream's item, under the session's epoch rules and this module's limit
 at once with one empty END frame. Results carry their item's ``request_index``, so a client tells
 the results of a stream's earlier item (sent before the update) from the new one's. The session
 lives as long as the subscription; closing it (epoch -1, ``(id, 0)``) ends the subscription.
+
+**Revocation.** With auth on, a subscription acts under its connection's *current* token
+(docs/security.md, "Revocation and live reads"). When that token expires and the connection did
+not present a new one, the subscription ends at once with top-level status TOKEN_EXPIRED (a
+timer wakes it at the expiry). When the connection presents a new token (AUTHENTICATE, the
+SDK's renewal), the subscription re-checks ``fetch`` on every live stream against the new
+token's rules before it sends anything more, and ends each stream no longer allowed with an
+AUTHORIZATION_FAILED result in its place; the allowed ones go on.
 """
 
 from __future__ import annotations
@@ -47,6 +55,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from sbpstream.auth.acl import Op
+from sbpstream.auth.gate import (
+    claims_of,
+    live_verdicts,
+    token_expired,
+    token_expiry_s,
+    unwatch_token,
+    watch_token,
+)
 from sbpstream.datanode.limits import MAX_FETCH_ITEMS
 from sbpstream.datanode.ranges import StreamInfo
 from sbpstream.datanode.sessions import (
@@ -189,6 +206,10 @@ class Subscription:
     live: dict[int, _Item] = field(default_factory=dict)
     #: items not yet answered: each reports its state once, even with nothing to read yet
     fresh: list[_Item] = field(default_factory=list)
+    #: auth: the token (claims) its streams were last checked against, and the timer waking it
+    #: when that token expires
+    claims: object = None
+    expiry: asyncio.TimerHandle | None = None
 
     def apply(self, items: tuple[FetchItem, ...], forgotten: tuple[int, ...]) -> int:
         """An incremental FETCH of its session: drop ``forgotten``, then add ``items`` (a
@@ -412,6 +433,9 @@ class Subscriptions:
                 out.session_id = session.session_id
         sub.fresh = list(sub.items)
         sub.queue.extend(sub.items)
+        sub.claims = claims_of(req.conn)  # the gate checked the items against this token
+        watch_token(req.conn, sub.wake.set)  # a new token: re-check before sending more
+        self._arm_expiry(sub)
         self.by_conn.setdefault(req.conn, {})[req.request_id] = sub
         self.count += 1
         self.streams += len(sub.items)
@@ -421,11 +445,14 @@ class Subscriptions:
         try:
             status = await self._run(sub, out)
             for st in sub.items:
-                if not st.answered:
+                if not st.answered and status.ok:
                     await out.add(self._result(st, 0))
             out.status = status
             await out.flush(end=True)
         finally:
+            unwatch_token(req.conn, sub.wake.set)
+            if sub.expiry is not None:
+                sub.expiry.cancel()
             req.conn.drain_events.discard(sub.wake)
             for st in sub.items:
                 if st.info is not None and st.waker is not None:
@@ -455,6 +482,11 @@ class Subscriptions:
                         self._enqueue(sub, st)
             if ctx.closing:
                 return Status.of(ShuttingDownError("the data node is shutting down"))
+            expired = token_expired(sub.conn)
+            if expired is not None:
+                return Status.of(expired)
+            if claims_of(sub.conn) is not sub.claims:  # a new token: its rules, every stream
+                await self._recheck(sub, out)
             if sub.cancelled or sub.conn.draining or sub.conn.input_ended:
                 return Status()  # cancelled, or the peer sends nothing more (no ack, no cancel)
             # a client with a fetch quota gets at most one quota window's bytes per round, then
@@ -484,6 +516,48 @@ class Subscriptions:
                 continue  # more may be readable now: the next round reads it
             if not sub.wake.is_set():
                 await sub.wake.wait()
+
+    def _arm_expiry(self, sub: Subscription) -> None:
+        """Wake the subscription when its connection's token expires (none: auth off, or a
+        node token)."""
+        if sub.expiry is not None:
+            sub.expiry.cancel()
+            sub.expiry = None
+        left = token_expiry_s(sub.conn)
+        if left is None:
+            return
+
+        def due() -> None:
+            sub.expiry = None
+            later = token_expiry_s(sub.conn)
+            if later is not None and later > 0:  # renewed meanwhile, or the clocks differ
+                sub.expiry = asyncio.get_running_loop().call_later(later, due)
+            sub.wake.set()
+
+        sub.expiry = asyncio.get_running_loop().call_later(max(left, 0.0), due)
+
+    async def _recheck(self, sub: Subscription, out: FramePacker) -> None:
+        """The connection presented a new token: ``fetch`` on every live stream under its
+        rules; each stream no longer allowed ends with its refusal in its place."""
+        sub.claims = claims_of(sub.conn)
+        self._arm_expiry(sub)
+        live = [st for st in sub.items if not st.done]
+        verdict = await live_verdicts(sub.conn, Op.FETCH, [st.item.stream_id for st in live])
+        gone: list[int] = []
+        for st, v in zip(live, verdict, strict=True):
+            if v is None or st.done:
+                continue
+            await out.add(self._result(st, 0, status=v))
+            st.retire()
+            gone.append(st.item.stream_id)
+        if not gone:
+            return
+        sub.ended = True
+        self.ctx.metrics.c.fetch_failed += len(gone)
+        if sub.session is not None and not sub.session.closed:  # out of the session too
+            self.sessions.update(sub.session, (), gone)
+            self.streams += sub.apply((), tuple(gone))
+        await out.flush(end=False)
 
     @staticmethod
     def _enqueue(sub: Subscription, st: _Item) -> None:
