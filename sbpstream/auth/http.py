@@ -220,7 +220,7 @@ class HttpAuth:
         SBP gate's check (names looked up where only a ``prefix:`` rule could grant it)."""
         if caller.claims.is_node:
             return [True] * len(keys)
-        got = await self.gate.allowed(caller.perms, (op,), list(keys), caller.claims, op.value)
+        got = await self.gate.allowed(caller.perms, (op,), list(keys), caller.claims)
         return [v is None for v in got]
 
     async def require_stream(self, caller: Caller, op: Op, stream_id: int) -> None:
