@@ -447,7 +447,8 @@ def test_console_login_form_in_a_browser(secure: Secure) -> None:
         assert d.execute_script("return window.localStorage.length") == 0
         assert d.get_cookies() == []
         d.get(f"https://127.0.0.1:{secure.ports['pm']}/#/stream/{orders}")
-        wait.until(lambda _: d.find_elements(By.ID, "login-user"))  # a reload forgets it
+        d.refresh()  # a fragment change alone is no reload: the token must not survive one
+        wait.until(lambda _: d.find_elements(By.ID, "login-user"))
     finally:
         d.quit()
 
