@@ -163,10 +163,8 @@ async def check_cluster(client: AsyncClient, *, repair: bool = False,
     report.replicas = len(asks)
     got = await _digests(client, asks)
     to_repair: dict[str, list[Range]] = {}
-    again: dict[_Key, tuple[int, int]] = {}
-    windows: dict[tuple[int, int], tuple[int, int]] = {}
+    fine: dict[tuple[int, int], list[_Key]] = {}
     for (sid, idx), r in ranges.items():
-        fine: list[_Key] = []
         for addr in _addresses(r):
             key = (sid, idx, addr)
             ans = got[key]
@@ -193,7 +191,7 @@ async def check_cluster(client: AsyncClient, *, repair: bool = False,
                                             f"sealed at {held.end_offset}, the PM's end is "
                                             f"{r.end_offset}"))
                     continue
-                if held.next_offset < r.end_offset or res.digest_end_offset < r.end_offset:
+                if held.next_offset < r.end_offset:
                     problems.append(Problem(sid, idx, addr, "short",
                                             f"holds [.., {held.next_offset}) of "
                                             f"[{r.start_offset}, {r.end_offset})"))
@@ -203,48 +201,79 @@ async def check_cluster(client: AsyncClient, *, repair: bool = False,
                 problems.append(Problem(sid, idx, addr, "sealed_elsewhere",
                                         f"sealed at {held.end_offset}; the PM lists it writable"))
                 continue
-            fine.append(key)
-        if len(fine) < 2:
-            continue
-        results = [got[k].result for k in fine]
-        start = max(x.digest_start_offset for x in results if x is not None)
-        end = min(x.digest_end_offset for x in results if x is not None)
-        windows[(sid, idx)] = (start, end)
-        for k, x in zip(fine, results, strict=True):
-            assert x is not None
-            if (x.digest_start_offset, x.digest_end_offset) != (start, end):
-                again[k] = (start, end)
-    # Round 2: the replicas whose window differed, over the common window.
-    got2 = await _digests(client, again) if again else {}
-    by_range: dict[tuple[int, int], list[tuple[str, str]]] = {}
-    for key, ans in got.items():
-        sid, idx, addr = key
-        if (sid, idx) not in windows:
-            continue
-        if key in again:
-            ans = got2[key]
-        res = ans.result
-        if res is None or res.status.code:
-            problems.append(Problem(sid, idx, addr, "unreachable",
-                                    ans.error or (res.status.message if res else "")))
-            continue
-        if (res.digest_start_offset, res.digest_end_offset) != windows[(sid, idx)]:
-            s0, e0 = windows[(sid, idx)]
-            if not (key in again and res.digest_end_offset > e0):
-                problems.append(Problem(sid, idx, addr, "short",
-                                        f"digest covers [{res.digest_start_offset}, "
-                                        f"{res.digest_end_offset}), the others [{s0}, {e0})"))
-                continue
-        by_range.setdefault((sid, idx), []).append((addr, res.digest))
-    for (sid, idx), digs in by_range.items():
-        if len({d for _, d in digs}) > 1:
-            s0, e0 = windows[(sid, idx)]
-            problems.append(Problem(sid, idx, "", "digest_mismatch",
-                                    f"replicas differ over [{s0}, {e0}): " + ", ".join(
-                                        f"{a}={d[:12]}" for a, d in digs)))
+            fine.setdefault((sid, idx), []).append(key)
+    await _compare_digests(client, ranges, {k: v for k, v in fine.items() if len(v) >= 2},
+                           got, problems)
     if repair:
         await _repair(client, to_repair, report)
     return report
+
+
+def _cut(res: DescribeRangeResult, asked_end: int) -> bool:
+    """Did the replica stop its digest early (its per-request hashing budget,
+    datanode/digest.py), short of both the window asked and what it holds?"""
+    held = res.range
+    return held is not None and res.digest_end_offset < min(asked_end, held.next_offset)
+
+
+async def _compare_digests(client: AsyncClient, ranges: dict[tuple[int, int], Range],
+                           fine: dict[tuple[int, int], list[_Key]],
+                           got: dict[_Key, _Answer], problems: list[Problem]) -> None:
+    """Compare the digests of each range's healthy replicas, window after window: each round
+    compares the window every replica covered (the replicas whose window differed are asked
+    again over the common one); a range whose digest a replica cut short (a data node hashes at
+    most MAX_DIGEST_BYTES_PER_REQUEST per request) goes on from where the common window ended.
+    Each replica's problem is reported once."""
+    asked = {k: (-1, ranges[k[:2]].end_offset if ranges[k[:2]].sealed else OPEN_END)
+             for keys in fine.values() for k in keys}
+    while fine:
+        again: dict[_Key, tuple[int, int]] = {}
+        windows: dict[tuple[int, int], tuple[int, int]] = {}
+        for rk, keys in fine.items():
+            results = [got[k].result for k in keys]
+            start = max(x.digest_start_offset for x in results if x is not None)
+            end = min(x.digest_end_offset for x in results if x is not None)
+            windows[rk] = (start, end)
+            for k, x in zip(keys, results, strict=True):
+                assert x is not None
+                if (x.digest_start_offset, x.digest_end_offset) != (start, end):
+                    again[k] = (start, end)
+        # The replicas whose window differed, over the common window.
+        got2 = await _digests(client, again) if again else {}
+        more: dict[tuple[int, int], list[_Key]] = {}
+        for rk, keys in fine.items():
+            sid, idx = rk
+            s0, e0 = windows[rk]
+            digs: list[tuple[str, str]] = []
+            for key in keys:
+                ans = got2[key] if key in again else got[key]
+                res = ans.result
+                if res is None or res.status.code:
+                    problems.append(Problem(sid, idx, key[2], "unreachable",
+                                            ans.error or (res.status.message if res else "")))
+                    continue
+                if (res.digest_start_offset, res.digest_end_offset) != (s0, e0):
+                    problems.append(Problem(sid, idx, key[2], "short",
+                                            f"digest covers [{res.digest_start_offset}, "
+                                            f"{res.digest_end_offset}), the others [{s0}, {e0})"))
+                    continue
+                digs.append((key[2], res.digest))
+            if len({d for _, d in digs}) > 1:
+                problems.append(Problem(sid, idx, "", "digest_mismatch",
+                                        f"replicas differ over [{s0}, {e0}): " + ", ".join(
+                                            f"{a}={d[:12]}" for a, d in digs)))
+                continue
+            alive = [k for k in keys if k[2] in {a for a, _ in digs}]
+            cut = any(_cut(r, asked[k][1]) for k in keys
+                      if (r := got[k].result) is not None)
+            if cut and e0 > max(s0, asked[keys[0]][0]) and len(alive) >= 2:
+                more[rk] = alive
+        if not more:
+            return
+        nxt = {k: (windows[k[:2]][1], asked[k][1]) for keys in more.values() for k in keys}
+        got = await _digests(client, nxt)
+        asked.update(nxt)
+        fine = more
 
 
 async def _repair(client: AsyncClient, to_repair: dict[str, list[Range]],
