@@ -22,7 +22,6 @@ import crc32c
 import lz4.frame
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
 from kafka import KafkaProducer
 from scramp import ScramClient
 
@@ -234,11 +233,15 @@ def test_wrong_password_is_sasl_authentication_failed(
         r.close()
     # and a real client reports an authentication error, never data
     seen: list[KafkaError] = []
-    admin = AdminClient({**_conf(cluster, certs, "alice", "wrong"),
-                         "error_cb": lambda e: seen.append(e)})
+    p = Producer({**_conf(cluster, certs, "alice", "wrong"), "error_cb": seen.append})
     with pytest.raises(KafkaException):
-        admin.list_topics(timeout=10)
-    assert any(e.code() == KafkaError._AUTHENTICATION for e in seen), seen
+        p.list_topics(timeout=5)
+    deadline = time.monotonic() + 60
+    while not any(e.code() == KafkaError._AUTHENTICATION for e in seen):
+        assert time.monotonic() < deadline, seen
+        p.poll(0.5)
+    assert "wrong password" in next(e.str() for e in seen
+                                    if e.code() == KafkaError._AUTHENTICATION)
 
 
 def test_connection_without_sasl_is_closed(cluster: LocalCluster, certs: Path) -> None:
@@ -298,7 +301,7 @@ def test_session_lifetime_is_reported_and_ends_the_connection(
         assert final["error_code"] == 0
         lifetime = final["session_lifetime_ms"]
         assert 0 < lifetime <= TOKEN_TTL_S * 1000
-        assert _metadata(r, ["orders"])["topics"][0]["error_code"] == 0
+        assert "brokers" in _metadata(r, None)  # served while the session lives
         # past the token's life the gateway closes the connection (the client did not
         # re-authenticate): within the lifetime plus a margin for a loaded machine
         assert r.closed(lifetime / 1000 + 30)
@@ -370,7 +373,7 @@ def test_lz4_bomb_is_refused_without_inflating(cluster: LocalCluster, certs: Pat
         # the request (31 MiB, read and decoded) plus at most one batch's bound of output
         bound_kib = before + (4 * (31 << 20) + 2 * MAX_INFLATED_BATCH_BYTES) // 1024
         assert peak < bound_kib, (before, peak)
-        assert _metadata(r, ["orders"])["topics"][0]["error_code"] == 0  # still serving
+        assert _metadata(r, None)["brokers"]  # still serving this connection
     finally:
         r.close()
 
