@@ -375,7 +375,12 @@ class KafkaGateway(Connections):
         wanted = req["topics"]
         topics: list[dict[str, Any]] = []
         if wanted is None or (version == 0 and not wanted):
-            for name, parts in sorted((await self._all_topics(client)).items()):
+            try:
+                every = await self._all_topics(client)
+            except SbpError as exc:  # e.g. a cluster with auth and a connection without SASL
+                log.warning("event=kafka_metadata_failed peer=%s error=%s", conn.peer, exc)
+                every = {}
+            for name, parts in sorted(every.items()):
                 topics.append(self._topic_meta(name, parts))
         else:
             for t in wanted:
