@@ -17,6 +17,7 @@ connection before it ends, or the gateway closes the connection once it has).
 from __future__ import annotations
 
 import contextlib
+import ssl
 import time
 from typing import Final
 
@@ -128,8 +129,8 @@ class SaslExchange:
     """One connection's SASL state: SaslHandshake picks the mechanism, then SaslAuthenticate
     steps (two for SCRAM, one for PLAIN). A failure is final: the connection is closed."""
 
-    def __init__(self, pm_addresses: list[str], pm_ssl: object, offered: tuple[str, ...]
-                 ) -> None:
+    def __init__(self, pm_addresses: list[str], pm_ssl: ssl.SSLContext | None,
+                 offered: tuple[str, ...]) -> None:
         self.pm_addresses = pm_addresses
         self.pm_ssl = pm_ssl
         self.offered = offered
@@ -138,7 +139,8 @@ class SaslExchange:
         self._pm: Connection | None = None
 
     def handshake(self, mechanism: str) -> int:
-        """Choose ``mechanism`` (also to re-authenticate: KIP-368); the Kafka error code."""
+        """Choose ``mechanism``; the Kafka error code. After a login (state ``done``) this
+        starts a re-authentication (KIP-368)."""
         if self.state in (HANDSHAKEN, SCRAM_FIRST, FAILED):
             self.state = FAILED
             return E.ILLEGAL_SASL_STATE
@@ -182,7 +184,7 @@ class SaslExchange:
         for addr in self.pm_addresses:
             try:
                 return await Connection.open(addr, connect_timeout_s=PM_LOGIN_TIMEOUT_S,
-                                             ssl_context=self.pm_ssl)  # type: ignore[arg-type]
+                                             ssl_context=self.pm_ssl)
             except AuthenticationFailedError:
                 raise
             except SbpError as exc:
@@ -223,11 +225,6 @@ class SaslExchange:
             await self.close()
         self.state = DONE
         return Login(out.principal or user, out.token, out.expires_at_ms)
-
-    def restart(self) -> None:
-        """Authenticated: a later SaslHandshake starts a re-authentication (KIP-368)."""
-        if self.state == DONE:
-            self.state = NEW
 
     async def close(self) -> None:
         if self._pm is not None:
