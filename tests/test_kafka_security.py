@@ -13,6 +13,8 @@ import asyncio
 import socket
 import ssl
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -405,3 +407,29 @@ def test_connections_over_the_per_source_cap_are_closed(
             assert time.monotonic() < deadline, "the cap was not released"
         finally:
             r.close()
+
+
+# ---------------------------------------------------------------------------- startup, up
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--listener", "SASL_PLAINTEXT", "--host", "0.0.0.0"], "--allow-sasl-plaintext"),
+    (["--listener", "SASL_SSL"], "--tls-cert and --tls-key"),
+    (["--listener", "SSL", "--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.pem"],
+     "no such file"),
+])
+def test_gateway_refuses_unsafe_or_incomplete_listeners(args: list[str], says: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "sbpstream.kafka", "--port", "0", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert says in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_secure_cluster_prints_the_settings_its_gateway_takes(cluster: LocalCluster,
+                                                              certs: Path) -> None:
+    assert cluster.kafka is not None
+    text = cluster.kafka_settings()
+    ca = str((certs / CA_FILE).resolve())
+    assert f"-X ssl.ca.location={ca}" in text and "security.protocol=SASL_SSL" in text
+    assert "sasl.mechanisms=SCRAM-SHA-256" in text and f"-b {_addr(cluster)}" in text
+    assert cluster.kafka.args[cluster.kafka.args.index("--listener") + 1] == "SASL_SSL"
