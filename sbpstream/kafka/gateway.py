@@ -1,8 +1,9 @@
 """The Kafka gateway: an asyncio server speaking the Kafka binary protocol over the SDK.
 
 A topic ``T`` with ``P`` partitions is the ``P`` named streams ``T.0`` .. ``T.<P-1>``; a Kafka
-offset is the stream's offset. Produce goes through one idempotent SDK producer (each Kafka
-batch lands in one sbpstream batch, so its offsets are consecutive); Fetch reads through SDK
+offset is the stream's offset. Produce goes through an idempotent SDK producer (the gateway's
+one, or with SASL the connection's principal's; each Kafka batch lands in one sbpstream batch, so
+its offsets are consecutive); Fetch reads through SDK
 consumers (long-poll mode), one per connection and partition. Idempotent Kafka producers get a
 producer id from InitProducerId and the gateway checks their sequences per partition (a window
 of :data:`PRODUCER_WINDOW` batches, like a broker): a retried batch is answered with the offset
