@@ -406,6 +406,7 @@ def up(
             except (SbpError, OSError) as exc:
                 _shut_down(cluster)
                 fail(f"could not create the admin user: {exc}")
+            sys.stdout.write(cluster.kafka_settings())  # Kafka clients' SASL_SSL settings
         supervisor = Supervisor(
             cluster, lambda line: err_console.print(line, markup=False, soft_wrap=True))
         try:
@@ -630,6 +631,16 @@ def kafka_gateway(
                            ] = True,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
                          ] = "INFO",
+    listener: Annotated[str, typer.Option(
+        "--listener", help="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (docs/kafka.md).")
+                        ] = "PLAINTEXT",
+    tls_cert: Annotated[str, typer.Option("--tls-cert", help="PEM certificate (SSL listeners).")
+                        ] = "",
+    tls_key: Annotated[str, typer.Option("--tls-key", help="PEM key of --tls-cert.")] = "",
+    tls_ca: Annotated[str, typer.Option(
+        "--tls-ca", help="PEM CA verifying the PM and data nodes.")] = "",
+    allow_sasl_plaintext: Annotated[bool, typer.Option(
+        "--allow-sasl-plaintext", help="Allow SASL_PLAINTEXT beyond loopback.")] = False,
 ) -> None:
     """Run a Kafka wire-protocol gateway: Kafka clients produce and consume through it
     (topic T partition N = stream T.N; docs/kafka.md)."""
@@ -638,8 +649,14 @@ def kafka_gateway(
     _valid_pm(pm)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
-    gw = KafkaGateway(pm, host=host, port=port, advertised=advertise or None,
-                      auto_create=auto_create, default_partitions=partitions, replicas=replicas)
+    try:
+        gw = KafkaGateway(pm, host=host, port=port, advertised=advertise or None,
+                          auto_create=auto_create, default_partitions=partitions,
+                          replicas=replicas, listener=listener, tls_cert=tls_cert,
+                          tls_key=tls_key, tls_ca=tls_ca,
+                          allow_sasl_plaintext=allow_sasl_plaintext)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
 
     async def serve() -> None:
         task = asyncio.current_task()

@@ -258,11 +258,31 @@ class LocalCluster:
         self.kafka: Node | None = None  # a Kafka gateway (``kafka_port``; 0: any free port)
         if kafka_port is not None:
             kport = kafka_port or self._free_port(host)
+            # secure: a SASL_SSL listener with the cluster's certificate, TLS to the cluster
+            kafka_sec = ["--listener", "SASL_SSL", "--tls-cert", str(secure / SERVER_CERT),
+                         "--tls-key", str(secure / SERVER_KEY), "--tls-ca",
+                         str(secure / CA_FILE)] if secure is not None else []
             self.kafka = Node(
                 "kafka", "kafka", kport,
-                ["--host", host, "--port", str(kport), "--pm", self.pm.address],
+                ["--host", host, "--port", str(kport), "--pm", self.pm.address, *kafka_sec],
                 self.directory / "logs" / "kafka.log", host, env=self.env,
                 pid_path=self._pid_path("kafka"))
+
+    def kafka_settings(self) -> str:
+        """How Kafka clients reach the secure cluster's gateway (SASL_SSL, SCRAM-SHA-256): kcat
+        and confluent-kafka settings, the user and password those of ``sbpstream user add``."""
+        if self.kafka is None or self.secure is None:
+            return ""
+        ca = (self.secure / CA_FILE).resolve()
+        addr = self.kafka.address
+        return "\n".join([
+            "Kafka gateway (SASL_SSL, SCRAM-SHA-256; any user of the cluster, its ACLs apply):",
+            f"  kcat -b {addr} -X security.protocol=SASL_SSL -X sasl.mechanisms=SCRAM-SHA-256 "
+            f"-X ssl.ca.location={ca} -X sasl.username=$SBPSTREAM_USER "
+            "-X sasl.password=$SBPSTREAM_PASSWORD -L",
+            f"  confluent-kafka: {{'bootstrap.servers': '{addr}', 'security.protocol': "
+            f"'SASL_SSL', 'sasl.mechanisms': 'SCRAM-SHA-256', 'ssl.ca.location': '{ca}', "
+            "'sasl.username': USER, 'sasl.password': PASSWORD}", "", ""])
 
     def _free_port(self, host: str) -> int:
         """A free port not yet handed to another process of this cluster."""

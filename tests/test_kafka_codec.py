@@ -33,7 +33,7 @@ from sbpstream.kafka.codec import (
 from sbpstream.kafka.gateway import parse_stream_name, stream_name, topic_problem
 from sbpstream.kafka.records import (
     KAFKA_HEADER,
-    MAX_DECOMPRESSED_BYTES,
+    MAX_INFLATED_BATCH_BYTES,
     UnsupportedCompressionError,
     decode_batches,
     encode_batch,
@@ -104,7 +104,7 @@ def test_versions_served_are_named_and_start_where_record_batch_v2_does() -> Non
         "InitProducerId": (0, 2), "OffsetCommit": (2, 8), "OffsetFetch": (1, 6),
         "FindCoordinator": (0, 3), "JoinGroup": (0, 6), "Heartbeat": (0, 4),
         "LeaveGroup": (0, 4), "SyncGroup": (0, 4), "DescribeGroups": (0, 5),
-        "ListGroups": (0, 3),
+        "ListGroups": (0, 3), "SaslHandshake": (0, 1), "SaslAuthenticate": (0, 2),
     }
 
 
@@ -226,7 +226,7 @@ def test_snappy_batches_decode_raw_and_xerial_framed(compress: Any) -> None:
 
 def test_snappy_bombs_and_bad_frames_are_decode_errors() -> None:
     raw = encode_batch(0, _records(2))
-    big = bytes(cramjam.snappy.compress_raw(b"\x00" * (MAX_DECOMPRESSED_BYTES + 1)))
+    big = bytes(cramjam.snappy.compress_raw(b"\x00" * (MAX_INFLATED_BATCH_BYTES + 1)))
     for payload in (lambda b: big,  # over the bound: refused from the length preamble
                     lambda b: b"\x82SNAPPY\x00" + b"\x00" * 4,  # truncated header
                     lambda b: _xerial(b)[:-3],  # truncated block

@@ -224,3 +224,28 @@ def client_security(pm: Sequence[str], *, user: str = "", password: str = "",
     if user or token_file:
         creds = Credentials(user=user, password=password, token_file=token_file, pm=pm, tls=tls)
     return creds, ctx
+
+
+async def present_token(conn: Connection, token: str) -> None:
+    """Authenticate ``conn`` with a token the PM issued (AUTHENTICATE ``TOKEN``): what a
+    holder of someone's token (the Kafka gateway, for the user of a Kafka connection) does."""
+    from sbpstream.auth.gate import MECH_TOKEN
+
+    await _call(conn, m.AuthenticateRequest(MECH_TOKEN, token.encode()))
+
+
+def peek_claims(token: str) -> tokens.Claims:
+    """A token's claims, unverified (a client holds no key; the servers verify): what its
+    holder may use to decide what to offer, never to grant anything."""
+    import base64
+    import json
+
+    from sbpstream.auth.acl import AclRule
+
+    try:
+        body = token.split(".")[1]
+        d = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        return tokens.Claims(str(d["p"]), str(d["k"]), int(d["iat"]), int(d["exp"]),
+                             tuple(AclRule.from_json(r) for r in d.get("acl", ())))
+    except (IndexError, ValueError, KeyError, TypeError) as e:
+        raise AuthenticationFailedError(f"malformed token: {e}") from None

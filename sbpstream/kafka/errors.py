@@ -35,7 +35,13 @@ INVALID_REQUEST: Final = 42
 UNSUPPORTED_FOR_MESSAGE_FORMAT: Final = 43
 OUT_OF_ORDER_SEQUENCE_NUMBER: Final = 45
 INVALID_PRODUCER_EPOCH: Final = 47
+TOPIC_AUTHORIZATION_FAILED: Final = 29
+GROUP_AUTHORIZATION_FAILED: Final = 30
+CLUSTER_AUTHORIZATION_FAILED: Final = 31
+UNSUPPORTED_SASL_MECHANISM: Final = 33
+ILLEGAL_SASL_STATE: Final = 34
 KAFKA_STORAGE_ERROR: Final = 56
+SASL_AUTHENTICATION_FAILED: Final = 58
 UNKNOWN_PRODUCER_ID: Final = 59
 NON_EMPTY_GROUP: Final = 68
 GROUP_ID_NOT_FOUND: Final = 69
@@ -70,6 +76,13 @@ _MAP: Final[dict[int, int]] = {
     ErrorCode.GROUP_NOT_EMPTY: INCONSISTENT_GROUP_PROTOCOL,
     ErrorCode.UNKNOWN_MEMBER: UNKNOWN_MEMBER_ID,
     ErrorCode.ILLEGAL_GENERATION: ILLEGAL_GENERATION,
+    # auth: a refusal by the ACLs of the connection's principal is about the resource served
+    # (a topic by default: group and cluster requests map it with group_code/cluster_code);
+    # the cluster asking for a login means the connection has none that is valid
+    ErrorCode.AUTHORIZATION_FAILED: TOPIC_AUTHORIZATION_FAILED,
+    ErrorCode.AUTHENTICATION_REQUIRED: SASL_AUTHENTICATION_FAILED,
+    ErrorCode.AUTHENTICATION_FAILED: SASL_AUTHENTICATION_FAILED,
+    ErrorCode.TOKEN_EXPIRED: SASL_AUTHENTICATION_FAILED,
     # the client's own: the request's fate is unknown, so a timeout (the producer retries and
     # the gateway's sequence check drops what was stored)
     ClientErrorCode.CONNECTION_CLOSED: REQUEST_TIMED_OUT,
@@ -85,3 +98,15 @@ def kafka_code(exc: BaseException) -> int:
     if isinstance(exc, TimeoutError):
         return REQUEST_TIMED_OUT
     return UNKNOWN_SERVER_ERROR
+
+
+def group_code(exc: BaseException) -> int:
+    """:func:`kafka_code` for a request about a consumer group: a refusal is the group's."""
+    code = kafka_code(exc)
+    return GROUP_AUTHORIZATION_FAILED if code == TOPIC_AUTHORIZATION_FAILED else code
+
+
+def cluster_code(exc: BaseException) -> int:
+    """:func:`kafka_code` for a request about the cluster: a refusal is the cluster's."""
+    code = kafka_code(exc)
+    return CLUSTER_AUTHORIZATION_FAILED if code == TOPIC_AUTHORIZATION_FAILED else code

@@ -1,8 +1,9 @@
 """The Kafka gateway: an asyncio server speaking the Kafka binary protocol over the SDK.
 
 A topic ``T`` with ``P`` partitions is the ``P`` named streams ``T.0`` .. ``T.<P-1>``; a Kafka
-offset is the stream's offset. Produce goes through one idempotent SDK producer (each Kafka
-batch lands in one sbpstream batch, so its offsets are consecutive); Fetch reads through SDK
+offset is the stream's offset. Produce goes through an idempotent SDK producer (the gateway's
+one, or with SASL the connection's principal's; each Kafka batch lands in one sbpstream batch, so
+its offsets are consecutive); Fetch reads through SDK
 consumers (long-poll mode), one per connection and partition. Idempotent Kafka producers get a
 producer id from InitProducerId and the gateway checks their sequences per partition (a window
 of :data:`PRODUCER_WINDOW` batches, like a broker): a retried batch is answered with the offset
@@ -13,10 +14,11 @@ group has members here, the gateway is a member of the sbpstream group holding t
 topics' streams, so the PM hands SDK consumers of the group none of them. ListOffsets by time
 searches the batches' timestamps (:mod:`sbpstream.kafka.bytime`). See docs/kafka.md.
 
-Requests of a connection are read in order, Produce requests are queued in that order, and
-responses are written in request order. A frame that cannot be decoded, an unknown API or an
-unsupported version closes the connection (Kafka's behaviour); ApiVersions of an unknown version
-is answered with UNSUPPORTED_VERSION and the versions served.
+Security: the listener is PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. On a SASL listener each
+connection logs in as a user of the cluster (:mod:`sbpstream.kafka.session`) and everything done
+for it goes through an SBP client carrying that user's token: the servers apply that user's
+ACLs, and what the gateway decides itself (its Kafka groups, InitProducerId) it checks against
+the rules in the token. Framing, limits and SASL are :mod:`sbpstream.kafka.connections`.
 """
 
 from __future__ import annotations
@@ -24,40 +26,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import re
+import secrets
+import ssl
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from sbpstream.auth.acl import Op
+from sbpstream.auth.config import TlsConfig
+from sbpstream.auth.tls import client_context, server_context
 from sbpstream.client.aclient import AsyncClient
-from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.producer import AsyncProducer, Offsets
 from sbpstream.kafka import errors as E
 from sbpstream.kafka.bytime import ProbeLimitError, offset_for_time
-from sbpstream.kafka.codec import (
-    INT32,
-    MAX_REQUEST_BYTES,
-    KafkaDecodeError,
-    decode,
-    decode_header,
-    encode,
-    encode_response,
-    peek_header,
-)
-from sbpstream.kafka.groups import COMPLETING, PREPARING, KafkaGroups, group_topics
+from sbpstream.kafka.codec import KafkaDecodeError
+from sbpstream.kafka.connections import Conn, Connections, Handler, Reader
+from sbpstream.kafka.group_handlers import GroupHandlers, PmMember
+from sbpstream.kafka.groups import KafkaGroups
 from sbpstream.kafka.records import (
+    InflateBudget,
+    InflateLimitError,
     KafkaBatch,
     UnsupportedBatchError,
     UnsupportedCompressionError,
     decode_batches,
     sbp_to_kafka,
 )
+from sbpstream.kafka.sasl import PLAINTEXT, listener_problem, mechanisms, uses_tls
 from sbpstream.kafka.schemas import (
-    API_VERSIONS,
-    API_VERSIONS_RESP,
     CREATE_TOPICS,
     DELETE_TOPICS,
     DESCRIBE_GROUPS,
@@ -72,19 +71,15 @@ from sbpstream.kafka.schemas import (
     METADATA,
     OFFSET_COMMIT,
     OFFSET_FETCH,
-    PRODUCE,
-    SUPPORTED,
     SYNC_GROUP,
 )
-from sbpstream.protocol import messages as m
+from sbpstream.kafka.session import plain_client
 from sbpstream.protocol.errors import (
-    IllegalGenerationError,
     RequestTimeoutError,
     SbpError,
     StreamNotFoundError,
-    UnknownMemberError,
 )
-from sbpstream.protocol.names import MAX_STREAM_NAME_LEN, validate_group_name
+from sbpstream.protocol.names import MAX_STREAM_NAME_LEN
 from sbpstream.records import RecordTooLargeError
 
 log = logging.getLogger("sbpstream.kafka")
@@ -94,8 +89,6 @@ PRODUCER_WINDOW: Final = 5
 max.in.flight.requests.per.connection bound for idempotence."""
 MAX_PRODUCER_STATES: Final = 100_000
 """(producer id, partition) sequence states kept; the least recently used goes first."""
-MAX_IN_FLIGHT_REQUESTS: Final = 64
-"""Requests of one connection being served at once; reading pauses beyond."""
 MAX_READERS_PER_CONNECTION: Final = 1024
 """Partition readers (SDK consumers) cached per connection; the least recently used is closed."""
 MAX_FETCH_WAIT_MS: Final = 30_000
@@ -105,20 +98,13 @@ MAX_PARTITIONS: Final = 10_000
 READ_BATCH_BYTES: Final = (64 * 1024, 8 * 1024 * 1024)
 """Bounds of the data-node fetch size asked per partition (from partition_max_bytes)."""
 # Authorized-operation bitfields (Metadata v8+, when asked): Kafka's AclOperation codes READ 3,
-# WRITE 4, CREATE 5, DELETE 6, DESCRIBE 8; the gateway has no ACLs, so everything it serves.
-TOPIC_OPERATIONS: Final = sum(1 << op for op in (3, 4, 5, 6, 8))
+# WRITE 4, CREATE 5, DELETE 6, DESCRIBE 8; without auth everything it serves, with auth those
+# the principal's rules grant (sbpstream fetch, append, create, delete, describe).
+KAFKA_OPS: Final = ((3, Op.FETCH), (4, Op.APPEND), (5, Op.CREATE), (6, Op.DELETE),
+                    (8, Op.DESCRIBE))
+TOPIC_OPERATIONS: Final = sum(1 << op for op, _ in KAFKA_OPS)
 CLUSTER_OPERATIONS: Final = sum(1 << op for op in (5, 8))
 NOT_REQUESTED: Final = -2147483648
-GROUP_TICK_S: Final = 0.1
-"""How often group session timeouts and rebalance deadlines are checked."""
-KEY_TYPE_GROUP: Final = 0
-PM_SESSION_TIMEOUT_MS: Final = 10_000
-"""Session timeout of the gateway's member in the sbpstream group of a Kafka group live here:
-how long a dead gateway keeps SDK consumers of that group from its streams."""
-PM_HEARTBEAT_S: Final = 2.0
-"""How often that member heartbeats (and the memberships are brought in line with the Kafka
-groups: joined for a new one, left for one without members)."""
-PM_CLIENT_ID: Final = "kafka-gateway"
 TIMESTAMP_LATEST: Final = -1
 TIMESTAMP_EARLIEST: Final = -2
 PROBE_BYTES: Final = 64 * 1024
@@ -161,41 +147,14 @@ class _SeqState:
     sent: deque[_Sent] = field(default_factory=deque)
 
 
-@dataclass(slots=True)
-class _PmMember:
-    """The gateway's member in the sbpstream group of a Kafka group live here."""
-    generation: int = -1  # -1: not (or no longer) joined
-    streams: tuple[int, ...] = ()
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-@dataclass(slots=True)
-class _Reader:
-    consumer: AsyncConsumer
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-class _Conn:
-    """Per-connection state: the cached partition readers."""
-
-    def __init__(self, peer: str, host: str) -> None:
-        self.peer = peer
-        self.host = host
-        self.client_id = ""
-        self.readers: OrderedDict[int, _Reader] = OrderedDict()
-
-    async def close(self) -> None:
-        for r in self.readers.values():
-            with contextlib.suppress(Exception):
-                await r.consumer.close()
-        self.readers.clear()
-
-
-Handler = Callable[[_Conn, int, dict[str, Any]], Awaitable[dict[str, Any] | None]]
-
-
-class KafkaGateway:
+class KafkaGateway(Connections, GroupHandlers):
     """Serve Kafka clients at ``host:port`` over the cluster whose PM is ``pm``.
+
+    ``listener``: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (SSL ones serve ``tls_cert`` and
+    ``tls_key``; SASL_PLAINTEXT beyond loopback needs ``allow_sasl_plaintext``). ``tls_ca``
+    verifies the PM and the data nodes (TLS to the cluster when given).
 
     ``advertised`` is the ``host:port`` Metadata tells clients to connect to (default: the
     listening address). ``auto_create`` creates a topic of ``default_partitions`` partitions
@@ -216,7 +175,24 @@ class KafkaGateway:
         default_partitions: int = 1,
         replicas: int = 1,
         linger_ms: float = 2.0,
+        listener: str = PLAINTEXT,
+        tls_cert: str = "",
+        tls_key: str = "",
+        tls_ca: str = "",
+        allow_sasl_plaintext: bool = False,
     ) -> None:
+        problem = listener_problem(listener, host, bool(tls_cert and tls_key),
+                                   allow_sasl_plaintext)
+        if problem:
+            raise ValueError(problem)
+        TlsConfig(tls_cert, tls_key, tls_ca).validate()
+        self.listener = listener
+        self.mechanisms = mechanisms(listener)
+        self.tls_ca = tls_ca
+        self._server_ssl = server_context(TlsConfig(tls_cert, tls_key)) if uses_tls(
+            listener) else None
+        self._pm_ssl: ssl.SSLContext | None = client_context(TlsConfig(ca=tls_ca))
+        self._per_source: dict[str, int] = {}
         self.pm = pm
         self.host = host
         self.port = port
@@ -226,7 +202,9 @@ class KafkaGateway:
         self.default_partitions = default_partitions
         self.replicas = replicas
         self.linger_ms = linger_ms
-        self.client = AsyncClient(pm, retry_deadline_ms=60_000)
+        # the gateway's own: no credentials (the environment's neither), so on a cluster with
+        # auth it can do nothing for a connection that has not logged in
+        self.client = plain_client(pm, tls_ca)
         self._producer: AsyncProducer | None = None
         self._server: asyncio.Server | None = None
         self._sids: dict[tuple[str, int], int] = {}
@@ -251,7 +229,7 @@ class KafkaGateway:
         }
         self.groups = KafkaGroups(lambda: int(time.monotonic() * 1000))
         self._ticker: asyncio.Task[None] | None = None
-        self._pm_members: dict[str, _PmMember] = {}
+        self._pm_members: dict[str, PmMember] = {}
         self._pm_loop: asyncio.Task[None] | None = None
 
     @property
@@ -261,28 +239,25 @@ class KafkaGateway:
             return h, int(p)
         return self.host, self.port
 
-    @property
-    def pm_member_id(self) -> str:
-        """This gateway's member id in the sbpstream groups of its live Kafka groups (the same
-        after a restart, so a restarted gateway takes its own membership back)."""
-        host, port = self.advertised
-        return f"{PM_CLIENT_ID}@{host}:{port}"
-
-    @property
-    def producer(self) -> AsyncProducer:
+    def producer_of(self, conn: Conn) -> AsyncProducer:
+        """The producer storing ``conn``'s batches: its principal's, else the gateway's."""
+        if conn.session is not None:
+            return conn.session.producer(self.linger_ms)
         if self._producer is None:
             self._producer = self.client.producer(
                 linger_ms=self.linger_ms, batch_max_bytes=1024 * 1024)
         return self._producer
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port,
+                                                  ssl=self._server_ssl)
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
         self._ticker = asyncio.create_task(self._tick_groups())
         self._pm_loop = asyncio.create_task(self._pm_groups_loop())
-        log.info("event=kafka_gateway_listening addr=%s:%d pm=%s", self.host, self.port,
-                 ",".join(self.client.pm_addresses))
+        log.info("event=kafka_gateway_listening listener=%s addr=%s:%d pm=%s mechanisms=%s",
+                 self.listener, self.host, self.port, ",".join(self.client.pm_addresses),
+                 ",".join(self.mechanisms) or "-")
 
     async def serve_forever(self) -> None:
         if self._server is None:
@@ -304,9 +279,9 @@ class KafkaGateway:
         for t in list(self._conns):
             with contextlib.suppress(BaseException):
                 await t
-        for group in list(self._pm_members):  # hand the streams back to SDK consumers now
+        for group, pmm in list(self._pm_members.items()):  # streams back to SDK consumers now
             with contextlib.suppress(SbpError, TimeoutError):
-                await asyncio.wait_for(self.client.group_admin.leave(group, self.pm_member_id),
+                await asyncio.wait_for(pmm.client.group_admin.leave(group, self.pm_member_id),
                                        5)
         self._pm_members.clear()
         if self._producer is not None:
@@ -314,131 +289,17 @@ class KafkaGateway:
                 await self._producer.close()
         await self.client.close()
 
-    # ------------------------------------------------------------------------- connections
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._conns.add(task)
-        peername = writer.get_extra_info("peername")
-        peer = str(peername)
-        conn = _Conn(peer, peername[0] if isinstance(peername, tuple) else peer)
-        pending: asyncio.Queue[asyncio.Future[bytes | None] | None] = asyncio.Queue(
-            MAX_IN_FLIGHT_REQUESTS)
-        out = asyncio.create_task(self._write_responses(writer, pending))
-        frame = b""
-        try:
-            while not out.done():
-                size = INT32.unpack(await reader.readexactly(4))[0]
-                if not 0 < size <= MAX_REQUEST_BYTES:
-                    log.info("event=kafka_bad_frame peer=%s size=%d", peer, size)
-                    break
-                frame = await reader.readexactly(size)
-                fut = await self._dispatch(conn, frame)
-                await pending.put(fut)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        except KafkaDecodeError as exc:
-            log.info("event=kafka_bad_request peer=%s error=%s", peer, exc)
-            log.debug("event=kafka_bad_request_bytes frame=%s", frame.hex() if frame else "")
-        except asyncio.CancelledError:
-            pass
-        except Exception:  # a bug: drop this connection, keep the gateway
-            log.exception("event=kafka_connection_failed peer=%s", peer)
-        finally:
-            with contextlib.suppress(asyncio.QueueFull):
-                pending.put_nowait(None)
-            if not out.done():
-                # let the responses already owed go out (a client closing after its last
-                # request still gets them), unless the connection is gone
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(asyncio.shield(out), MAX_FETCH_WAIT_MS / 1000 + 5)
-            out.cancel()
-            with contextlib.suppress(BaseException):
-                await out
-            await conn.close()
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-            self._conns.discard(task)
-
-    async def _write_responses(
-        self, writer: asyncio.StreamWriter,
-        pending: asyncio.Queue[asyncio.Future[bytes | None] | None],
-    ) -> None:
-        while True:
-            fut = await pending.get()
-            if fut is None:
-                return
-            try:
-                data = await fut
-            except Exception:
-                log.exception("event=kafka_request_failed")
-                writer.close()
-                return
-            if data is not None:
-                writer.write(data)
-                await writer.drain()
-
-    async def _dispatch(self, conn: _Conn, frame: bytes) -> asyncio.Future[bytes | None]:
-        """Decode a request; return the future of its response frame (None: no response).
-
-        Produce is queued here, in request order; everything else runs in its own task."""
-        api_key, version, correlation_id = peek_header(frame)
-        api = SUPPORTED.get(api_key)
-        if api is None:
-            raise KafkaDecodeError(f"unknown api key {api_key}")
-        loop = asyncio.get_running_loop()
-        if api_key == API_VERSIONS and not api.min_version <= version <= api.max_version:
-            fut: asyncio.Future[bytes | None] = loop.create_future()
-            body = encode(API_VERSIONS_RESP, 0, {"error_code": E.UNSUPPORTED_VERSION,
-                                                 "api_keys": self._api_keys()})
-            fut.set_result(encode_response(correlation_id, False, body))
-            return fut
-        if not api.min_version <= version <= api.max_version:
-            raise KafkaDecodeError(f"{api.name} v{version} is not served "
-                                   f"(v{api.min_version}-v{api.max_version})")
-        flexible = version >= api.request.flexible
-        header = decode_header(frame, flexible)
-        conn.client_id = header.client_id or ""
-        req = decode(api.request, version, frame, header.body_offset)
-        # ApiVersions answers with response header v0 whatever its version
-        flexible_resp = flexible and api_key != API_VERSIONS
-
-        def frame_of(resp: dict[str, Any] | None) -> bytes | None:
-            if resp is None:
-                return None
-            return encode_response(correlation_id, flexible_resp,
-                                   encode(api.response, version, resp))
-
-        if api_key == API_VERSIONS:
-            fut = loop.create_future()
-            fut.set_result(frame_of({"error_code": 0, "api_keys": self._api_keys()}))
-            return fut
-        if api_key == PRODUCE:
-            done = await self._produce(req)
-            if done is None:  # acks=0
-                fut = loop.create_future()
-                fut.set_result(None)
-                return fut
-            produce_task = asyncio.ensure_future(done)
-            return asyncio.ensure_future(_then(produce_task, frame_of))
-        handler = self._handlers[api_key]
-        return asyncio.ensure_future(_then(handler(conn, version, req), frame_of))
-
-    def _api_keys(self) -> list[dict[str, Any]]:
-        return [{"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
-                for a in SUPPORTED.values()]
-
     # ------------------------------------------------------------------------ topic mapping
 
-    async def _sid(self, topic: str, partition: int) -> int:
+    async def _sid(self, client: AsyncClient, topic: str, partition: int) -> int:
+        """The stream id of a partition (ids are shared: what a principal may do with the
+        stream is checked by the servers under its own token)."""
         key = (topic, partition)
         sid = self._sids.get(key)
         if sid is None:
             if partition < 0 or topic_problem(topic, partition + 1):
                 raise StreamNotFoundError(f"no partition {partition} of topic {topic!r}")
-            sid = await self.client.resolve_stream(stream_name(topic, partition), refresh=True)
+            sid = await client.resolve_stream(stream_name(topic, partition), refresh=True)
             self._sids[key] = sid
         return sid
 
@@ -446,12 +307,13 @@ class KafkaGateway:
         for key in [k for k in self._sids if k[0] == topic and partition in (None, k[1])]:
             del self._sids[key]
 
-    async def _partitions(self, topic: str) -> dict[int, int]:
-        """partition -> stream id of ``topic`` (the partitions 0..P-1 that exist)."""
+    async def _partitions(self, client: AsyncClient, topic: str) -> dict[int, int]:
+        """partition -> stream id of ``topic`` (the partitions 0..P-1 that exist and the
+        client's principal may describe: the PM lists no other)."""
         if topic_problem(topic):
             return {}
         found: dict[int, int] = {}
-        for st in await self.client.find_streams(prefix=topic + "."):
+        for st in await client.find_streams(prefix=topic + "."):
             parsed = parse_stream_name(st.name)
             if parsed is not None and parsed[0] == topic:
                 found[parsed[1]] = st.stream_id
@@ -462,9 +324,9 @@ class KafkaGateway:
             self._sids[(topic, p)] = sid
         return out
 
-    async def _all_topics(self) -> dict[str, dict[int, int]]:
+    async def _all_topics(self, client: AsyncClient) -> dict[str, dict[int, int]]:
         topics: dict[str, dict[int, int]] = {}
-        for st in await self.client.find_streams(prefix=""):
+        for st in await client.find_streams(prefix=""):
             parsed = parse_stream_name(st.name)
             if parsed is not None:
                 topics.setdefault(parsed[0], {})[parsed[1]] = st.stream_id
@@ -478,14 +340,20 @@ class KafkaGateway:
 
     # ----------------------------------------------------------------------------- metadata
 
-    async def _metadata(self, conn: _Conn, version: int, req: dict[str, Any]
+    async def _metadata(self, conn: Conn, version: int, req: dict[str, Any]
                         ) -> dict[str, Any]:
+        """Only the topics the principal may describe are listed (the PM lists it no other
+        stream); a topic named that it may not describe is TOPIC_AUTHORIZATION_FAILED."""
+        client = self.client_of(conn)
         wanted = req["topics"]
-        topic_ops = TOPIC_OPERATIONS if req["include_topic_authorized_operations"] \
-            else NOT_REQUESTED
         topics: list[dict[str, Any]] = []
         if wanted is None or (version == 0 and not wanted):
-            for name, parts in sorted((await self._all_topics()).items()):
+            try:
+                every = await self._all_topics(client)
+            except SbpError as exc:  # e.g. a cluster with auth and a connection without SASL
+                log.warning("event=kafka_metadata_failed peer=%s error=%s", conn.peer, exc)
+                every = {}
+            for name, parts in sorted(every.items()):
                 topics.append(self._topic_meta(name, parts))
         else:
             for t in wanted:
@@ -494,25 +362,44 @@ class KafkaGateway:
                 if problem:
                     topics.append({"error_code": E.INVALID_TOPIC_EXCEPTION, "name": name})
                     continue
-                parts = await self._partitions(name)
-                if not parts and self.auto_create and req["allow_auto_topic_creation"]:
-                    code, _ = await self._create(name, self.default_partitions, self.replicas,
-                                                 {})
-                    if code in (E.NONE, E.TOPIC_ALREADY_EXISTS):
-                        parts = await self._partitions(name)
+                code = E.UNKNOWN_TOPIC_OR_PARTITION
+                try:
+                    parts = await self._partitions(client, name)
+                    if not parts and self.auto_create and req["allow_auto_topic_creation"]:
+                        code, _ = await self._create(client, name, self.default_partitions,
+                                                     self.replicas, {})
+                        if code in (E.NONE, E.TOPIC_ALREADY_EXISTS):
+                            parts = await self._partitions(client, name)
+                            code = E.UNKNOWN_TOPIC_OR_PARTITION
+                except SbpError as exc:
+                    parts, code = {}, E.kafka_code(exc)
+                if not parts and code == E.UNKNOWN_TOPIC_OR_PARTITION and \
+                        conn.session is not None and not conn.session.perms.allows(
+                            Op.DESCRIBE, None, stream_name(name, 0)):
+                    code = E.TOPIC_AUTHORIZATION_FAILED
                 if not parts:
-                    topics.append({"error_code": E.UNKNOWN_TOPIC_OR_PARTITION, "name": name})
+                    topics.append({"error_code": code, "name": name})
                 else:
                     topics.append(self._topic_meta(name, parts))
         host, port = self.advertised
+        want_ops = req["include_topic_authorized_operations"]
         return {
             "brokers": [{"node_id": self.node_id, "host": host, "port": port, "rack": None}],
             "cluster_id": "sbpstream",
             "controller_id": self.node_id,
-            "topics": [dict(t, topic_authorized_operations=topic_ops) for t in topics],
+            "topics": [dict(t, topic_authorized_operations=self._topic_ops(conn, t["name"])
+                            if want_ops else NOT_REQUESTED) for t in topics],
             "cluster_authorized_operations": CLUSTER_OPERATIONS
             if req["include_cluster_authorized_operations"] else NOT_REQUESTED,
         }
+
+    def _topic_ops(self, conn: Conn, topic: str) -> int:
+        """Kafka's authorized-operations bitfield of ``topic`` for the connection's principal."""
+        if conn.session is None:
+            return TOPIC_OPERATIONS
+        perms, name = conn.session.perms, stream_name(topic, 0)
+        sid = self._sids.get((topic, 0))
+        return sum(1 << code for code, op in KAFKA_OPS if perms.allows(op, sid, name))
 
     def _topic_meta(self, name: str, parts: dict[int, int]) -> dict[str, Any]:
         n = self.node_id
@@ -523,17 +410,18 @@ class KafkaGateway:
 
     # ----------------------------------------------------------------------------- produce
 
-    async def _produce(self, req: dict[str, Any]
+    async def _produce(self, conn: Conn, req: dict[str, Any]
                        ) -> Awaitable[dict[str, Any]] | None:
         """Queue every partition's records now (in request order); return the awaitable of the
-        response (None for acks=0, which gets none)."""
+        response (None for acks=0, which gets none). What the request's batches decompress to
+        is bounded as a whole (:class:`~sbpstream.kafka.records.InflateBudget`)."""
         acks = req["acks"]
+        budget = InflateBudget()
         results: list[tuple[str, int, Awaitable[tuple[int, int]]]] = []
         for td in req["topic_data"]:
             for pd in td["partition_data"]:
-                results.append((td["name"], pd["index"],
-                                await self._produce_partition(td["name"], pd["index"],
-                                                              pd["records"], acks, req)))
+                results.append((td["name"], pd["index"], await self._produce_partition(
+                    conn, td["name"], pd["index"], pd["records"], acks, req, budget)))
         if acks == 0:
             for _, _, aw in results:
                 asyncio.ensure_future(aw).add_done_callback(_log_failure)
@@ -556,9 +444,9 @@ class KafkaGateway:
         return {"responses": [{"name": t, "partition_responses": p}
                               for t, p in by_topic.items()], "throttle_time_ms": 0}
 
-    async def _produce_partition(self, topic: str, partition: int, records: bytes | None,
-                                 acks: int, req: dict[str, Any]
-                                 ) -> Awaitable[tuple[int, int]]:
+    async def _produce_partition(self, conn: Conn, topic: str, partition: int,
+                                 records: bytes | None, acks: int, req: dict[str, Any],
+                                 budget: InflateBudget) -> Awaitable[tuple[int, int]]:
         """Queue one partition's batches; the awaitable of (error code, base offset)."""
         code = E.NONE
         if acks not in (0, 1, -1):
@@ -568,7 +456,11 @@ class KafkaGateway:
         batches: list[KafkaBatch] = []
         if code == E.NONE:
             try:
-                batches = decode_batches(records or b"")
+                batches = decode_batches(records or b"", budget=budget)
+            except InflateLimitError as exc:
+                log.info("event=kafka_batch_too_large topic=%s partition=%d error=%s",
+                         topic, partition, exc)
+                code = E.MESSAGE_TOO_LARGE
             except UnsupportedCompressionError:
                 code = E.UNSUPPORTED_COMPRESSION_TYPE
             except UnsupportedBatchError:
@@ -581,18 +473,18 @@ class KafkaGateway:
                 code = E.CORRUPT_MESSAGE
         if code == E.NONE:
             try:
-                sid = await self._sid(topic, partition)
+                sid = await self._sid(self.client_of(conn), topic, partition)
             except SbpError as exc:
                 code = E.kafka_code(exc)
         if code != E.NONE:
             return _ready((code, -1))
         waits: list[Awaitable[tuple[int, int]]] = []
         for b in batches:
-            waits.append(await self._produce_batch(topic, partition, sid, b))
+            waits.append(await self._produce_batch(conn, topic, partition, sid, b))
         return _first_base(waits)
 
-    async def _produce_batch(self, topic: str, partition: int, sid: int, b: KafkaBatch
-                             ) -> Awaitable[tuple[int, int]]:
+    async def _produce_batch(self, conn: Conn, topic: str, partition: int, sid: int,
+                             b: KafkaBatch) -> Awaitable[tuple[int, int]]:
         state: _SeqState | None = None
         if b.producer_id >= 0:
             key = (b.producer_id, sid)
@@ -611,7 +503,7 @@ class KafkaGateway:
             if state.sent and b.base_sequence != (state.sent[-1].last + 1) & 0x7FFFFFFF:
                 return _ready((E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1))
         try:
-            fut = await self.producer.send_whole(sid, b.records)
+            fut = await self.producer_of(conn).send_whole(sid, b.records)
         except RecordTooLargeError:
             return _ready((E.MESSAGE_TOO_LARGE, -1))
         except SbpError as exc:
@@ -648,7 +540,7 @@ class KafkaGateway:
 
     # ------------------------------------------------------------------------------- fetch
 
-    async def _fetch(self, conn: _Conn, version: int, req: dict[str, Any]) -> dict[str, Any]:
+    async def _fetch(self, conn: Conn, version: int, req: dict[str, Any]) -> dict[str, Any]:
         wait_ms = max(0, min(req["max_wait_ms"], MAX_FETCH_WAIT_MS))
         parts = [(t["topic"], p) for t in req["topics"] for p in t["partitions"]]
         got = await asyncio.gather(*(self._fetch_partition(conn, t, p, 0) for t, p in parts))
@@ -668,22 +560,23 @@ class KafkaGateway:
         return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0,
                 "responses": [{"topic": t, "partitions": ps} for t, ps in responses.items()]}
 
-    async def _fetch_partition(self, conn: _Conn, topic: str, p: dict[str, Any],
+    async def _fetch_partition(self, conn: Conn, topic: str, p: dict[str, Any],
                                wait_ms: int) -> dict[str, Any]:
         partition, offset = p["partition"], p["fetch_offset"]
         out: dict[str, Any] = {"partition_index": partition, "error_code": 0,
                                "high_watermark": -1, "last_stable_offset": -1,
                                "log_start_offset": -1, "aborted_transactions": None,
                                "preferred_read_replica": -1, "records": b""}
+        client = self.client_of(conn)
         try:
-            sid = await self._sid(topic, partition)
+            sid = await self._sid(client, topic, partition)
             if offset < 0:
                 out["error_code"] = E.OFFSET_OUT_OF_RANGE
                 return out
             rd = conn.readers.get(sid)
             limit = min(max(p["partition_max_bytes"], READ_BATCH_BYTES[0]), READ_BATCH_BYTES[1])
             if rd is None:
-                rd = conn.readers[sid] = _Reader(self.client.consumer(
+                rd = conn.readers[sid] = Reader(client.consumer(
                     sid, offset, subscribe=False, batch_max_bytes=limit))
                 while len(conn.readers) > MAX_READERS_PER_CONNECTION:
                     _, old = conn.readers.popitem(last=False)
@@ -708,8 +601,9 @@ class KafkaGateway:
 
     # ------------------------------------------------------------------------ list offsets
 
-    async def _list_offsets(self, conn: _Conn, version: int, req: dict[str, Any]
+    async def _list_offsets(self, conn: Conn, version: int, req: dict[str, Any]
                             ) -> dict[str, Any]:
+        client = self.client_of(conn)
         topics = []
         for t in req["topics"]:
             parts = []
@@ -717,14 +611,14 @@ class KafkaGateway:
                 r: dict[str, Any] = {"partition_index": p["partition_index"], "error_code": 0,
                                      "timestamp": -1, "offset": -1, "leader_epoch": -1}
                 try:
-                    sid = await self._sid(t["name"], p["partition_index"])
+                    sid = await self._sid(client, t["name"], p["partition_index"])
                     ts = p["timestamp"]
                     if ts == TIMESTAMP_EARLIEST:
-                        r["offset"] = await self.client.start_offset(sid)
+                        r["offset"] = await client.start_offset(sid)
                     elif ts == TIMESTAMP_LATEST:
-                        r["offset"] = await self.client.end_offset(sid)
+                        r["offset"] = await client.end_offset(sid)
                     elif ts >= 0:
-                        got = await self._offset_for_time(sid, ts)
+                        got = await self._offset_for_time(client, sid, ts)
                         if got is not None:
                             r["offset"], r["timestamp"] = got
                     else:  # -3 (max timestamp, v7+) and below are not served
@@ -735,15 +629,16 @@ class KafkaGateway:
             topics.append({"name": t["name"], "partitions": parts})
         return {"throttle_time_ms": 0, "topics": topics}
 
-    async def _offset_for_time(self, sid: int, target_ms: int) -> tuple[int, int] | None:
+    async def _offset_for_time(self, client: AsyncClient, sid: int, target_ms: int
+                               ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after ``target_ms``: a binary search
         by the batches' largest timestamps, one FETCH per probe (:mod:`sbpstream.kafka.bytime`).
         """
-        start = await self.client.start_offset(sid)
-        end = await self.client.end_offset(sid)
+        start = await client.start_offset(sid)
+        end = await client.end_offset(sid)
         if start >= end:
             return None
-        c = self.client.consumer(sid, start, subscribe=False, batch_max_bytes=PROBE_BYTES)
+        c = client.consumer(sid, start, subscribe=False, batch_max_bytes=PROBE_BYTES)
 
         async def probe(offset: int) -> list[memoryview]:
             await c.seek(offset)
@@ -758,7 +653,7 @@ class KafkaGateway:
 
     # ---------------------------------------------------------------------- create, delete
 
-    async def _create(self, name: str, partitions: int, replicas: int,
+    async def _create(self, client: AsyncClient, name: str, partitions: int, replicas: int,
                       configs: dict[str, str | None], validate_only: bool = False
                       ) -> tuple[int, str | None]:
         if partitions == -1:
@@ -780,11 +675,11 @@ class KafkaGateway:
                 except ValueError:
                     return E.INVALID_CONFIG, f"retention.ms {v!r} is not an integer"
         try:
-            if await self._partitions(name):
+            if await self._partitions(client, name):
                 return E.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
             if validate_only:
                 return E.NONE, None
-            await self.client.create_streams(
+            await client.create_streams(
                 names=[stream_name(name, p) for p in range(partitions)],
                 replica_nums=replicas, **retention)
         except SbpError as exc:
@@ -796,14 +691,14 @@ class KafkaGateway:
             return code, exc.message
         return E.NONE, None
 
-    async def _create_topics(self, conn: _Conn, version: int, req: dict[str, Any]
+    async def _create_topics(self, conn: Conn, version: int, req: dict[str, Any]
                              ) -> dict[str, Any]:
         out = []
         for t in req["topics"]:
             configs = {c["name"]: c["value"] for c in t["configs"]}
-            code, msg = await self._create(t["name"], t["num_partitions"],
-                                           t["replication_factor"], configs,
-                                           req["validate_only"])
+            code, msg = await self._create(
+                self.client_of(conn), t["name"], t["num_partitions"], t["replication_factor"],
+                configs, req["validate_only"])
             parts = t["num_partitions"] if t["num_partitions"] > 0 else self.default_partitions
             out.append({"name": t["name"], "error_code": code, "error_message": msg,
                         "num_partitions": parts if code == E.NONE else -1,
@@ -813,335 +708,41 @@ class KafkaGateway:
                         "configs": None})
         return {"throttle_time_ms": 0, "topics": out}
 
-    async def _delete_topics(self, conn: _Conn, version: int, req: dict[str, Any]
+    async def _delete_topics(self, conn: Conn, version: int, req: dict[str, Any]
                              ) -> dict[str, Any]:
         out = []
         for name in req["topic_names"]:
             code, msg = E.NONE, None
             try:
-                parts = await self._partitions(name)
+                parts = await self._partitions(self.client_of(conn), name)
                 if not parts:
                     code = E.UNKNOWN_TOPIC_OR_PARTITION
                 else:
-                    await self.client.delete_streams(list(parts.values()))
+                    await self.client_of(conn).delete_streams(list(parts.values()))
                     self._forget(name)
             except SbpError as exc:
                 code, msg = E.kafka_code(exc), exc.message
             out.append({"name": name, "error_code": code, "error_message": msg})
         return {"throttle_time_ms": 0, "responses": out}
 
-    # ---------------------------------------------------------------------- consumer groups
-
-    async def _tick_groups(self) -> None:
-        while True:
-            await asyncio.sleep(GROUP_TICK_S)
-            self.groups.tick()
-
-    async def _find_coordinator(self, conn: _Conn, version: int, req: dict[str, Any]
-                                ) -> dict[str, Any]:
-        host, port = self.advertised
-        if req["key_type"] != KEY_TYPE_GROUP:  # transactions are not served
-            return {"throttle_time_ms": 0, "error_code": E.COORDINATOR_NOT_AVAILABLE,
-                    "error_message": "only group coordinators (transactions are not served)",
-                    "node_id": -1, "host": "", "port": -1}
-        return {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
-                "node_id": self.node_id, "host": host, "port": port}
-
-    async def _sbp_members(self, group: str) -> int:
-        """Live members of the sbpstream group of that name other than this gateway's own
-        (SDK consumers, or another gateway's Kafka members)."""
-        return sum(1 for mb in (await self.client.group_admin.describe(group)).members
-                   if mb.member_id != self.pm_member_id)
-
-    async def _join_group(self, conn: _Conn, version: int, req: dict[str, Any]
-                          ) -> dict[str, Any]:
-        group = req["group_id"]
-
-        def error(code: int) -> dict[str, Any]:
-            return {"throttle_time_ms": 0, "error_code": code, "generation_id": -1,
-                    "protocol_name": "", "leader": "", "member_id": req["member_id"],
-                    "members": []}
-
-        if not _group_ok(group):
-            return error(E.INVALID_GROUP_ID)
-        if not self.groups.live(group):
-            # the first Kafka member: the group must not be live in sbpstream consumers
-            try:
-                if await self._sbp_members(group):
-                    return error(E.INCONSISTENT_GROUP_PROTOCOL)
-            except SbpError as exc:
-                return error(E.kafka_code(exc))
-        joined = self.groups.join(
-            group, req["member_id"], conn.client_id, conn.host, req["session_timeout_ms"],
-            req["rebalance_timeout_ms"], req["protocol_type"],
-            [(p["name"], p["metadata"]) for p in req["protocols"]])
-        if self.groups.live(group):  # the PM's group holds the (maybe new) subscription
-            try:
-                await self._pm_sync(group)
-            except SbpError as exc:  # retried every PM_HEARTBEAT_S
-                log.warning("event=kafka_group_pm_sync_failed group=%s error=%s", group, exc)
-        r = await joined
-        if r.error_code != E.NONE:
-            return error(r.error_code)
-        return {"throttle_time_ms": 0, "error_code": 0, "generation_id": r.generation,
-                "protocol_name": r.protocol_name, "leader": r.leader, "member_id": r.member_id,
-                "members": [{"member_id": mid, "group_instance_id": None, "metadata": meta}
-                            for mid, meta in r.members]}
-
-    async def _sync_group(self, conn: _Conn, version: int, req: dict[str, Any]
-                          ) -> dict[str, Any]:
-        code, assignment = await self.groups.sync(
-            req["group_id"], req["generation_id"], req["member_id"],
-            [(a["member_id"], a["assignment"]) for a in req["assignments"]])
-        return {"throttle_time_ms": 0, "error_code": code, "assignment": assignment}
-
-    async def _heartbeat(self, conn: _Conn, version: int, req: dict[str, Any]
-                         ) -> dict[str, Any]:
-        code = self.groups.heartbeat(req["group_id"], req["generation_id"], req["member_id"])
-        return {"throttle_time_ms": 0, "error_code": code}
-
-    async def _leave_group(self, conn: _Conn, version: int, req: dict[str, Any]
-                           ) -> dict[str, Any]:
-        group = req["group_id"]
-        if version < 3:
-            code = self.groups.leave(group, req["member_id"])
-            out: dict[str, Any] = {"throttle_time_ms": 0, "error_code": code}
-        else:
-            out = {"throttle_time_ms": 0, "error_code": 0, "members": [
-                {"member_id": mb["member_id"], "group_instance_id": mb["group_instance_id"],
-                 "error_code": self.groups.leave(group, mb["member_id"])}
-                for mb in req["members"]]}
-        if group in self._pm_members and not self.groups.live(group):
-            with contextlib.suppress(SbpError):  # the last one left: so does the PM member
-                await self._pm_sync(group)
-        return out
-
-    async def _offset_commit(self, conn: _Conn, version: int, req: dict[str, Any]
-                             ) -> dict[str, Any]:
-        """Kafka commits of group G for T partition p are sbpstream group G's committed
-        offsets of the stream T.p, stored through the PM (from outside the sbpstream group:
-        refused while SDK consumers are its live members)."""
-        group = req["group_id"]
-        code = (self.groups.check_commit(group, req["generation_id"], req["member_id"])
-                if _group_ok(group) else E.INVALID_GROUP_ID)
-        codes: dict[tuple[str, int], int] = {}
-        offsets: dict[int, int] = {}
-        where: dict[int, tuple[str, int]] = {}
-        for t in req["topics"]:
-            for p in t["partitions"]:
-                key = (t["name"], p["partition_index"])
-                codes[key] = code
-                if code != E.NONE:
-                    continue
-                if p["committed_offset"] < 0:
-                    codes[key] = E.INVALID_REQUEST  # sbpstream keeps offsets >= 0
-                    continue
-                try:
-                    sid = await self._sid(*key)
-                except SbpError as exc:
-                    codes[key] = E.kafka_code(exc)
-                    continue
-                offsets[sid] = p["committed_offset"]
-                where[sid] = key
-        if offsets:
-            try:
-                errs = await self._pm_commit(group, offsets, bool(req["member_id"]))
-            except SbpError as exc:
-                errs = dict.fromkeys(offsets, exc)
-            for sid, err in errs.items():
-                if err is not None and sid in where:
-                    codes[where[sid]] = E.kafka_code(err)
-        by_topic: dict[str, list[dict[str, Any]]] = {}
-        for (topic, part), c in codes.items():
-            by_topic.setdefault(topic, []).append({"partition_index": part, "error_code": c})
-        return {"throttle_time_ms": 0, "topics": [{"name": t, "partitions": ps}
-                                                  for t, ps in by_topic.items()]}
-
-    async def _pm_commit(self, group: str, offsets: dict[int, int], as_member: bool
-                         ) -> dict[int, SbpError | None]:
-        """Store a Kafka commit as the sbpstream group's: a member's through this gateway's
-        member of that group (its generation refreshed by a heartbeat when stale), one from
-        outside the group from outside (refused while the group has live members)."""
-        admin = self.client.group_admin
-        for attempt in range(2):
-            if not as_member:
-                return await admin.commit(group, offsets)
-            pmm = self._pm_members.get(group)
-            if attempt or pmm is None or pmm.generation < 0 or not set(offsets) <= set(
-                    pmm.streams):
-                pmm = await self._pm_sync(group)
-            if pmm is None:
-                raise UnknownMemberError(f"group {group!r} has no member at this gateway")
-            try:
-                errs = await admin.commit(group, offsets, self.pm_member_id, pmm.generation)
-            except (IllegalGenerationError, UnknownMemberError):
-                if attempt:
-                    raise
-                continue
-            if attempt or not any(isinstance(e, IllegalGenerationError) for e in errs.values()):
-                return errs
-        raise AssertionError("unreachable")
-
-    async def _pm_sync(self, group: str) -> _PmMember | None:
-        """Bring this gateway's member of the sbpstream group ``group`` in line with the Kafka
-        group live here: joined with the streams of every topic its members subscribe (so the
-        PM hands none of them to SDK consumers of the group meanwhile), heartbeating, and left
-        once the Kafka group has no member. Returns the member (None: left)."""
-        pmm = self._pm_members.setdefault(group, _PmMember())
-        admin = self.client.group_admin
-        async with pmm.lock:
-            g = self.groups.get(group)
-            if g is None or not g.members:
-                if self._pm_members.get(group) is pmm:
-                    del self._pm_members[group]
-                if pmm.generation >= 0:
-                    pmm.generation = -1
-                    with contextlib.suppress(UnknownMemberError):
-                        await admin.leave(group, self.pm_member_id)
-                return None
-            sids: set[int] = set()
-            for topic in sorted(group_topics(g)):
-                with contextlib.suppress(SbpError):  # an unknown topic has no streams to hold
-                    sids.update((await self._partitions(topic)).values())
-            streams = tuple(sorted(sids))
-            for attempt in range(2):
-                try:
-                    if pmm.generation < 0 or streams != pmm.streams:
-                        joined: m.JoinGroupResponse = await admin.pm_call(
-                            m.JoinGroupRequest(0, group, self.pm_member_id, streams, (), "",
-                                               PM_SESSION_TIMEOUT_MS, PM_CLIENT_ID),
-                            m.JoinGroupResponse)
-                        pmm.generation, pmm.streams = joined.generation, streams
-                    # it holds every stream it subscribes: the PM gives SDK members none of them
-                    hb = await admin.heartbeat(group, self.pm_member_id, pmm.generation, streams)
-                    pmm.generation = hb.generation
-                    return pmm
-                except UnknownMemberError:  # a PM failover, or a missed session: join again
-                    pmm.generation = -1
-                    if attempt:
-                        raise
-            raise AssertionError("unreachable")
-
-    async def _pm_groups_loop(self) -> None:
-        while True:
-            await asyncio.sleep(PM_HEARTBEAT_S)
-            for group in sorted(set(self._pm_members) | set(self.groups.groups)):
-                try:
-                    await self._pm_sync(group)
-                except SbpError as exc:
-                    log.warning("event=kafka_group_pm_sync_failed group=%s error=%s", group,
-                                exc)
-
-    async def _offset_fetch(self, conn: _Conn, version: int, req: dict[str, Any]
-                            ) -> dict[str, Any]:
-        group = req["group_id"]
-        if not _group_ok(group):
-            return {"throttle_time_ms": 0, "topics": [], "error_code": E.INVALID_GROUP_ID}
-        wanted: list[tuple[str, int]] = []
-        sids: dict[tuple[str, int], int] = {}
-        code = E.NONE
-        committed: dict[int, int] = {}
-        try:
-            if req["topics"] is None:  # every partition the group has an offset for
-                committed = await self.client.committed_offsets(group)
-                for topic, parts in sorted((await self._all_topics()).items()):
-                    for p, sid in sorted(parts.items()):
-                        if sid in committed:
-                            wanted.append((topic, p))
-                            sids[(topic, p)] = sid
-            else:
-                for t in req["topics"]:
-                    for p in t["partition_indexes"]:
-                        wanted.append((t["name"], p))
-                        with contextlib.suppress(SbpError):  # unknown: nothing committed
-                            sids[(t["name"], p)] = await self._sid(t["name"], p)
-                if sids:
-                    committed = await self.client.committed_offsets(group, list(sids.values()))
-        except SbpError as exc:
-            code = E.kafka_code(exc)
-        by_topic: dict[str, list[dict[str, Any]]] = {}
-        for topic, part in wanted:
-            known = sids.get((topic, part))
-            by_topic.setdefault(topic, []).append({
-                "partition_index": part, "committed_leader_epoch": -1, "metadata": "",
-                "committed_offset": -1 if known is None else committed.get(known, -1),
-                "error_code": code})
-        return {"throttle_time_ms": 0, "error_code": code,
-                "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
-
-    async def _list_groups(self, conn: _Conn, version: int, req: dict[str, Any]
-                           ) -> dict[str, Any]:
-        try:
-            names = set(await self.client.list_groups()) | set(self.groups.groups)
-        except SbpError as exc:
-            return {"throttle_time_ms": 0, "error_code": E.kafka_code(exc), "groups": []}
-        return {"throttle_time_ms": 0, "error_code": 0, "groups": [
-            {"group_id": n, "protocol_type": "consumer"} for n in sorted(names)]}
-
-    async def _describe_groups(self, conn: _Conn, version: int, req: dict[str, Any]
-                               ) -> dict[str, Any]:
-        return {"throttle_time_ms": 0,
-                "groups": [await self._describe_group(n) for n in req["groups"]]}
-
-    async def _describe_group(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"error_code": 0, "group_id": name, "group_state": "Dead",
-                               "protocol_type": "", "protocol_data": "", "members": []}
-        g = self.groups.get(name)
-        if g is not None:  # a Kafka group live at this gateway
-            proto = g.protocol_name or "" if g.state not in (PREPARING, COMPLETING) else ""
-            out.update(group_state=g.state, protocol_type=g.protocol_type, protocol_data=proto,
-                       members=[{"member_id": mb.member_id, "group_instance_id": None,
-                                 "client_id": mb.client_id, "client_host": mb.host,
-                                 "member_metadata": mb.metadata(g.protocol_name or ""),
-                                 "member_assignment": mb.assignment}
-                                for mb in g.members.values()])
-            return out
-        if not _group_ok(name):
-            out["error_code"] = E.INVALID_GROUP_ID
-            return out
-        try:  # the sbpstream group: SDK consumers, or committed offsets only
-            d = await self.client.group_admin.describe(name)
-        except SbpError as exc:
-            out["error_code"] = E.kafka_code(exc)
-            return out
-        if d.members:
-            out.update(group_state="Stable" if d.state == "stable" else "PreparingRebalance",
-                       protocol_type="sbpstream",
-                       members=[{"member_id": mb.member_id, "group_instance_id": None,
-                                 "client_id": mb.client_id, "client_host": mb.host,
-                                 "member_metadata": b"", "member_assignment": b""}
-                                for mb in d.members])
-        elif d.committed_streams:
-            out.update(group_state="Empty", protocol_type="consumer")
-        return out
-
     # ------------------------------------------------------------------------ idempotence
 
-    async def _init_producer_id(self, conn: _Conn, version: int, req: dict[str, Any]
+    async def _init_producer_id(self, conn: Conn, version: int, req: dict[str, Any]
                                 ) -> dict[str, Any]:
         if req["transactional_id"] is not None:
             return {"throttle_time_ms": 0, "error_code": E.INVALID_REQUEST,
                     "producer_id": -1, "producer_epoch": -1}
-        # a fresh id per call: 62 random bits make a collision with a live producer negligible
+        if conn.session is not None and not conn.session.may_append_somewhere():
+            # Kafka's check: an idempotent producer needs WRITE on some topic
+            return {"throttle_time_ms": 0, "error_code": E.CLUSTER_AUTHORIZATION_FAILED,
+                    "producer_id": -1, "producer_epoch": -1}
+        # a fresh id per call, from the OS's CSPRNG: 62 random bits make a collision with a live
+        # producer negligible, and nobody can predict another producer's id to answer as it
         return {"throttle_time_ms": 0, "error_code": 0,
-                "producer_id": random.getrandbits(62), "producer_epoch": 0}
+                "producer_id": secrets.randbits(62), "producer_epoch": 0}
 
 
 # ------------------------------------------------------------------------------------ helpers
-
-
-def _group_ok(group: str) -> bool:
-    """A Kafka group id is an sbpstream group name (1-255 bytes, printable, no '/')."""
-    try:
-        validate_group_name(group)
-    except SbpError:
-        return False
-    return True
-
-
-async def _then(aw: Awaitable[dict[str, Any] | None],
-                fn: Callable[[dict[str, Any] | None], bytes | None]) -> bytes | None:
-    return fn(await aw)
 
 
 async def _ready(value: tuple[int, int]) -> tuple[int, int]:

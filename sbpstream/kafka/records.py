@@ -32,7 +32,7 @@ import zstandard
 
 from sbpstream.kafka.codec import KafkaDecodeError, uvarint
 from sbpstream.records import (
-    MAX_DECOMPRESSED_BYTES,
+    MAX_BATCH_BYTES,
     BatchError,
     Record,
     read_header,
@@ -74,6 +74,36 @@ class UnsupportedBatchError(KafkaDecodeError):
     """A well-formed batch the gateway does not store: snappy, transactional or control."""
 
 
+MAX_INFLATED_BATCH_BYTES: Final = MAX_BATCH_BYTES
+"""What one Kafka batch may decompress to: it is stored as one sbpstream batch, which cannot be
+larger, so more is refused (MESSAGE_TOO_LARGE) the moment the decompressor's output passes it,
+never after inflating the whole thing (a 32 MiB lz4 request of zeros inflates to ~8 GiB)."""
+MAX_INFLATED_REQUEST_BYTES: Final = 4 * MAX_BATCH_BYTES
+"""What all the batches of one Produce request may decompress to together: a request holds
+many batches, each under :data:`MAX_INFLATED_BATCH_BYTES`, and their records are all held in
+memory until stored."""
+
+
+class InflateLimitError(KafkaDecodeError):
+    """Compressed records inflate beyond a bound (MESSAGE_TOO_LARGE)."""
+
+
+class InflateBudget:
+    """Bytes the batches of one request may still decompress to (shared by its partitions)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, total: int = MAX_INFLATED_REQUEST_BYTES) -> None:
+        self.left = total
+
+    def limit(self) -> int:
+        """The bound of the next batch: the per-batch bound or what the request has left."""
+        return min(MAX_INFLATED_BATCH_BYTES, self.left)
+
+    def spend(self, n: int) -> None:
+        self.left -= n
+
+
 class UnsupportedCompressionError(UnsupportedBatchError):
     pass
 
@@ -106,7 +136,7 @@ def _snappy_block(block: memoryview, budget: int) -> bytes:
     """One raw snappy block, its declared length checked against ``budget`` first."""
     size, _ = _uvarint_prefix(block)
     if size > budget:
-        raise KafkaDecodeError("snappy records exceed the decompression bound")
+        raise InflateLimitError(f"snappy records exceed the decompression bound ({budget})")
     try:
         out = bytes(cramjam.snappy.decompress_raw(bytes(block)))
     except Exception as e:  # cramjam's DecompressionError
@@ -127,9 +157,9 @@ def _uvarint_prefix(buf: memoryview) -> tuple[int, int]:
     raise KafkaDecodeError("bad snappy length preamble")
 
 
-def _unsnappy(data: memoryview) -> bytes:
+def _unsnappy(data: memoryview, limit: int) -> bytes:
     if bytes(data[:len(XERIAL_MAGIC)]) != XERIAL_MAGIC:
-        return _snappy_block(data, MAX_DECOMPRESSED_BYTES)
+        return _snappy_block(data, limit)
     if len(data) < XERIAL_HEADER:
         raise KafkaDecodeError("truncated snappy stream header")
     parts: list[bytes] = []
@@ -141,49 +171,63 @@ def _unsnappy(data: memoryview) -> bytes:
         pos += 4
         if n < 0 or pos + n > len(data):
             raise KafkaDecodeError(f"bad snappy block length {n}")
-        parts.append(_snappy_block(data[pos:pos + n], MAX_DECOMPRESSED_BYTES - total))
+        parts.append(_snappy_block(data[pos:pos + n], limit - total))
         total += len(parts[-1])
         pos += n
     return b"".join(parts)
 
 
-def _decompress(codec: int, data: memoryview) -> bytes:
+def _decompress(codec: int, data: memoryview, limit: int) -> bytes:
+    """One records section decompressed, refused (InflateLimitError) as soon as the output
+    passes ``limit``: every codec is driven with a maximum output, never run to its end first.
+    """
+    too_big = InflateLimitError(f"records inflate beyond {limit} bytes (codec {codec})")
     try:
         if codec == CODEC_GZIP:
             d = zlib.decompressobj(wbits=31)
-            out = d.decompress(data, MAX_DECOMPRESSED_BYTES)
-            if d.unconsumed_tail:
-                raise KafkaDecodeError("gzip records exceed the decompression bound")
+            out = d.decompress(data, limit + 1)
+            if len(out) > limit or d.unconsumed_tail:
+                raise too_big
+            if not d.eof:
+                raise KafkaDecodeError("truncated gzip records")
             return out
         if codec == CODEC_LZ4:
-            out = lz4.frame.decompress(data)
-            if len(out) > MAX_DECOMPRESSED_BYTES:
-                raise KafkaDecodeError("lz4 records exceed the decompression bound")
+            lz = lz4.frame.LZ4FrameDecompressor()
+            out = lz.decompress(data, max_length=limit + 1)
+            if len(out) > limit:
+                raise too_big
+            if not lz.eof:
+                raise KafkaDecodeError("truncated lz4 records")
             return bytes(out)
         if codec == CODEC_ZSTD:
             dctx = zstandard.ZstdDecompressor()
-            with dctx.stream_reader(bytes(data)) as rd:
-                out = rd.read(MAX_DECOMPRESSED_BYTES + 1)
-            if len(out) > MAX_DECOMPRESSED_BYTES:
-                raise KafkaDecodeError("zstd records exceed the decompression bound")
+            with dctx.stream_reader(data, read_across_frames=True) as rd:
+                out = rd.read(limit + 1)
+            if len(out) > limit:
+                raise too_big
             return bytes(out)
     except KafkaDecodeError:
         raise
     except Exception as e:  # every decompressor's own error types
         raise KafkaDecodeError(f"cannot decompress records (codec {codec}): {e}") from None
     if codec == CODEC_SNAPPY:
-        return _unsnappy(data)
+        return _unsnappy(data, limit)
     raise UnsupportedCompressionError(f"unknown compression codec {codec}")
 
 
-def decode_batches(buf: bytes | memoryview, now_ms: int | None = None) -> list[KafkaBatch]:
+def decode_batches(buf: bytes | memoryview, now_ms: int | None = None,
+                   budget: InflateBudget | None = None) -> list[KafkaBatch]:
     """The batches of a Produce partition's ``records``: CRC checked, decompressed, decoded.
+
+    Decompression is bounded per batch and by ``budget`` (one request's, shared by its
+    partitions; a fresh one when None): InflateLimitError beyond (MESSAGE_TOO_LARGE).
 
     KafkaDecodeError (CORRUPT_MESSAGE) for anything malformed; UnsupportedBatchError for a batch
     that is well-formed but not storable (magic < 2 is reported as malformed)."""
     mv = memoryview(buf)
     out: list[KafkaBatch] = []
     pos = 0
+    budget = budget if budget is not None else InflateBudget()
     while pos < len(mv):
         if len(mv) - pos < KAFKA_HEADER_SIZE:
             raise KafkaDecodeError("truncated record batch header")
@@ -203,7 +247,8 @@ def decode_batches(buf: bytes | memoryview, now_ms: int | None = None) -> list[K
         section: memoryview | bytes = mv[pos + KAFKA_HEADER_SIZE : end]
         codec = attrs & ATTR_CODEC
         if codec != CODEC_NONE:
-            section = _decompress(codec, memoryview(section))
+            section = _decompress(codec, memoryview(section), budget.limit())
+            budget.spend(len(section))
         if count > len(section) // MIN_RECORD_BYTES:
             raise KafkaDecodeError(f"{count} records cannot fit in {len(section)} bytes")
         if attrs & ATTR_LOG_APPEND_TIME or base_ts < 0:

@@ -23,10 +23,12 @@ LEAVE_GROUP: Final = 13
 SYNC_GROUP: Final = 14
 DESCRIBE_GROUPS: Final = 15
 LIST_GROUPS: Final = 16
+SASL_HANDSHAKE: Final = 17
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
 INIT_PRODUCER_ID: Final = 22
+SASL_AUTHENTICATE: Final = 36
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +374,24 @@ DESCRIBE_GROUPS_RESP = _s("DescribeGroupsResponse", 5,
         F("authorized_operations", "int32", "3+", default=-2147483648))),
 )
 
+SASL_HANDSHAKE_REQ = _s("SaslHandshakeRequest", 32767,
+    F("mechanism", "string"),
+)
+SASL_HANDSHAKE_RESP = _s("SaslHandshakeResponse", 32767,
+    F("error_code", "int16"),
+    F("mechanisms", "[]string"),
+)
+
+SASL_AUTHENTICATE_REQ = _s("SaslAuthenticateRequest", 2,
+    F("auth_bytes", "bytes"),
+)
+SASL_AUTHENTICATE_RESP = _s("SaslAuthenticateResponse", 2,
+    F("error_code", "int16"),
+    F("error_message", "string", nullable="0+"),
+    F("auth_bytes", "bytes"),
+    F("session_lifetime_ms", "int64", "1+"),
+)
+
 # The versions served: those of a Kafka 2.4 broker (well trodden by librdkafka and
 # kafka-python), from the first version that carries record batch v2 where records travel.
 SUPPORTED: Final[dict[int, Api]] = {a.key: a for a in (
@@ -394,4 +414,9 @@ SUPPORTED: Final[dict[int, Api]] = {a.key: a for a in (
     Api(SYNC_GROUP, "SyncGroup", 0, 4, SYNC_GROUP_REQ, SYNC_GROUP_RESP),
     Api(DESCRIBE_GROUPS, "DescribeGroups", 0, 5, DESCRIBE_GROUPS_REQ, DESCRIBE_GROUPS_RESP),
     Api(LIST_GROUPS, "ListGroups", 0, 3, LIST_GROUPS_REQ, LIST_GROUPS_RESP),
+    # SASL (KIP-43, KIP-152): v0 of the handshake is followed by raw SASL tokens, v1 by
+    # SaslAuthenticate requests
+    Api(SASL_HANDSHAKE, "SaslHandshake", 0, 1, SASL_HANDSHAKE_REQ, SASL_HANDSHAKE_RESP),
+    Api(SASL_AUTHENTICATE, "SaslAuthenticate", 0, 2, SASL_AUTHENTICATE_REQ,
+        SASL_AUTHENTICATE_RESP),
 )}
