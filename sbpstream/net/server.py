@@ -262,6 +262,8 @@ class ServerConnection(FrameProtocol):
         """Count this connection in (its peer's address), arming the authentication deadline;
         or say why it is refused."""
         s = self.server
+        if not self.peer and isinstance(peer, tuple):  # before its transport (a TLS listener)
+            self.peer = f"{peer[0]}:{peer[1]}"
         refusal = s.admission.admit(self, peer)
         if refusal:
             return refusal
