@@ -19,7 +19,12 @@ too: what it sent before is answered (over TLS, which has no half-close, the con
 Security (docs/security.md): a listener serves TLS when given an SSL context; a
 :class:`ConnectionGate` (auth on) is asked about every request frame before dispatch and may
 answer it with an error instead; protected mode refuses non-loopback peers with a GOAWAY saying
-why.
+why. Connections are counted in at accept (:mod:`sbpstream.net.admission`: global, per source,
+unauthenticated); before it authenticates a connection gets small frames, small output, one
+request at a time and a deadline; a TLS listener peeks at the first byte
+(:mod:`sbpstream.net.tls_port`) to answer a plaintext SBP frame that TLS is required. Every
+connection stops reading while its unsent output is past the high-water mark
+(docs/security.md, "Pre-authentication limits").
 """
 
 from __future__ import annotations
