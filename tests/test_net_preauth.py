@@ -479,3 +479,31 @@ async def test_the_sdk_without_credentials_names_them_at_once() -> None:
         assert "SBPSTREAM_USER" in CREDENTIALS_HINT and "SBPSTREAM_PASSWORD" in CREDENTIALS_HINT
     finally:
         await server.close(drain_timeout_s=1)
+
+
+def _wait_closed(sock: socket.socket, timeout_s: float = 20.0) -> bytes:
+    """What the server sent before closing ``sock`` (reset or EOF), waiting at most
+    ``timeout_s`` for it to close."""
+    sock.settimeout(timeout_s)
+    got = b""
+    with contextlib.suppress(ConnectionError):
+        while data := sock.recv(65536):
+            got += data
+    return got
+
+
+async def test_a_silent_connection_on_a_tls_port_is_counted_and_closed_at_the_deadline(
+        certs: Path) -> None:
+    server = _gated_server(ssl_context=server_context(_server_tls(certs)), auth_deadline_s=0.5)
+    await server.start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        await eventually_async(lambda: len(server.connections) == 1, timeout=10,
+                               what="counted in before any handshake")
+        assert await asyncio.to_thread(_wait_closed, sock) == b""  # nothing it could read
+        sock.close()
+        await eventually_async(lambda: not server.connections and
+                               not server.admission.per_source, timeout=10,
+                               what="counted out")
+    finally:
+        await server.close(drain_timeout_s=1)

@@ -293,6 +293,9 @@ class ServerConnection(FrameProtocol):
                 self.close()
                 return
         self._set_water_marks()
+        if self.authenticated and self._auth_timer is not None:  # TLS is up, auth is off
+            self._auth_timer.cancel()
+            self._auth_timer = None
         if not self.plaintext_on_tls_port:
             self._after_admission()
 
@@ -434,7 +437,7 @@ class ServerConnection(FrameProtocol):
         # requests already dispatched are answered (GOAWAY's promise), then the connection closes.
         self.server.stats.framing_errors += 1
         self.pause_reading("broken")  # nothing after it is read: a refused body stays unread
-        if not self.authenticated and "frame length" in str(exc):
+        if not self.authenticated and str(exc).startswith("frame length "):  # frame.py's
             self.server.stats.preauth_frames_refused += 1
             log.info("event=preauth_frame_refused peer=%s error=%r", self.peer, str(exc))
             self.goaway_and_drain(

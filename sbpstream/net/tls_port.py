@@ -16,7 +16,6 @@ transport reads anything, so nothing the peer sent is lost; the peek and the han
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -100,10 +99,9 @@ class TlsAccept(asyncio.Protocol):
                 lambda: conn, sock, ssl=ctx,
                 ssl_handshake_timeout=self.server.auth_deadline_s if tls else None)
         except (OSError, asyncio.CancelledError, TimeoutError) as exc:
-            # a failed handshake (the loop closed the socket), or cancelled by the deadline
+            # a failed handshake, or cancelled (deadline, eviction, shutdown): the socket is the
+            # loop's transport's from the call on, and that transport closes it
             log.info("event=tls_handshake_failed peer=%s error=%r", conn.peer, str(exc))
-            with contextlib.suppress(OSError):
-                sock.close()
             conn.setup_failed(exc if isinstance(exc, Exception) else TimeoutError(str(exc)))
 
     def cancel(self, exc: BaseException | None = None) -> None:
