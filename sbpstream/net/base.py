@@ -98,11 +98,20 @@ class FrameProtocol(asyncio.Protocol):
         self.process_events()
 
     def process_events(self) -> None:
-        """Hand buffered events to ``on_event`` while ``can_accept_event()`` allows."""
+        """Hand buffered events to ``on_event`` while ``can_accept_event()`` allows.
+
+        While it does not, reading pauses (reason ``held``) with bytes left in the decoder, so
+        what is held back is at most one read chunk: whoever made ``can_accept_event()`` false
+        calls this again when it turns true, which resumes reading once the decoder is empty."""
         try:
-            while not self.closed and not self.input_broken and self.can_accept_event():
+            while not self.closed and not self.input_broken:
+                if not self.can_accept_event():
+                    if self.decoder.buffered_bytes:
+                        self.pause_reading("held")
+                    return
                 ev = self.decoder.next_event()
                 if ev is None:
+                    self.resume_reading("held")
                     return
                 self.on_event(ev)
         except FramingError as exc:

@@ -26,11 +26,12 @@ import ssl
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from sbpstream.net.base import FrameProtocol
 from sbpstream.protocol.errors import (
     AuthenticationFailedError,
+    AuthenticationRequiredError,
     BadHeaderError,
     ClientTimeoutError,
     ConnectionClosedError,
@@ -76,6 +77,19 @@ def parse_address(addr: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, port
+
+
+NOT_TLS_REASONS: Final = frozenset({
+    "WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+    "HTTP_REQUEST", "UNEXPECTED_RECORD", "RECORD_TOO_LARGE", "TLSV1_ALERT_PROTOCOL_VERSION",
+})
+"""OpenSSL's reasons for a handshake that got bytes which are not TLS (an SBP frame, a GOAWAY
+from a plaintext port): the port is not a TLS port, and retrying cannot help."""
+
+CREDENTIALS_HINT: Final = (
+    "set SBPSTREAM_USER and SBPSTREAM_PASSWORD (or --user/--password, or SBPSTREAM_TOKEN_FILE)"
+)
+"""The fix named when a server with auth on answers a client that has no credentials."""
 
 
 def system_error_from(frame: Frame) -> SbpError:
@@ -130,7 +144,7 @@ class ResponseStream:
             self._conn._forget(self.request_id)
         if frame.is_system_error:
             self._finished = True
-            raise system_error_from(frame)
+            raise self._conn.system_error(frame)
         return frame
 
     async def aclose(self) -> None:
@@ -164,6 +178,7 @@ class Connection(FrameProtocol):
         self.goaway: GoAway | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
         self.auth_renew_at_ms = 0  # when this connection must authenticate again (0: never)
+        self.has_credentials = False  # opened with an authenticator
 
     @classmethod
     async def open(
@@ -192,15 +207,45 @@ class Connection(FrameProtocol):
             raise AuthenticationFailedError(
                 f"TLS: {address} failed certificate verification: {exc.verify_message}"
             ) from exc
+        except ssl.SSLError as exc:
+            if exc.reason not in NOT_TLS_REASONS:
+                raise ConnectionClosedError(f"TLS handshake with {address} failed: {exc}") from exc
+            # not retriable: the server answered in plaintext, so it is not a TLS port
+            raise AuthenticationFailedError(
+                f"TLS: {address} does not speak TLS (its answer is not TLS: {exc.reason}): "
+                "connect without SBPSTREAM_TLS_CA / --tls-ca, or turn TLS on at the server"
+            ) from exc
         except (OSError, TimeoutError) as exc:
             raise ConnectionClosedError(f"cannot connect to {address}: {exc}") from exc
         if authenticator is not None:
+            proto.has_credentials = True
             try:
                 await authenticator.authenticate(proto)
             except BaseException:
                 proto.abort()
                 raise
         return proto
+
+    def system_error(self, frame: Frame) -> SbpError:
+        """The error a system error frame on this connection raises: AUTHENTICATION_REQUIRED
+        on a connection without credentials names them."""
+        err = system_error_from(frame)
+        if err.code == ErrorCode.AUTHENTICATION_REQUIRED and not self.has_credentials:
+            return AuthenticationRequiredError(
+                f"{self.address} requires authentication ({err.message}): {CREDENTIALS_HINT}")
+        return err
+
+    def _goaway_error(self) -> SbpError:
+        """What a request fails with once the server sent GOAWAY and will not see it."""
+        g = self.goaway
+        message = g.message if g is not None else ""
+        if g is not None and g.code == ErrorCode.AUTHENTICATION_REQUIRED:
+            # not retriable: a new connection gets the same answer (protected mode, no login)
+            if not self.has_credentials and CREDENTIALS_HINT not in message and \
+                    "protected mode" not in message:
+                message = f"{message}: {CREDENTIALS_HINT}"
+            return AuthenticationRequiredError(f"{self.address} sent GOAWAY: {message}")
+        return ShuttingDownError(f"{self.address} sent GOAWAY: {message}")
 
     @property
     def usable(self) -> bool:
@@ -269,9 +314,7 @@ class Connection(FrameProtocol):
             last = self.goaway.last_stream_id
             for rid in [r for r in self._pending if r > last]:
                 # the server never saw it: safe to retry, even an APPEND
-                self._fail(
-                    rid, ShuttingDownError(f"{self.address} sent GOAWAY: {self.goaway.message}")
-                )
+                self._fail(rid, self._goaway_error())
             if not self._pending:
                 self.close()
             elif self._drain_timer is None:
@@ -395,7 +438,7 @@ class Connection(FrameProtocol):
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.address} is closed")
         if self.goaway is not None:
-            raise ShuttingDownError(f"{self.address} sent GOAWAY")
+            raise self._goaway_error()
         await self._slots.acquire()
         rid = self._next_request_id()
         self._pending[rid] = _Pending(deque(), None, None, False, 0)

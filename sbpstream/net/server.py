@@ -19,7 +19,12 @@ too: what it sent before is answered (over TLS, which has no half-close, the con
 Security (docs/security.md): a listener serves TLS when given an SSL context; a
 :class:`ConnectionGate` (auth on) is asked about every request frame before dispatch and may
 answer it with an error instead; protected mode refuses non-loopback peers with a GOAWAY saying
-why.
+why. Connections are counted in at accept (:mod:`sbpstream.net.admission`: global, per source,
+unauthenticated); before it authenticates a connection gets small frames, small output, one
+request at a time and a deadline; a TLS listener peeks at the first byte
+(:mod:`sbpstream.net.tls_port`) to answer a plaintext SBP frame that TLS is required. Every
+connection stops reading while its unsent output is past the high-water mark
+(docs/security.md, "Pre-authentication limits").
 """
 
 from __future__ import annotations
@@ -34,13 +39,18 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from sbpstream.net.admission import Admission
 from sbpstream.net.base import FrameProtocol
+from sbpstream.net.tls_port import TlsAccept
 from sbpstream.protocol.errors import ErrorCode, SbpError
 from sbpstream.protocol.frame import (
+    FIXED_SIZE,
+    FIXED_STRUCT,
     FLAG_END,
     FLAG_RESPONSE,
     FLAGS_RESPONSE_END,
     FLAGS_SYSTEM_ERROR,
+    MAGIC,
     Buffer,
     Event,
     Frame,
@@ -49,12 +59,20 @@ from sbpstream.protocol.frame import (
     FramingError,
 )
 from sbpstream.protocol.limits import (
+    DEFAULT_AUTH_DEADLINE_S,
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_SOURCE,
     MAX_FRAME_LENGTH,
     MAX_IN_FLIGHT_REQUESTS,
     MAX_REQUEST_ID,
+    MAX_UNAUTHENTICATED_CONNECTIONS,
+    PREAUTH_MAX_FRAME_LENGTH,
+    PREAUTH_WRITE_BUFFER_HIGH_WATER,
+    PREAUTH_WRITE_BUFFER_LOW_WATER,
+    WRITE_BUFFER_HIGH_WATER,
+    WRITE_BUFFER_LOW_WATER,
 )
 from sbpstream.protocol.messages import GoAway, Status, SystemErrorResponse
 from sbpstream.protocol.opcodes import Opcode
@@ -63,6 +81,16 @@ log = logging.getLogger("sbpstream.net.server")
 
 # Bytes of a frame beyond its extended header and payload: length prefix, fixed header, CRC.
 _FRAME_OVERHEAD = 24
+
+AUTHENTICATED_ATTRIBUTE: Final = "auth.claims"
+"""The key of a connection's ``attributes`` that the gate sets once the connection has
+authenticated (``sbpstream.auth.gate.CONN_CLAIMS``): the layer then lifts its pre-authentication
+limits (docs/security.md, "Pre-authentication limits")."""
+
+TLS_REQUIRED_MESSAGE: Final = (
+    "this port requires TLS: set SBPSTREAM_TLS_CA / --tls-ca to the cluster's CA certificate"
+)
+"""The plaintext system error answering an SBP frame sent in plaintext to a TLS port."""
 
 # An error response that does not encode is replaced by INTERNAL_ERROR quoting this much of it.
 _FALLBACK_MESSAGE_CHARS = 1000
@@ -92,6 +120,10 @@ class ServerStats:
     requests_bad_id: int = 0
     drains_expired: int = 0
     requests_refused: int = 0  # by the gate (auth): answered, never dispatched
+    connections_evicted: int = 0  # unauthenticated ones, for a newer one (all slots taken)
+    auth_deadlines_expired: int = 0  # closed for not authenticating in time
+    preauth_frames_refused: int = 0  # frames over PREAUTH_MAX_FRAME_LENGTH before auth
+    plaintext_on_tls: int = 0  # SBP frames sent in plaintext to a TLS port (answered, closed)
     by_opcode: dict[int, OpcodeCounters] = field(default_factory=dict)
     """Only opcodes with a handler are counted, so every key is a known Opcode."""
 
@@ -217,29 +249,180 @@ class ServerConnection(FrameProtocol):
         # set when draining starts (GOAWAY either way, half-close): requests that would otherwise
         # run until the peer cancels them (subscriptions) end then, so the drain can finish
         self.drain_events: set[asyncio.Event] = set()
+        # Before authentication (auth on): smaller frames and output, a deadline, a cap
+        self.source = ""  # the peer's IP address: per-source connection caps
+        self.authenticated = server.gate is None
+        if not self.authenticated:
+            self.decoder.max_frame_length = min(PREAUTH_MAX_FRAME_LENGTH, self.max_frame_length)
+        self._auth_timer: asyncio.TimerHandle | None = None
+        self.admitted = False  # counted in by the server's Admission
+        # A TLS listener peeks at the first byte before the handshake (tls_port): until the
+        # connection has its transport, closing it cancels that; a plaintext SBP peer is
+        # answered that TLS is required
+        self.cancel_setup: Callable[[BaseException | None], None] | None = None
+        self.plaintext_on_tls_port = False
+        self._plain_head = b""
+
+    def admit(self, peer: object) -> str:
+        """Count this connection in (its peer's address), arming the authentication deadline;
+        or say why it is refused."""
+        s = self.server
+        if not self.peer and isinstance(peer, tuple):  # before its transport (a TLS listener)
+            self.peer = f"{peer[0]}:{peer[1]}"
+        refusal = s.admission.admit(self, peer)
+        if refusal:
+            return refusal
+        self.admitted = True
+        if s.gate is not None or s.ssl_context is not None:
+            # an unauthenticated connection (and a TLS handshake) has this long, then it goes
+            self._auth_timer = asyncio.get_running_loop().call_later(
+                s.auth_deadline_s, self._auth_deadline)
+        return ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         s = self.server
-        s.stats.connections_accepted += 1
-        if len(s.connections) >= s.max_connections or s.closing:
-            s.stats.connections_rejected += 1
-            self.send_goaway(
-                ErrorCode.LIMIT_EXCEEDED,
-                "too many connections" if not s.closing else "server shutting down",
-            )
-            self.close()
-            return
-        if s.protected and not _is_loopback_peer(transport):
+        if not self.admitted:  # a plain listener (a TLS listener's TlsAccept admitted it)
+            s.stats.connections_accepted += 1
+            refusal = "server shutting down" if s.closing else \
+                self.admit(transport.get_extra_info("peername"))
+            if refusal:
+                s.stats.connections_rejected += 1
+                log.info("event=connection_refused peer=%s reason=%r", self.peer, refusal)
+                self.send_goaway(ErrorCode.LIMIT_EXCEEDED, refusal)
+                self.close()
+                return
+        self._set_water_marks()
+        if self.authenticated and self._auth_timer is not None:  # TLS is up, auth is off
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        if not self.plaintext_on_tls_port:
+            self._after_admission()
+
+    def _after_admission(self) -> None:
+        """The connection is admitted (and over TLS on a TLS listener): protected mode."""
+        s = self.server
+        if self.transport is not None and s.protected and not _is_loopback_peer(self.transport):
             s.stats.connections_rejected += 1
             log.warning("event=protected_mode_refused peer=%s", self.peer)
             self.send_goaway(ErrorCode.AUTHENTICATION_REQUIRED, PROTECTED_MODE_MESSAGE)
             self.close()
+
+    @property
+    def speaks_sbp(self) -> bool:
+        """Frames written now reach the peer readable (not before or during a TLS handshake)."""
+        return self.transport is not None and not self.plaintext_on_tls_port
+
+    def _set_water_marks(self) -> None:
+        if self.transport is None:
             return
-        s.connections.add(self)
-        s.stats.connections_open = len(s.connections)
+        if self.authenticated:
+            self.transport.set_write_buffer_limits(WRITE_BUFFER_HIGH_WATER,
+                                                   WRITE_BUFFER_LOW_WATER)
+        else:
+            self.transport.set_write_buffer_limits(PREAUTH_WRITE_BUFFER_HIGH_WATER,
+                                                   PREAUTH_WRITE_BUFFER_LOW_WATER)
+
+    # ---- authentication (auth on): the gate's handler marks the connection, the layer notices
+    def note_authenticated(self) -> None:
+        """Lift the pre-authentication limits once the gate set the connection's claims."""
+        if self.authenticated or AUTHENTICATED_ATTRIBUTE not in self.attributes:
+            return
+        self.authenticated = True
+        self.server.admission.authenticated(self)
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        self.decoder.max_frame_length = self.max_frame_length
+        self._set_water_marks()
+
+    def _auth_deadline(self) -> None:
+        self._auth_timer = None
+        if self.closed:
+            return
+        if self.transport is None or self.plaintext_on_tls_port:
+            log.info("event=tls_setup_expired peer=%s after_s=%.1f", self.peer,
+                     self.server.auth_deadline_s)
+            self.abort(TimeoutError("no TLS handshake within the authentication deadline"))
+            return
+        if self.authenticated or self.server.gate is None:
+            return
+        self.server.stats.auth_deadlines_expired += 1
+        log.info("event=auth_deadline_expired peer=%s after_s=%.1f", self.peer,
+                 self.server.auth_deadline_s)
+        self.goaway_and_drain(
+            ErrorCode.AUTHENTICATION_REQUIRED,
+            f"not authenticated within {self.server.auth_deadline_s:g}s of connecting: send "
+            "AUTHENTICATE first (SBPSTREAM_USER and SBPSTREAM_PASSWORD, or a token)")
+
+    # ---- a TLS listener (tls_port.TlsAccept): before the connection has its transport
+    def setup_failed(self, exc: BaseException) -> None:
+        """The TLS handshake failed or was given up: the connection ends without a transport."""
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = exc
+        self.closed_event.set()
+        self.on_close(exc)
+
+    def close(self) -> None:
+        if self.transport is None and self.cancel_setup is not None:
+            self.cancel_setup(None)
+            return
+        super().close()
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        if self.transport is None and self.cancel_setup is not None:
+            self.cancel_setup(exc)
+            return
+        super().abort(exc)
+
+    def _plaintext_on_tls_port(self, data: bytes) -> None:
+        """The first bytes on a TLS port were not a TLS record: answer an SBP frame's header
+        with a plaintext system error saying TLS is required, then close."""
+        self._plain_head += data
+        head = self._plain_head
+        if len(head) < FIXED_SIZE and (len(head) <= 4 or head[4] == MAGIC):
+            return  # wait for the fixed header (bounded by the authentication deadline)
+        self.input_broken = True
+        assert self.transport is not None
+        self.transport.pause_reading()
+        if len(head) >= FIXED_SIZE and head[4] == MAGIC:
+            _, _, opcode, _, request_id, _, _ = FIXED_STRUCT.unpack_from(head, 0)
+            self.server.stats.plaintext_on_tls += 1
+            log.info("event=plaintext_on_tls_port peer=%s", self.peer)
+            self.send_system_error(opcode, request_id & MAX_REQUEST_ID,
+                                   ErrorCode.INVALID_REQUEST, TLS_REQUIRED_MESSAGE)
+        else:
+            log.info("event=not_tls_on_tls_port peer=%s first_bytes=%r", self.peer, head[:8])
+        self.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.plaintext_on_tls_port:
+            self.bytes_in += len(data)
+            if not self.input_broken:
+                self._plaintext_on_tls_port(data)
+            return
+        super().data_received(data)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.pause_reading("write_buffer")  # read nothing more while the peer does not read
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._read_pause_reasons:
+            self.resume_reading("write_buffer")
+            asyncio.get_running_loop().call_soon(self.process_events)  # frames held back
 
     def on_close(self, exc: BaseException) -> None:
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        self.server.admission.release(self)
+        self._close_handlers()
+
+    def _close_handlers(self) -> None:
         if self._mute_timer is not None:
             self._mute_timer.cancel()
             self._mute_timer = None
@@ -248,13 +431,20 @@ class ServerConnection(FrameProtocol):
             self._drain_timer = None
         for t in list(self.tasks.values()):
             t.cancel()
-        self.server.connections.discard(self)
-        self.server.stats.connections_open = len(self.server.connections)
 
     def on_framing_error(self, exc: FramingError) -> None:
         # Nothing after the bad bytes can be trusted, but everything before them was: the
         # requests already dispatched are answered (GOAWAY's promise), then the connection closes.
         self.server.stats.framing_errors += 1
+        self.pause_reading("broken")  # nothing after it is read: a refused body stays unread
+        if not self.authenticated and str(exc).startswith("frame length "):  # frame.py's
+            self.server.stats.preauth_frames_refused += 1
+            log.info("event=preauth_frame_refused peer=%s error=%r", self.peer, str(exc))
+            self.goaway_and_drain(
+                ErrorCode.AUTHENTICATION_REQUIRED,
+                f"{exc}: before authentication a frame may carry at most "
+                f"{self.decoder.max_frame_length} bytes; send AUTHENTICATE first")
+            return
         log.warning(
             "event=framing_error peer=%s error=%r in_flight=%d last_request_id=%d",
             self.peer,
@@ -274,6 +464,8 @@ class ServerConnection(FrameProtocol):
         return self.server.ssl_context is None
 
     def send_goaway(self, code: int, message: str) -> None:
+        if not self.speaks_sbp:  # before or during a TLS handshake: nothing it could read
+            return
         hdr = GoAway(code=code, message=message, last_stream_id=self.highest_request_id).encode()
         with contextlib.suppress(ConnectionError):
             self.write_frame_nowait(Opcode.GOAWAY, 0, 0, hdr)
@@ -435,6 +627,8 @@ class ServerConnection(FrameProtocol):
         finally:
             self.tasks.pop(req.request_id, None)
             self.last_activity = time.monotonic()
+            if not self.authenticated:
+                self.note_authenticated()
             if len(self.tasks) < self.server.max_in_flight and self.reading_paused:
                 self.process_events()  # frames held back while at the cap
                 if len(self.tasks) < self.server.max_in_flight:
@@ -453,6 +647,12 @@ class ServerConnection(FrameProtocol):
             resp.opcode, resp.request_id, code, message, detail)
 
     def can_accept_event(self) -> bool:
+        if self._write_paused:  # the peer does not read its answers: read nothing more
+            return False
+        if not self.authenticated and self.tasks:
+            # one request at a time before auth (an AUTHENTICATE in flight): what follows it
+            # is held to the limits that apply once it is answered
+            return False
         return len(self.tasks) < self.server.max_in_flight and self._mute_timer is None
 
     # ---- quotas: KIP-219 muting
@@ -536,6 +736,9 @@ class Server:
         ssl_context: ssl.SSLContext | None = None,
         gate: ConnectionGate | None = None,
         protected: bool = False,
+        auth_deadline_s: float = DEFAULT_AUTH_DEADLINE_S,
+        max_connections_per_source: int = MAX_CONNECTIONS_PER_SOURCE,
+        max_unauthenticated: int = MAX_UNAUTHENTICATED_CONNECTIONS,
     ) -> None:
         self.handlers = dict(handlers)
         self.ssl_context = ssl_context  # TLS on the listener when set
@@ -547,9 +750,13 @@ class Server:
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s
         self.drain_timeout_s = drain_timeout_s  # bound of every connection's drain
-        self.connections: set[ServerConnection] = set()
-        self.connection_ids = 0  # the last connection id handed out
         self.stats = ServerStats()
+        self.auth_deadline_s = auth_deadline_s  # to authenticate (and finish a TLS handshake)
+        # every open connection; caps per source and before authentication
+        self.admission = Admission(self.stats, max_connections, max_connections_per_source,
+                                   max_unauthenticated)
+        self.connections = self.admission.connections
+        self.connection_ids = 0  # the last connection id handed out
         self.started_mono = time.monotonic()
         self.closing = False
         self._server: asyncio.Server | None = None
@@ -559,10 +766,13 @@ class Server:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         loop = asyncio.get_running_loop()
+        # A TLS listener accepts plain TCP: each connection peeks at its first byte, then goes
+        # on over TLS, or answers a plaintext SBP frame saying TLS is required (tls_port).
+        factory: Callable[[], asyncio.Protocol] = (
+            (lambda: ServerConnection(self)) if self.ssl_context is None
+            else (lambda: TlsAccept(self)))
         self._server = await loop.create_server(
-            lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024,
-            ssl=self.ssl_context,
-        )
+            factory, host, port, reuse_address=True, backlog=1024)
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         self._idle_task = loop.create_task(self._idle_loop())

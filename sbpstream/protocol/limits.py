@@ -44,3 +44,28 @@ DEFAULT_IDLE_TIMEOUT_S: Final = 600.0
 DEFAULT_DRAIN_TIMEOUT_S: Final = 10.0
 # Connect timeout of the client side.
 DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
+
+# ---- before authentication (auth on): a peer that has not proven who it is gets only what it pays
+# for; docs/security.md "Pre-authentication limits".
+# Before a connection authenticates it may send only PING, GOAWAY and AUTHENTICATE, all small (a
+# SCRAM message or a token is under 2 KiB). A frame header declaring more is refused, and the
+# connection closed, before its body is read: an unauthenticated peer cannot make the server
+# buffer MAX_FRAME_LENGTH.
+PREAUTH_MAX_FRAME_LENGTH: Final = 64 * KiB
+# Before authentication a connection stops being read once this much of its output is unsent
+# (answers to PINGs and refusals it does not read), and resumes below the low mark: an
+# unauthenticated connection holds at most this much of the server's memory in output.
+PREAUTH_WRITE_BUFFER_HIGH_WATER: Final = 64 * KiB
+PREAUTH_WRITE_BUFFER_LOW_WATER: Final = 16 * KiB
+# A connection that has not authenticated this long after it was accepted (TLS handshake
+# included) is sent GOAWAY (AUTHENTICATION_REQUIRED) and closed: idle connections cannot be held
+# for free. Logging in takes a round trip or two; 10 s leaves room for a slow network.
+DEFAULT_AUTH_DEADLINE_S: Final = 10.0
+# Connections from one peer IP address (loopback included): one host cannot take every slot of
+# MAX_CONNECTIONS. A client process keeps one connection per server, so a host with 1,000 client
+# processes (a test suite, a local ``up`` cluster with its loads) is far below it.
+MAX_CONNECTIONS_PER_SOURCE: Final = 1_000
+# Connections not yet authenticated (auth on), below MAX_CONNECTIONS so that authenticated ones
+# always have room. When full, a new connection evicts the oldest unauthenticated one, so that a
+# legitimate client can still log in while an attacker holds every unauthenticated slot.
+MAX_UNAUTHENTICATED_CONNECTIONS: Final = 8_000
