@@ -630,7 +630,7 @@ def render_java(schema_text: str) -> str:
     lines = [_JAVA_HEADER.format(command=COMMAND).rstrip("\n")]
     for name, members in schema.unions.items():
         lines += ["", f"  /** union {name}: the type byte of each member. */"]
-        lines += [f"  public static final byte {name.upper()}_{_snake_upper(m)} = {k};"
+        lines += [f"  public static final byte {_snake_upper(name)}_{_snake_upper(m)} = {k};"
                   for k, m in enumerate(members, 1)]
     for table in schema.tables.values():
         lines += _java_table(schema, table)

@@ -10,8 +10,8 @@ public final class Sbp {
   private Sbp() {}
 
   /** union RangeOwner: the type byte of each member. */
-  public static final byte RANGEOWNER_STREAM_OWNER = 1;
-  public static final byte RANGEOWNER_DATA_NODE = 2;
+  public static final byte RANGE_OWNER_STREAM_OWNER = 1;
+  public static final byte RANGE_OWNER_DATA_NODE = 2;
 
   /** table Status */
   public static final class Status {
