@@ -19,8 +19,8 @@ PURE_PACKAGES = ("sbpstream.protocol", "sbpstream.records")
 
 BUILD_TOOLS = frozenset({"sbpstream.protocol.flatc", "sbpstream.protocol.codegen"})
 """Not runtime code: ``flatc`` runs the schema compiler (a subprocess) to regenerate
-``protocol/fbs``; ``codegen`` rewrites ``protocol/_precompiled.py``. No runtime module may import
-them (checked)."""
+``tests/sbp_fbs``; ``codegen`` rewrites ``protocol/generated.py`` and ``Sbp.java``. No runtime
+module may import them (checked)."""
 
 IO_MODULES = frozenset({
     "asyncio", "socket", "_socket", "ssl", "selectors", "select", "subprocess", "threading",

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from message_samples import ERR, ERR2, SAMPLES
+from sbp_fbs import sbp_generated as G  # the test oracle (flatc's code)
 
-from sbpstream.protocol import fbbuilder, fbtable, flatc
+from sbpstream.protocol import fbbuilder, fbtable, flatc, message_base
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     BadHeaderError,
@@ -23,7 +24,6 @@ from sbpstream.protocol.errors import (
     PmNotLeaderError,
     UnknownServerError,
 )
-from sbpstream.protocol.fbs import sbp_generated as G  # the test oracle
 from sbpstream.protocol.fbtable import Table
 from sbpstream.protocol.opcodes import Opcode
 
@@ -296,7 +296,7 @@ def test_too_many_items_on_encode() -> None:
 
 def test_too_many_items_on_decode(monkeypatch: pytest.MonkeyPatch) -> None:
     over = m.MAX_ITEMS_PER_REQUEST + 1
-    monkeypatch.setattr(m, "MAX_ITEMS_PER_REQUEST", over)  # let the encoder write it
+    monkeypatch.setattr(message_base, "MAX_ITEMS_PER_REQUEST", over)  # let the encoder write it
     raw = m.AppendRequest(items=(m.AppendItem(1),) * over).encode()
     raw_ids = m.DescribeStreamsRequest(stream_ids=(1,) * over).encode()
     monkeypatch.undo()

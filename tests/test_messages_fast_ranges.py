@@ -104,9 +104,9 @@ _READ_GENERIC = m.ListRangesResult.SCHEMA.read
 
 def _generic(buf: bytes) -> tuple[m.ListRangesResult, ...]:
     """The generic reader's vector of a ListRangesResponse (its third slot)."""
-    root = fbtable._U32(buf, 0)[0]
-    at = root + fbtable._slots(buf, root, 3)[2]
-    return fbtable._read_tables(buf, at, _READ_GENERIC, None)
+    root = fbtable.U32(buf, 0)[0]
+    at = root + fbtable.slots(buf, root, 3)[2]
+    return fbtable.read_tables(buf, at, _READ_GENERIC, None)
 
 
 READER = rangelist.ResultsReader(m.ListRangesResult, m.Range, m.ReplicaNode, m.DataNode,
@@ -120,8 +120,8 @@ if rangelist._compiled is not None:
 
 
 def _fast_read(buf: bytes, kind: str = "python") -> tuple[m.ListRangesResult, ...]:
-    root = fbtable._U32(buf, 0)[0]
-    at = root + fbtable._slots(buf, root, 3)[2]
+    root = fbtable.U32(buf, 0)[0]
+    at = root + fbtable.slots(buf, root, 3)[2]
     return READERS[kind](buf, at, None)
 
 
@@ -225,9 +225,9 @@ def test_sync_results_take_the_fast_paths_with_the_generic_bytes_and_objects(wri
         fast = functools.partial(rangelist.put_results, is_ok=m._status_omitted, fallback=slow)
         assert _write(fast, "ab", [items]) == _write(slow, "ab", [items])  # type: ignore[arg-type]
         buf = resp.encode()
-        root = fbtable._U32(buf, 0)[0]
-        at = root + fbtable._slots(buf, root, 3)[2]
-        assert fbtable._read_tables(buf, at, _SYNC_GENERIC_READ, None) == items
+        root = fbtable.U32(buf, 0)[0]
+        at = root + fbtable.slots(buf, root, 3)[2]
+        assert fbtable.read_tables(buf, at, _SYNC_GENERIC_READ, None) == items
         assert m.SyncRangesResponse.decode(buf) == resp
 
 

@@ -1,4 +1,4 @@
-"""The committed generated code (sbpstream/protocol/fbs) is exactly what flatc makes of sbp.fbs."""
+"""The committed generated code (tests/sbp_fbs) is exactly what flatc makes of sbp.fbs."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ writer: ``SyncResult`` has ``ListRangesResult``'s layout, and ``StreamRanges`` i
 
 from __future__ import annotations
 
+import operator
 import os
 import struct
 from collections.abc import Callable, Sequence
@@ -455,13 +456,17 @@ class _Reader:
         if order == list(range(len(offsets))):  # every field, in slot order: the common case
             self.read = unpack
             return
-        # a tuple of the defaults with the present values placed: compiled, one expression
+        # a tuple of the defaults with the present values placed: one C-level pick from the
+        # values followed by the defaults (at least two fields here, so a tuple)
         slots = {i: k for k, i in enumerate(order)}
-        parts = ", ".join(f"v[{slots[i]}]" if i in slots else f"d[{i}]"
-                          for i in range(len(offsets)))
-        env: dict[str, Any] = {"unpack": unpack, "d": defaults}
-        exec(f"def read(buf, pos):\n    v = unpack(buf, pos)\n    return ({parts},)\n", env)
-        self.read = env["read"]
+        pick = operator.itemgetter(*(slots[i] if i in slots else len(order) + i
+                                     for i in range(len(offsets))))
+
+        def placed(buf: Any, pos: int) -> tuple[Any, ...]:
+            got: tuple[Any, ...] = pick(unpack(buf, pos) + defaults)
+            return got
+
+        self.read = placed
 
 
 _Layout = tuple[Callable[[Any, int], tuple[Any, ...]], tuple[int, ...]]

@@ -92,6 +92,11 @@ public final class FbTable {
     return p < 0 ? dflt : bb.getShort(p);
   }
 
+  public byte getByte(int slot, byte dflt) throws ProtocolException {
+    int p = field(slot, 1);
+    return p < 0 ? dflt : bb.get(p);
+  }
+
   public boolean getBool(int slot) throws ProtocolException {
     int p = field(slot, 1);
     return p >= 0 && bb.get(p) != 0;

@@ -5,16 +5,16 @@ import java.io.Serializable;
 import java.util.ArrayList;
 import java.util.List;
 
-/** The few SBP extended headers the JVM reader speaks, hand-written from
- *  sbpstream/protocol/schema/sbp.fbs (field slots are the schema's field order). Requests are
- *  built with the FlatBuffers runtime; responses are read with the checked {@link FbTable}. */
+/** The few SBP extended headers the JVM reader speaks. The schema's side of them (field slots,
+ *  vtable sizes, defaults, typed getters) is {@link Sbp}, generated from
+ *  sbpstream/protocol/schema/sbp.fbs by `python -m sbpstream.protocol.codegen`; this class only
+ *  says which fields the reader sends and keeps. Requests are built with the FlatBuffers runtime;
+ *  responses are read with the checked {@link FbTable}. */
 public final class Messages {
   public static final int FETCH = 0x1002;
   public static final int LIST_RANGES = 0x2001;
   public static final int DESCRIBE_RANGES = 0x2004;
   public static final int DESCRIBE_STREAMS = 0x3004;
-  /** RangeOwner union type of StreamOwner. */
-  private static final byte OWNER_STREAM = 1;
   /** The protocol's MAX_ITEMS_PER_REQUEST. */
   public static final int MAX_ITEMS_PER_REQUEST = 10_000;
 
@@ -93,7 +93,7 @@ public final class Messages {
 
   // ------------------------------------------------------------------------------ requests
 
-  /** DescribeStreamsRequest{timeout_ms, stream_ids, limit, continuation, name, name_prefix}. */
+  /** DescribeStreamsRequest{timeout_ms, stream_ids, limit, continuation, name}. */
   public static byte[] describeStreams(int timeoutMs, long[] ids, int limit, long continuation,
       String name) {
     FlatBufferBuilder b = new FlatBufferBuilder(64 + 8 * ids.length);
@@ -106,15 +106,15 @@ public final class Messages {
       }
       idsOff = b.endVector();
     }
-    b.startTable(6);
-    b.addLong(3, continuation, -1L);
-    b.addInt(0, timeoutMs, 0);
+    b.startTable(Sbp.DescribeStreamsRequest.SLOTS);
+    b.addLong(Sbp.DescribeStreamsRequest.SLOT_CONTINUATION, continuation, -1L);
+    b.addInt(Sbp.DescribeStreamsRequest.SLOT_TIMEOUT_MS, timeoutMs, 0);
     if (idsOff != 0) {
-      b.addOffset(1, idsOff, 0);
+      b.addOffset(Sbp.DescribeStreamsRequest.SLOT_STREAM_IDS, idsOff, 0);
     }
-    b.addInt(2, limit, 0);
+    b.addInt(Sbp.DescribeStreamsRequest.SLOT_LIMIT, limit, 0);
     if (nameOff != 0) {
-      b.addOffset(4, nameOff, 0);
+      b.addOffset(Sbp.DescribeStreamsRequest.SLOT_NAME, nameOff, 0);
     }
     b.finish(b.endTable());
     return b.sizedByteArray();
@@ -125,18 +125,18 @@ public final class Messages {
     FlatBufferBuilder b = new FlatBufferBuilder(64 + 24 * streamIds.length);
     int[] entries = new int[streamIds.length];
     for (int i = 0; i < streamIds.length; i++) {
-      b.startTable(1);
-      b.addLong(0, streamIds[i], 0L);
+      b.startTable(Sbp.StreamOwner.SLOTS);
+      b.addLong(Sbp.StreamOwner.SLOT_STREAM_ID, streamIds[i], 0L);
       int owner = b.endTable();
-      b.startTable(2);
-      b.addOffset(1, owner, 0);
-      b.addByte(0, OWNER_STREAM, 0);
+      b.startTable(Sbp.RangeOwnerEntry.SLOTS);
+      b.addOffset(Sbp.RangeOwnerEntry.SLOT_OWNER, owner, 0);
+      b.addByte(Sbp.RangeOwnerEntry.SLOT_OWNER_TYPE, Sbp.RANGE_OWNER_STREAM_OWNER, 0);
       entries[i] = b.endTable();
     }
     int vec = b.createVectorOfTables(entries);
-    b.startTable(2);
-    b.addInt(0, timeoutMs, 0);
-    b.addOffset(1, vec, 0);
+    b.startTable(Sbp.ListRangesRequest.SLOTS);
+    b.addInt(Sbp.ListRangesRequest.SLOT_TIMEOUT_MS, timeoutMs, 0);
+    b.addOffset(Sbp.ListRangesRequest.SLOT_RANGE_OWNERS, vec, 0);
     b.finish(b.endTable());
     return b.sizedByteArray();
   }
@@ -144,14 +144,14 @@ public final class Messages {
   /** DescribeRangesRequest{timeout_ms, ranges: [DescribeRangeItem{stream_id, range_index}]}. */
   public static byte[] describeRange(int timeoutMs, long streamId, int rangeIndex) {
     FlatBufferBuilder b = new FlatBufferBuilder(64);
-    b.startTable(4);
-    b.addLong(0, streamId, 0L);
-    b.addInt(1, rangeIndex, 0);
+    b.startTable(Sbp.DescribeRangeItem.SLOTS);
+    b.addLong(Sbp.DescribeRangeItem.SLOT_STREAM_ID, streamId, 0L);
+    b.addInt(Sbp.DescribeRangeItem.SLOT_RANGE_INDEX, rangeIndex, 0);
     int item = b.endTable();
     int vec = b.createVectorOfTables(new int[] {item});
-    b.startTable(2);
-    b.addInt(0, timeoutMs, 0);
-    b.addOffset(1, vec, 0);
+    b.startTable(Sbp.DescribeRangesRequest.SLOTS);
+    b.addInt(Sbp.DescribeRangesRequest.SLOT_TIMEOUT_MS, timeoutMs, 0);
+    b.addOffset(Sbp.DescribeRangesRequest.SLOT_RANGES, vec, 0);
     b.finish(b.endTable());
     return b.sizedByteArray();
   }
@@ -161,18 +161,18 @@ public final class Messages {
   public static byte[] fetch(int maxWaitMs, long streamId, long offset, int maxBytes,
       int rangeIndex) {
     FlatBufferBuilder b = new FlatBufferBuilder(96);
-    b.startTable(5);
-    b.addLong(0, streamId, 0L);
-    b.addLong(2, offset, 0L);
-    b.addInt(1, 0, 0);
-    b.addInt(3, maxBytes, 0);
-    b.addInt(4, rangeIndex, -1);
+    b.startTable(Sbp.FetchItem.SLOTS);
+    b.addLong(Sbp.FetchItem.SLOT_STREAM_ID, streamId, 0L);
+    b.addLong(Sbp.FetchItem.SLOT_FETCH_OFFSET, offset, 0L);
+    b.addInt(Sbp.FetchItem.SLOT_REQUEST_INDEX, 0, 0);
+    b.addInt(Sbp.FetchItem.SLOT_BATCH_MAX_BYTES, maxBytes, 0);
+    b.addInt(Sbp.FetchItem.SLOT_RANGE_INDEX, rangeIndex, -1);
     int item = b.endTable();
     int vec = b.createVectorOfTables(new int[] {item});
-    b.startTable(7);
-    b.addInt(0, maxWaitMs, 0);
-    b.addInt(1, 1, 0);
-    b.addOffset(2, vec, 0);
+    b.startTable(Sbp.FetchRequest.SLOTS);
+    b.addInt(Sbp.FetchRequest.SLOT_MAX_WAIT_MS, maxWaitMs, 0);
+    b.addInt(Sbp.FetchRequest.SLOT_MIN_BYTES, 1, 0);
+    b.addOffset(Sbp.FetchRequest.SLOT_FETCH_REQUESTS, vec, 0);
     b.finish(b.endTable());
     return b.sizedByteArray();
   }
@@ -184,51 +184,46 @@ public final class Messages {
     if (resp == null) {
       return;
     }
-    FbTable st = resp.table(1);
-    if (st != null && st.getShort(0, (short) 0) != 0) {
+    FbTable st = resp.table(Sbp.FetchResponse.SLOT_STATUS);
+    if (Sbp.Status.code(st) != 0) {
       throw SbpConnection.status(st, context);
     }
   }
 
   public static List<StreamResult> streamResults(FbTable resp) throws ProtocolException {
     List<StreamResult> out = new ArrayList<>();
-    if (resp == null) {
-      return out;
-    }
-    int n = resp.vectorLength(2, 4);
+    int n = Sbp.DescribeStreamsResponse.describeResponsesLength(resp);
     for (int i = 0; i < n; i++) {
-      FbTable r = resp.tableAt(2, i);
-      FbTable st = r.table(1);
-      int code = st == null ? 0 : st.getShort(0, (short) 0);
-      String msg = st == null ? "" : st.string(1);
-      FbTable s = r.table(0);
-      StreamInfo info = s == null ? null
-          : new StreamInfo(s.getLong(0, 0L), s.getLong(3, 0L), s.string(4));
-      out.add(new StreamResult(info, code, msg));
+      FbTable r = Sbp.DescribeStreamsResponse.describeResponses(resp, i);
+      FbTable st = Sbp.StreamResult.status(r);
+      FbTable s = Sbp.StreamResult.stream(r);
+      StreamInfo info = s == null ? null : new StreamInfo(Sbp.Stream.streamId(s),
+          Sbp.Stream.startOffset(s), Sbp.Stream.name(s));
+      out.add(new StreamResult(info, Sbp.Status.code(st), Sbp.Status.message(st)));
     }
     return out;
   }
 
   public static long continuation(FbTable resp) throws ProtocolException {
-    return resp == null ? -1L : resp.getLong(3, -1L);
+    return Sbp.DescribeStreamsResponse.continuation(resp);
   }
 
   public static RangeInfo range(FbTable r) throws ProtocolException {
-    int n = r.vectorLength(5, 4);
+    int n = Sbp.Range.replicaNodesLength(r);
     List<String> primary = new ArrayList<>();
     List<String> others = new ArrayList<>();
     for (int i = 0; i < n; i++) {
-      FbTable rep = r.tableAt(5, i);
-      FbTable dn = rep.table(0);
-      String addr = dn == null ? "" : dn.string(1);
+      FbTable rep = Sbp.Range.replicaNodes(r, i);
+      String addr = Sbp.DataNode.advertiseAddr(Sbp.ReplicaNode.dataNode(rep));
       if (addr.isEmpty()) {
         continue;
       }
-      (rep.getBool(1) ? primary : others).add(addr);
+      (Sbp.ReplicaNode.isPrimary(rep) ? primary : others).add(addr);
     }
     primary.addAll(others);
-    return new RangeInfo(r.getLong(0, 0L), r.getInt(1, 0), r.getLong(2, 0L), r.getLong(3, 0L),
-        r.getLong(4, -1L), primary.toArray(new String[0]));
+    return new RangeInfo(Sbp.Range.streamId(r), Sbp.Range.rangeIndex(r),
+        Sbp.Range.startOffset(r), Sbp.Range.nextOffset(r), Sbp.Range.endOffset(r),
+        primary.toArray(new String[0]));
   }
 
   /** ListRangesResult items: (stream_id, status code, message, ranges). */
@@ -248,35 +243,32 @@ public final class Messages {
 
   public static List<RangeList> rangeLists(FbTable resp) throws ProtocolException {
     List<RangeList> out = new ArrayList<>();
-    if (resp == null) {
-      return out;
-    }
-    int n = resp.vectorLength(2, 4);
+    int n = Sbp.ListRangesResponse.listResponsesLength(resp);
     for (int i = 0; i < n; i++) {
-      FbTable r = resp.tableAt(2, i);
-      FbTable st = r.table(1);
+      FbTable r = Sbp.ListRangesResponse.listResponses(resp, i);
+      FbTable st = Sbp.ListRangesResult.status(r);
       List<RangeInfo> ranges = new ArrayList<>();
-      int m = r.vectorLength(2, 4);
+      int m = Sbp.ListRangesResult.rangesLength(r);
       for (int j = 0; j < m; j++) {
-        ranges.add(range(r.tableAt(2, j)));
+        ranges.add(range(Sbp.ListRangesResult.ranges(r, j)));
       }
-      out.add(new RangeList(r.getLong(0, 0L), st == null ? 0 : st.getShort(0, (short) 0),
-          st == null ? "" : st.string(1), ranges));
+      out.add(new RangeList(Sbp.ListRangesResult.streamId(r), Sbp.Status.code(st),
+          Sbp.Status.message(st), ranges));
     }
     return out;
   }
 
   /** The first DescribeRangeResult's range, or the status error of the item. */
   public static RangeInfo describedRange(FbTable resp, String context) throws java.io.IOException {
-    if (resp == null || resp.vectorLength(2, 4) == 0) {
+    if (Sbp.DescribeRangesResponse.describeResponsesLength(resp) == 0) {
       throw new SbpException(39, context + " described no range", null);
     }
-    FbTable r = resp.tableAt(2, 0);
-    FbTable st = r.table(1);
-    if (st != null && st.getShort(0, (short) 0) != 0) {
+    FbTable r = Sbp.DescribeRangesResponse.describeResponses(resp, 0);
+    FbTable st = Sbp.DescribeRangeResult.status(r);
+    if (Sbp.Status.code(st) != 0) {
       throw SbpConnection.status(st, context);
     }
-    FbTable rng = r.table(2);
+    FbTable rng = Sbp.DescribeRangeResult.range(r);
     if (rng == null) {
       throw new SbpException(39, context + " described no range", null);
     }
@@ -285,19 +277,17 @@ public final class Messages {
 
   public static List<FetchResult> fetchResults(FbTable resp) throws ProtocolException {
     List<FetchResult> out = new ArrayList<>();
-    if (resp == null) {
-      return out;
-    }
-    int n = resp.vectorLength(2, 4);
+    int n = Sbp.FetchResponse.fetchResponsesLength(resp);
     for (int i = 0; i < n; i++) {
-      FbTable r = resp.tableAt(2, i);
-      FbTable st = r.table(3);
-      int len = r.getInt(2, 0);
+      FbTable r = Sbp.FetchResponse.fetchResponses(resp, i);
+      FbTable st = Sbp.FetchResult.status(r);
+      int len = Sbp.FetchResult.batchLength(r);
       if (len < 0) {
         throw new ProtocolException("FETCH item with batch_length " + len);
       }
-      out.add(new FetchResult(r.getLong(0, 0L), len, st == null ? 0 : st.getShort(0, (short) 0),
-          st == null ? "" : st.string(1), r.getLong(4, -1L), r.getLong(6, -1L)));
+      out.add(new FetchResult(Sbp.FetchResult.streamId(r), len, Sbp.Status.code(st),
+          Sbp.Status.message(st), Sbp.FetchResult.startOffset(r),
+          Sbp.FetchResult.rangeEndOffset(r)));
     }
     return out;
   }

@@ -130,7 +130,7 @@ public final class SbpConnection implements Closeable {
         }
         if ((f.flags & Frame.FLAG_SYSTEM_ERROR) != 0) {
           FbTable h = f.header();
-          FbTable st = h == null ? null : h.table(0);
+          FbTable st = Sbp.SystemErrorResponse.status(h);
           throw status(st, "system error from " + address);
         }
         return f;
@@ -203,7 +203,7 @@ public final class SbpConnection implements Closeable {
     if (st == null) {
       return new SbpException(1, context + " without a status", null);
     }
-    return new SbpException(st.getShort(0, (short) 0), st.string(1), st.bytes(2));
+    return new SbpException(Sbp.Status.code(st), Sbp.Status.message(st), Sbp.Status.detail(st));
   }
 
   @Override

@@ -103,7 +103,7 @@ public final class WireProbe {
   }
 
   private static String status(FbTable st) throws ProtocolException {
-    return st == null ? "0 x" : st.getShort(0, (short) 0) + " " + utf8(st.string(1));
+    return st == null ? "0 x" : Sbp.Status.code(st) + " " + utf8(Sbp.Status.message(st));
   }
 
   /** A response header read by {@link Messages} as the reader reads it: ``kind`` is "fetch",
@@ -112,7 +112,7 @@ public final class WireProbe {
     return each(inputs, timeoutMs, in -> {
       FbTable h = FbTable.root(in, 0, in.length);
       StringBuilder sb = new StringBuilder();
-      sb.append("status ").append(status(h == null ? null : h.table(1))).append('\n');
+      sb.append("status ").append(status(Sbp.FetchResponse.status(h))).append('\n');
       switch (kind) {
         case "fetch":
           for (Messages.FetchResult r : Messages.fetchResults(h)) {
