@@ -216,7 +216,7 @@ def acl_example() -> list[str]:
     """Commands that run as printed after the exports (tests/test_cli_secure.py runs them):
     ``prefix:`` matches stream names, so the example names its stream. Alice's password is
     new at each start, like the admin's."""
-    pw = secrets.token_urlsafe(12)
+    pw = secrets.token_hex(8)  # never starts with "-" (it follows an option)
     alice = f"SBPSTREAM_USER=alice SBPSTREAM_PASSWORD={pw}"
     return [
         "",

@@ -44,23 +44,27 @@ class TlsFileError(ValueError):
     line naming the file, where its path comes from and what to give instead."""
 
 
-def tls_file_error(role: str, path: str, problem: str) -> TlsFileError:
+def tls_file_error(role: str, path: str, problem: str, server: bool = False) -> TlsFileError:
+    """``server``: the path came from a server's flag (no SDK argument or variable there)."""
     flag, env, arg, wanted = TLS_FILE_ROLES[role]
-    return TlsFileError(f"TLS {role} file {path} (from {flag}, {env} or {arg}): {problem}; "
+    if server:
+        return TlsFileError(f"{flag} {path}: {problem}; give {wanted}")
+    what = {"ca": "CA", "cert": "certificate", "key": "key"}[role]
+    return TlsFileError(f"TLS {what} file {path} (from {flag}, {env} or {arg}): {problem}; "
                         f"give {wanted}")
 
 
-def check_readable(role: str, path: str) -> None:
+def check_readable(role: str, path: str, server: bool = False) -> None:
     """TlsFileError when the TLS file ``path`` (``role``: ca, cert or key) cannot be read."""
     try:
         with open(path, "rb"):
             pass
     except FileNotFoundError:
-        raise tls_file_error(role, path, "no such file") from None
+        raise tls_file_error(role, path, "no such file", server) from None
     except IsADirectoryError:
-        raise tls_file_error(role, path, "is a directory, not a file") from None
+        raise tls_file_error(role, path, "is a directory, not a file", server) from None
     except OSError as e:
-        raise tls_file_error(role, path, f"cannot read it ({e.strerror})") from None
+        raise tls_file_error(role, path, f"cannot read it ({e.strerror})", server) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +91,7 @@ class TlsConfig:
             raise ValueError("--tls-cert and --tls-key go together")
         for role, path in (("cert", self.cert), ("key", self.key), ("ca", self.ca)):
             if path:
-                check_readable(role, path)
+                check_readable(role, path, server=True)
         if self.key:  # a private key others can read is no longer private
             refuse_shared(self.key, "--tls-key")
         if self.require_client_cert and not self.ca:
