@@ -342,7 +342,9 @@ class ClientIntrospection(Introspection):
         self.client = client
 
     async def __aenter__(self) -> ClientIntrospection:
-        self._conn = await self.client.routing.connection(self.address)
+        # the client's pool: TLS and credentials, no client-id HEARTBEAT (WHOAMI counts only
+        # what the command asked)
+        self._conn = await self.client._pool.get(self.address)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
