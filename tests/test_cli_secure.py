@@ -174,3 +174,7 @@ def test_no_credentials_or_a_wrong_password_is_one_line(up: SecureUp) -> None:
     r = subprocess.run([EXE, "info"], capture_output=True, text=True, timeout=120, env=env,
                        cwd=up.cwd, check=False)
     assert "AUTHENTICATION_REQUIRED" in _one_line(r)
+    missing = str(up.cwd / "no-token")
+    r = subprocess.run([EXE, "--token-file", missing, "stream", "list"], capture_output=True,
+                       text=True, timeout=120, env=env, cwd=up.cwd, check=False)
+    assert missing in _one_line(r)

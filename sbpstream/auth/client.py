@@ -207,7 +207,14 @@ class Credentials:
                 self._floor_ms = tok.renew_at_ms
             return tok
         if self.token_file:
-            return self._parse(Path(self.token_file).read_text().strip())
+            try:
+                text = Path(self.token_file).read_text().strip()
+            except OSError as e:
+                raise AuthenticationFailedError(
+                    f"token file {self.token_file} (from --token-file, $SBPSTREAM_TOKEN_FILE or "
+                    f"token_file=): {e.strerror}; give a file holding a token "
+                    "(Credentials.token() writes one)") from None
+            return self._parse(text)
         if self.user:
             return self._parse(await self._login_at_pm())
         if self._token is not None:
