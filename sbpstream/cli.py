@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from types import FrameType
@@ -30,7 +31,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer.exceptions import TyperException
 
+from sbpstream.auth.tls import TlsFileError
 from sbpstream.cli_security import (
+    AllowInsecureAuthOption,
     AllowRemoteOption,
     AuthOption,
     SecretFileOption,
@@ -58,6 +61,7 @@ from sbpstream.client.types import (
     codec_of,
     pm_addresses,
 )
+from sbpstream.introspect.wire import Introspection
 from sbpstream.net.loop import run
 from sbpstream.protocol.errors import (
     ClientErrorCode,
@@ -140,10 +144,16 @@ def cli_words(message: str) -> str:
     return message
 
 
+def one_line(message: str) -> str:
+    """Errors are one line: a multi-line message (a server's, a library's) is joined."""
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
+
+
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     if sys.stderr.isatty():
         sys.stderr.write("\r\x1b[K")  # over a live progress line, if any
-    err_console.print(f"sbpstream: error: {cli_words(message)}", markup=False, soft_wrap=True)
+    err_console.print(f"sbpstream: error: {one_line(cli_words(message))}", markup=False,
+                      soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -310,13 +320,35 @@ def _root(
 
 
 def _client(pm: str, timeout_ms: int) -> AsyncClient:
+    """The one client every command uses: --pm, and the credentials and CA given before the
+    command (or by $SBPSTREAM_USER, _PASSWORD, _TOKEN_FILE, _TLS_CA)."""
     waiting.use_pm(pm)
     try:
         return AsyncClient(pm, retry_deadline_ms=timeout_ms,
                            request_timeout_ms=min(10_000, max(1000, timeout_ms)),
                            client_id=_CLIENT["id"])
+    except TlsFileError as exc:
+        fail(str(exc), EXIT_USAGE)
     except ValueError as exc:
         fail(f"--pm: {exc}", EXIT_USAGE)
+
+
+class ClientIntrospection(Introspection):
+    """INFO, STATS, CONNECTIONS and WHOAMI on the connection ``client`` keeps to ``address``
+    (TLS, authenticated); the client closes it."""
+
+    def __init__(self, client: AsyncClient, address: str) -> None:
+        super().__init__(address)
+        self.client = client
+
+    async def __aenter__(self) -> ClientIntrospection:
+        # the client's pool: TLS and credentials, no client-id HEARTBEAT (WHOAMI counts only
+        # what the command asked)
+        self._conn = await self.client._pool.get(self.address)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._conn = None
 
 
 def _run(pm: str, timeout_ms: int, body: Callable[[AsyncClient], Coroutine[Any, Any, T]]) -> T:
@@ -377,6 +409,7 @@ def up(
 
     if fsync not in ("always", "interval", "none"):
         fail(f"--fsync {fsync!r}: expected always, interval or none", EXIT_USAGE)
+    directory = directory.absolute()  # printed paths work from any directory
     cluster = LocalCluster(
         directory, datanodes=datanodes, pm_port=pm_port, dn_port=dn_port, host=host,
         fsync=fsync, heartbeat_interval_ms=heartbeat_interval_ms, node_timeout_ms=node_timeout_ms,
@@ -398,8 +431,8 @@ def up(
         except KeyboardInterrupt:
             _shut_down(cluster)
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        scheme = "https" if secure else "http"
-        _print_banner(cluster, console=f"{scheme}://{host}:{admin_port}/")
+        scheme = "https" if secure else "http"  # the admin ports serve TLS when secure
+        _print_banner(cluster, console=f"{scheme}://{host}:{admin_port}/", scheme=scheme)
         if secure:
             try:
                 print_admin_credentials(cluster)
@@ -458,12 +491,12 @@ class _stop_on_sigterm:
         signal.signal(signal.SIGTERM, self._old)
 
 
-def _print_banner(cluster: Any, console: str = "") -> None:
+def _print_banner(cluster: Any, console: str = "", scheme: str = "http") -> None:
     exe = "sbpstream"
     pm = cluster.pm_address
 
     def row(label: str, node: Any) -> str:
-        metrics = (f"  metrics http://{node.host}:{node.metrics_port}/metrics"
+        metrics = (f"  metrics {scheme}://{node.host}:{node.metrics_port}/metrics"
                    if node.metrics_port is not None else "")
         pid = node.proc.pid if node.proc is not None else "?"
         return f"  {label:<19}{node.address}  pid {pid}{metrics}"
@@ -519,23 +552,25 @@ def pm_server(
     auth: AuthOption = False,
     secret_file: SecretFileOption = "",
     allow_remote_unauthenticated: AllowRemoteOption = False,
+    allow_insecure_auth: AllowInsecureAuthOption = False,
 ) -> None:
     """Run one placement manager (metadata, placement, liveness) in the foreground."""
 
     from sbpstream.pm.config import PmConfig, sqlite_path
     from sbpstream.pm.server import run_pm
+    from sbpstream.private_files import private_dir
 
     security = security_config(tls_cert, tls_key, tls_ca, auth, secret_file,
-                               allow_remote_unauthenticated)
+                               allow_remote_unauthenticated, allow_insecure_auth)
     config = PmConfig(metadata=metadata, port=port, host=host, advertise=advertise,
                       heartbeat_interval_ms=heartbeat_interval_ms,
                       node_timeout_ms=node_timeout_ms, metrics_port=metrics_port,
                       public_metrics=public_metrics, security=security)
     try:
         config.validate()
-        security.validate()
+        security.validate(host)
         if not metadata.startswith("etcd://"):
-            sqlite_path(metadata).parent.mkdir(parents=True, exist_ok=True)
+            private_dir(sqlite_path(metadata).parent)
     except (ValueError, OSError) as exc:
         fail(str(exc), EXIT_USAGE)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -584,6 +619,7 @@ def datanode_server(
     auth: AuthOption = False,
     secret_file: SecretFileOption = "",
     allow_remote_unauthenticated: AllowRemoteOption = False,
+    allow_insecure_auth: AllowInsecureAuthOption = False,
 ) -> None:
     """Run one data node (stores and serves record batches) in the foreground."""
 
@@ -599,9 +635,9 @@ def datanode_server(
             fsync_interval_ms=fsync_interval_ms, metrics_port=metrics_port,
             public_metrics=public_metrics,
             security=security_config(tls_cert, tls_key, tls_ca, auth, secret_file,
-                                     allow_remote_unauthenticated),
+                                     allow_remote_unauthenticated, allow_insecure_auth),
         )
-        config.security.validate()
+        config.security.validate(host)
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -722,13 +758,11 @@ STORED_BYTES_CHUNK = 1_000
 """Streams per STATS request of `stream list` (each row is a few hundred bytes of JSON)."""
 
 
-async def _stored_bytes(pm: str, ids: list[int]) -> dict[int, int]:
+async def _stored_bytes(c: AsyncClient, ids: list[int]) -> dict[int, int]:
     """Stream id -> bytes stored (each range once), from the PM's STATS; {} when unavailable."""
-    from sbpstream.introspect.wire import Introspection
-
     out: dict[int, int] = {}
     try:
-        async with Introspection(pm_addresses(pm)[0]) as i:
+        async with ClientIntrospection(c, c.pm_addresses[0]) as i:
             for at in range(0, len(ids), STORED_BYTES_CHUNK):
                 _, body = await i.stats(ids[at:at + STORED_BYTES_CHUNK])
                 for row in body.get("streams", ()):
@@ -795,7 +829,7 @@ def stream_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_T
     async def body(c: AsyncClient) -> tuple[list[tuple[Stream, int | None]], dict[int, int]]:
         streams = await c.list_streams()
         rows = list(await asyncio.gather(*(end_of(c, s) for s in streams)))
-        return rows, await _stored_bytes(pm, [s.stream_id for s in streams])
+        return rows, await _stored_bytes(c, [s.stream_id for s in streams])
 
     rows, stored = _run(pm, timeout_ms, body)
     out_console.print(_streams_table(rows, stored))
@@ -1448,22 +1482,22 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the figures as J
 
 
 def _introspect(pm: str, node: str, body: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
-    """Run ``body(Introspection)`` against ``--node`` or the first PM address."""
-    from sbpstream.introspect.wire import Introspection
-
+    """Run ``body(Introspection)`` against ``--node`` or the first PM address, on a connection
+    of the command's client (``_client``: TLS and credentials as every other command)."""
     try:
         address = node or pm_addresses(pm)[0]
     except ValueError as exc:
         fail(f"--pm/--node: {exc}", EXIT_USAGE)
+    client = _client(pm, DEFAULT_TIMEOUT_MS)
 
     async def main() -> T:
-        async with Introspection(address) as i:
+        async with client, ClientIntrospection(client, address) as i:
             return await body(i)
 
     try:
         return run(main())
     except SbpError as exc:
-        fail(f"{address}: {exc}")
+        fail(f"{address}: {explain(exc, pm)}")
 
 
 def _show(data: Any, as_json: bool, view: Callable[[Any], Any]) -> None:
@@ -1737,14 +1771,26 @@ def quota_counters(
 # ------------------------------------------------------------------------------------- main
 
 
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """Python warnings (the SDK's InsecureCredentialsWarning) as one line on stderr."""
+    sys.stderr.write(f"sbpstream: warning: {one_line(str(message))}\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, exit codes 0 / 1 (error) / 2 (usage) / 130."""
     backoff_observers.append(waiting)
     # the SDK's warnings (e.g. event=append_failed) are summed up by the command's own error line
     logging.getLogger("sbpstream.client").addHandler(logging.NullHandler())
+    logging.getLogger("sbpstream.auth").addHandler(logging.NullHandler())  # warned below
+    warnings.showwarning = _warning_line
     try:
         args = sys.argv[1:] if argv is None else argv
         rv = app(args=_take_client_id(list(args)), prog_name="sbpstream", standalone_mode=False)
+    except TlsFileError as exc:  # from a client built outside _client (produce, consume)
+        err_console.print(f"sbpstream: error: {one_line(str(exc))}", markup=False,
+                          soft_wrap=True)
+        sys.exit(EXIT_USAGE)
     except TyperException as exc:
         ctx = getattr(exc, "ctx", None)
         if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:

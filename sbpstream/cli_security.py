@@ -53,17 +53,23 @@ SecretFileOption = Annotated[str, typer.Option(
 AllowRemoteOption = Annotated[bool, typer.Option(
     "--allow-remote-unauthenticated",
     help="Protected mode off: serve clients beyond loopback with auth off.")]
+AllowInsecureAuthOption = Annotated[bool, typer.Option(
+    "--allow-insecure-auth",
+    help="Serve --auth without TLS on an address beyond loopback (logins and tokens in clear).")]
 
 
 def security_config(tls_cert: str, tls_key: str, tls_ca: str, auth: bool, secret_file: str,
-                    allow_remote_unauthenticated: bool) -> SecurityConfig:
+                    allow_remote_unauthenticated: bool,
+                    allow_insecure_auth: bool = False) -> SecurityConfig:
     return SecurityConfig(TlsConfig(tls_cert, tls_key, tls_ca), auth=auth,
                           secret_file=secret_file,
-                          allow_remote_unauthenticated=allow_remote_unauthenticated)
+                          allow_remote_unauthenticated=allow_remote_unauthenticated,
+                          allow_insecure_auth=allow_insecure_auth)
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
-    print(f"sbpstream: error: {message}", file=sys.stderr)
+    text = " ".join(p.strip() for p in message.splitlines() if p.strip())  # one line
+    print(f"sbpstream: error: {text}", file=sys.stderr)
     raise typer.Exit(code)
 
 
@@ -187,14 +193,37 @@ ADMIN_USER = "admin"
 
 
 def secure_certs(directory: Path) -> Path:
-    """DIR/certs, made by ``certs init`` the first time: kept across restarts of ``up``."""
+    """DIR/certs (absolute), made by ``certs init`` the first time: kept across restarts of
+    ``up``."""
     from sbpstream.auth.certs import init_dev_certs
     from sbpstream.auth.config import CA_FILE
+    from sbpstream.private_files import private_dir
 
-    certs = directory / "certs"
+    certs = private_dir(directory.absolute()) / "certs"
     if not (certs / CA_FILE).is_file():
         init_dev_certs(certs)
     return certs
+
+
+ACL_EXAMPLE_HEADER = ("Try an ACL: alice may append, fetch and describe the streams whose "
+                      "names start with orders. (as admin, after the exports):")
+
+
+def acl_example() -> list[str]:
+    """Commands that run as printed after the exports (tests/test_cli_secure.py runs them):
+    ``prefix:`` matches stream names, so the example names its stream. Alice's password is
+    new at each start, like the admin's."""
+    pw = secrets.token_hex(8)  # never starts with "-" (it follows an option)
+    alice = f"SBPSTREAM_USER=alice SBPSTREAM_PASSWORD={pw}"
+    return [
+        "",
+        ACL_EXAMPLE_HEADER,
+        "  sbpstream stream create orders.eu",
+        f"  sbpstream user add alice --user-password {pw}",
+        "  sbpstream acl add alice append,fetch,describe 'prefix:orders.'",
+        f"  echo hello | {alice} sbpstream produce --stream orders.eu",
+        f"  {alice} sbpstream consume --stream orders.eu --from earliest",
+    ]
 
 
 def print_admin_credentials(cluster: Any) -> None:
@@ -203,7 +232,7 @@ def print_admin_credentials(cluster: Any) -> None:
     from sbpstream.auth.config import CA_FILE
 
     password = secrets.token_urlsafe(18)
-    certs: Path = cluster.secure
+    certs: Path = cluster.secure.absolute()
     run(bootstrap_admin(cluster.pm_address, certs, ADMIN_USER, password))
     lines = [
         "",
@@ -212,7 +241,7 @@ def print_admin_credentials(cluster: Any) -> None:
         f"  export SBPSTREAM_USER={ADMIN_USER}",
         f"  export SBPSTREAM_PASSWORD={password}",
         f"  export SBPSTREAM_TLS_CA={certs / CA_FILE}",
-        "  sbpstream user add alice; sbpstream acl add alice append,fetch,describe 'prefix:1'",
+        *acl_example(),
         "",
     ]
     sys.stdout.write("\n".join(lines) + "\n")

@@ -27,6 +27,7 @@ from types import TracebackType
 
 from sbpstream.auth.config import CA_FILE, SECRET_FILE, SERVER_CERT, SERVER_KEY
 from sbpstream.net.ports import free_port
+from sbpstream.private_files import private_dir
 from sbpstream.protocol.frame import FrameDecoder, encode_frame
 from sbpstream.protocol.opcodes import Opcode
 
@@ -335,7 +336,7 @@ class LocalCluster:
         return node
 
     def start(self) -> LocalCluster:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)  # 0700 when made here: metadata and segments live in it
         self.pm.start()
         self.pm.wait_ready()
         for dn in self.datanodes:

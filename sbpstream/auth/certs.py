@@ -4,7 +4,8 @@ Writes into DIR: ``ca.pem`` (the CA every client trusts: ``--tls-ca``), ``ca-key
 ``server.pem``/``server-key.pem`` (for every PM and data node: ``--tls-cert``/``--tls-key``;
 names: localhost, 127.0.0.1, ::1, this host's name, and any ``--host`` given),
 ``client.pem``/``client-key.pem`` (for mutual TLS), and ``cluster.secret`` (the token key shared
-by PMs and data nodes: ``--secret-file``). Keys are ECDSA P-256, files 0600. Development only:
+by PMs and data nodes: ``--secret-file``). Keys are ECDSA P-256, private files 0600 in a
+0700 directory whatever the umask. Development only:
 the CA key sits next to the certificates.
 """
 
@@ -32,14 +33,20 @@ from sbpstream.auth.config import (
     SERVER_KEY,
     write_secret,
 )
+from sbpstream.private_files import private_dir, write_private
 
 CERT_VALIDITY_DAYS: Final = 365
 """Development certificates: a year, so a dev cluster does not expire mid-project."""
 
+PUBLIC_FILE_MODE: Final = 0o644
+"""Certificates are public: anyone may read them (the directory is 0700 all the same)."""
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    if private:
+        write_private(path, data)  # 0600 whatever the umask
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PUBLIC_FILE_MODE)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
 
@@ -82,7 +89,7 @@ def _issue(ca_key: ec.EllipticCurvePrivateKey, ca_name: x509.Name, cn: str,
 
 def init_dev_certs(directory: Path, hosts: Sequence[str] = ()) -> list[Path]:
     """Make a CA, a server and a client certificate and a cluster secret in ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)  # 0700: it holds the CA key and the cluster secret
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("sbpstream dev CA")
     now = datetime.datetime.now(datetime.UTC)

@@ -23,10 +23,14 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
                    help="lifetime of the tokens the PM issues")
     g.add_argument("--allow-remote-unauthenticated", action="store_true",
                    help="protected mode off: serve clients beyond loopback with auth off")
+    g.add_argument("--allow-insecure-auth", action="store_true",
+                   help="serve --auth without TLS on an address beyond loopback (logins and "
+                   "tokens in clear)")
 
 
 def security_from_args(a: argparse.Namespace) -> SecurityConfig:
     return SecurityConfig(
         tls=TlsConfig(a.tls_cert, a.tls_key, a.tls_ca, a.tls_require_client_cert),
         auth=a.auth, secret_file=a.secret_file, token_ttl_s=a.token_ttl_s,
-        allow_remote_unauthenticated=a.allow_remote_unauthenticated)
+        allow_remote_unauthenticated=a.allow_remote_unauthenticated,
+        allow_insecure_auth=a.allow_insecure_auth)

@@ -17,16 +17,18 @@ TOKEN_EXPIRED unless it sleeps through the whole remaining fifth.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from sbpstream.auth import tokens
-from sbpstream.auth.config import TlsConfig
+from sbpstream.auth.config import TlsConfig, is_loopback_host
 from sbpstream.auth.tls import client_context
 from sbpstream.net.client import Connection
 from sbpstream.protocol import messages as m
@@ -43,6 +45,33 @@ RENEW_AT_FRACTION: Final = 0.8
 AUTH_TIMEOUT_S: Final = 10.0
 """One AUTHENTICATE round trip: PBKDF2 on the PM takes milliseconds; more is a stuck peer."""
 NODE_TOKEN_TTL_MS: Final = 600_000
+
+log = logging.getLogger("sbpstream.auth")
+
+
+class InsecureCredentialsWarning(UserWarning):
+    """Credentials (a password exchange or a token) go to a non-loopback address without TLS."""
+
+
+_warned: set[str] = set()
+"""Addresses already warned about, so each is said once per process."""
+
+
+def _is_tls(conn: Connection) -> bool:
+    t = conn.transport
+    return t is not None and t.get_extra_info("ssl_object") is not None
+
+
+def warn_if_clear(address: str, tls: bool, what: str) -> None:
+    """Warn once per address before sending ``what`` in clear beyond loopback."""
+    host = address.rpartition(":")[0].strip("[]") or address
+    if tls or is_loopback_host(host) or address in _warned:
+        return
+    _warned.add(address)
+    message = (f"sending {what} to {address} without TLS: anyone on the network path can read "
+               "it; give a CA (tls_ca=, $SBPSTREAM_TLS_CA or --tls-ca) to use TLS")
+    log.warning("event=credentials_in_clear address=%s", address)
+    warnings.warn(message, InsecureCredentialsWarning, stacklevel=3)
 
 
 def _now_ms() -> int:
@@ -147,6 +176,7 @@ class Credentials:
             fresh = tok is not None and _now_ms() < tok.renew_at_ms
             if not fresh and self.user and conn.address in self.pm:
                 # a login on this very connection authenticates it as well
+                warn_if_clear(conn.address, _is_tls(conn), "a password login")
                 out = await scram_login(conn, self.user, self._password)
                 self._token = self._parse(out.token)
                 conn.auth_renew_at_ms = self._token.renew_at_ms
@@ -157,6 +187,7 @@ class Credentials:
             assert tok is not None
         from sbpstream.auth.gate import MECH_TOKEN  # the gate imports the server side
 
+        warn_if_clear(conn.address, _is_tls(conn), "an access token")
         await _call(conn, m.AuthenticateRequest(MECH_TOKEN, tok.text.encode()))
         conn.auth_renew_at_ms = tok.renew_at_ms
 
@@ -176,7 +207,14 @@ class Credentials:
                 self._floor_ms = tok.renew_at_ms
             return tok
         if self.token_file:
-            return self._parse(Path(self.token_file).read_text().strip())
+            try:
+                text = Path(self.token_file).read_text().strip()
+            except OSError as e:
+                raise AuthenticationFailedError(
+                    f"token file {self.token_file} (from --token-file, $SBPSTREAM_TOKEN_FILE or "
+                    f"token_file=): {e.strerror}; give a file holding a token "
+                    "(Credentials.token() writes one)") from None
+            return self._parse(text)
         if self.user:
             return self._parse(await self._login_at_pm())
         if self._token is not None:
@@ -195,6 +233,7 @@ class Credentials:
                 errors.append(f"{addr}: {e}")
                 continue
             try:
+                warn_if_clear(addr, _is_tls(conn), "a password login")
                 return (await scram_login(conn, self.user, self._password)).token
             except AuthenticationFailedError:
                 raise

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from sbpstream.private_files import refuse_shared, write_private
 
 DEFAULT_TOKEN_TTL_S: Final = 600
 """How long a token the PM issues stays valid. Short, because ACL changes and a deleted user
@@ -23,6 +24,47 @@ SECRET_FILE: Final = "cluster.secret"
 
 SECRET_BYTES: Final = 32
 """The cluster secret: 256 bits, the key size of HMAC-SHA-256."""
+
+TLS_FILE_ROLES: Final = {
+    "ca": ("--tls-ca", "$SBPSTREAM_TLS_CA", "tls_ca=",
+           "the CA that signed the servers' certificates (`sbpstream up --secure` prints its "
+           "path; `sbpstream certs init DIR` writes DIR/ca.pem)"),
+    "cert": ("--tls-cert", "$SBPSTREAM_TLS_CERT", "tls_cert=",
+             "a PEM certificate chain (`sbpstream certs init DIR` writes DIR/server.pem)"),
+    "key": ("--tls-key", "$SBPSTREAM_TLS_KEY", "tls_key=",
+            "the PEM private key of the certificate (`sbpstream certs init DIR` writes "
+            "DIR/server-key.pem)"),
+}
+"""For each TLS file: the flag, variable and SDK argument that name it, and what it should be;
+an error about the file names all three, since any of them may have given the path."""
+
+
+class TlsFileError(ValueError):
+    """A TLS file (CA, certificate or key) is missing, unreadable or not PEM: the message is one
+    line naming the file, where its path comes from and what to give instead."""
+
+
+def tls_file_error(role: str, path: str, problem: str, server: bool = False) -> TlsFileError:
+    """``server``: the path came from a server's flag (no SDK argument or variable there)."""
+    flag, env, arg, wanted = TLS_FILE_ROLES[role]
+    if server:
+        return TlsFileError(f"{flag} {path}: {problem}; give {wanted}")
+    what = {"ca": "CA", "cert": "certificate", "key": "key"}[role]
+    return TlsFileError(f"TLS {what} file {path} (from {flag}, {env} or {arg}): {problem}; "
+                        f"give {wanted}")
+
+
+def check_readable(role: str, path: str, server: bool = False) -> None:
+    """TlsFileError when the TLS file ``path`` (``role``: ca, cert or key) cannot be read."""
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        raise tls_file_error(role, path, "no such file", server) from None
+    except IsADirectoryError:
+        raise tls_file_error(role, path, "is a directory, not a file", server) from None
+    except OSError as e:
+        raise tls_file_error(role, path, f"cannot read it ({e.strerror})", server) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +89,11 @@ class TlsConfig:
     def validate(self) -> None:
         if bool(self.cert) != bool(self.key):
             raise ValueError("--tls-cert and --tls-key go together")
-        for flag, path in (("--tls-cert", self.cert), ("--tls-key", self.key),
-                           ("--tls-ca", self.ca)):
-            if path and not Path(path).is_file():
-                raise ValueError(f"{flag} {path}: no such file")
+        for role, path in (("cert", self.cert), ("key", self.key), ("ca", self.ca)):
+            if path:
+                check_readable(role, path, server=True)
+        if self.key:  # a private key others can read is no longer private
+            refuse_shared(self.key, "--tls-key")
         if self.require_client_cert and not self.ca:
             raise ValueError("--tls-require-client-cert needs --tls-ca to verify clients")
 
@@ -67,21 +110,44 @@ class SecurityConfig:
     token_ttl_s: int = DEFAULT_TOKEN_TTL_S
     allow_remote_unauthenticated: bool = False
     """Protected mode off: with auth off, still serve clients beyond loopback."""
+    allow_insecure_auth: bool = False
+    """Serve auth without TLS on an address beyond loopback (passwords and tokens in clear)."""
 
-    def validate(self) -> None:
+    def validate(self, host: str | None = None) -> None:
+        """ValueError, one line naming the fix, for settings a server must not start with.
+        ``host``: the address it binds, for :func:`check_auth_transport`."""
         self.tls.validate()
         if self.auth and not self.secret_file:
             raise ValueError("--auth needs --secret-file (the cluster secret signing tokens)")
-        if self.secret_file and not Path(self.secret_file).is_file():
-            raise ValueError(f"--secret-file {self.secret_file}: no such file")
+        if self.secret_file:
+            read_secret(self.secret_file)  # present, private, well-formed
         if self.token_ttl_s < 10:
             raise ValueError("--token-ttl-s must be >= 10")
+        if host is not None:
+            check_auth_transport(self, host)
 
     def secret(self) -> bytes:
         return read_secret(self.secret_file)
 
 
+def check_auth_transport(cfg: SecurityConfig, host: str) -> None:
+    """The one place both launchers (``sbpstream pm|datanode`` and ``python -m
+    sbpstream.pm|.datanode``) refuse auth without TLS on an address beyond loopback: SCRAM
+    exchanges and tokens would cross the network in clear, and a token is a bearer credential.
+    On loopback it is allowed (nothing leaves the machine); ``--allow-insecure-auth`` allows it
+    anywhere."""
+    if (cfg.auth and not cfg.tls.server_enabled and not cfg.allow_insecure_auth
+            and not is_loopback_host(host)):
+        raise ValueError(
+            f"--auth without TLS on --host {host}: tokens and logins would cross the network "
+            "in clear; add --tls-cert/--tls-key/--tls-ca (`sbpstream certs init DIR` makes "
+            "them), bind 127.0.0.1, or pass --allow-insecure-auth")
+
+
 def read_secret(path: str) -> bytes:
+    """The cluster secret in ``path``: refused (ValueError naming the fix) when missing,
+    readable by group or others, not hex or shorter than 16 bytes."""
+    refuse_shared(path, "--secret-file")
     text = Path(path).read_text().strip()
     try:
         raw = bytes.fromhex(text)
@@ -93,10 +159,8 @@ def read_secret(path: str) -> bytes:
 
 
 def write_secret(path: Path) -> None:
-    """A fresh random cluster secret, readable by its owner only."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(SECRET_BYTES) + "\n")
+    """A fresh random cluster secret, readable by its owner only (0600 whatever the umask)."""
+    write_private(path, (secrets.token_hex(SECRET_BYTES) + "\n").encode())
 
 
 def is_loopback_host(host: str) -> bool:

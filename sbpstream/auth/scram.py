@@ -9,6 +9,8 @@ fetches the user's credential before handing the client-first message over.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import os
 from dataclasses import dataclass
@@ -53,12 +55,38 @@ def make_credential(password: str, iterations: int = ITERATIONS) -> Credential:
     if not password:
         raise InvalidRequestError("a password may not be empty")
     salt, stored, server, n = _MECH.make_auth_info(password, iteration_count=iterations,
-                                                   salt=os.urandom(16))
+                                                   salt=os.urandom(SALT_BYTES))
     return Credential(salt, stored, server, n)
 
 
-_DECOY: Final = make_credential(os.urandom(16).hex())
-"""Answers for an unknown user, so a login fails at the same step whether or not it exists."""
+SALT_BYTES: Final = 16
+"""The salt of a stored credential (``make_credential``) and of a decoy: the same length, so a
+server-first message does not tell a decoy from a real user by its size."""
+DECOY_LABEL: Final = b"sbpstream scram decoy v1"
+"""Separates the decoy key from every other use of the token key (token MACs)."""
+
+
+def decoy_key(token_key: bytes) -> bytes:
+    """The key decoys are derived with, from the cluster's token key (itself from the secret)."""
+    return hmac.new(token_key, DECOY_LABEL, hashlib.sha256).digest()
+
+
+def decoy_credential(key: bytes, user: str) -> Credential:
+    """What a login of the unknown ``user`` is answered with: a salt (and keys) derived from
+    the cluster secret and the name, HMAC(key, user). The same name always gets the same salt,
+    as a real user does, and two names get different ones, so the server-first message does
+    not tell whether a user exists (one shared decoy salt would: it is the odd one out)."""
+    name = user.encode(errors="replace")
+
+    def part(label: bytes, n: int) -> bytes:
+        return hmac.new(key, label + b"\0" + name, hashlib.sha256).digest()[:n]
+
+    return Credential(part(b"salt", SALT_BYTES), part(b"stored", 32), part(b"server", 32),
+                      ITERATIONS)
+
+
+_PROCESS_DECOY_KEY: Final = os.urandom(32)
+"""For a login without a cluster secret at hand (tests): stable for this process only."""
 
 
 def client_first_user(message: bytes) -> str:
@@ -74,12 +102,15 @@ def client_first_user(message: bytes) -> str:
 
 
 class ScramLogin:
-    """The server side of one login: :meth:`first` then :meth:`final`."""
+    """The server side of one login: :meth:`first` then :meth:`final`. An unknown user
+    (``credential`` None) is answered with :func:`decoy_credential` under ``decoy``, the key
+    from :func:`decoy_key`, and fails at the last step like a wrong password."""
 
-    def __init__(self, user: str, credential: Credential | None) -> None:
+    def __init__(self, user: str, credential: Credential | None,
+                 decoy: bytes = _PROCESS_DECOY_KEY) -> None:
         self.user = user
         self.known = credential is not None
-        cred = credential or _DECOY
+        cred = credential or decoy_credential(decoy, user)
         info = (cred.salt, cred.stored_key, cred.server_key, cred.iterations)
         self._server = _MECH.make_server(lambda _name: info)
 

@@ -30,7 +30,7 @@ def server_security(cfg: SecurityConfig, host: str, node_only: frozenset[int],
     """``node_id``: a data node's own token names one (-1 until it is allocated: see
     :meth:`Credentials.set_node_id`); None for the PM. ``cluster_only``: opcodes this server
     takes from the cluster's token alone (the PM's), not from a data node's."""
-    cfg.validate()
+    cfg.validate(host)  # files, modes, and no auth in clear beyond loopback
     tls = cfg.tls
     if tls.server_enabled and not tls.ca:
         raise ValueError("--tls-cert needs --tls-ca too: PMs and data nodes verify each other")

@@ -1,10 +1,37 @@
-"""SSL contexts for SBP listeners and connections (TLS 1.2+; 1.3 where both ends have it)."""
+"""SSL contexts for SBP listeners and connections (TLS 1.2+; 1.3 where both ends have it).
+
+A missing, unreadable or non-PEM CA, certificate or key raises :class:`TlsFileError` (a
+ValueError) with one line naming the file and the fix, never a bare FileNotFoundError or
+ssl.SSLError: the SDK, the CLI and the servers all build their contexts here.
+"""
 
 from __future__ import annotations
 
 import ssl
 
-from sbpstream.auth.config import TlsConfig
+from sbpstream.auth.config import TlsConfig, TlsFileError, check_readable, tls_file_error
+
+__all__ = ["TlsFileError", "client_context", "server_context"]
+
+
+def _load_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
+    check_readable("cert", cert)
+    check_readable("key", key)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except ssl.SSLError as e:
+        raise TlsFileError(f"TLS certificate {cert} with key {key}: not a PEM certificate chain "
+                           f"and its private key ({e.reason or e}); give the pair "
+                           "`sbpstream certs init DIR` writes (server.pem, server-key.pem)"
+                           ) from None
+
+
+def _load_ca(ctx: ssl.SSLContext, ca: str) -> None:
+    check_readable("ca", ca)
+    try:
+        ctx.load_verify_locations(ca)
+    except ssl.SSLError as e:
+        raise tls_file_error("ca", ca, f"not a PEM CA certificate ({e.reason or e})") from None
 
 
 def server_context(cfg: TlsConfig) -> ssl.SSLContext | None:
@@ -14,9 +41,9 @@ def server_context(cfg: TlsConfig) -> ssl.SSLContext | None:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cfg.cert, cfg.key)
+    _load_chain(ctx, cfg.cert, cfg.key)
     if cfg.ca:
-        ctx.load_verify_locations(cfg.ca)
+        _load_ca(ctx, cfg.ca)
         ctx.verify_mode = ssl.CERT_REQUIRED if cfg.require_client_cert else ssl.CERT_OPTIONAL
     return ctx
 
@@ -28,7 +55,7 @@ def client_context(cfg: TlsConfig) -> ssl.SSLContext | None:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_verify_locations(cfg.ca)
+    _load_ca(ctx, cfg.ca)
     if cfg.cert and cfg.key:
-        ctx.load_cert_chain(cfg.cert, cfg.key)
+        _load_chain(ctx, cfg.cert, cfg.key)
     return ctx

@@ -59,6 +59,11 @@ def parse_args(argv: Sequence[str] | None = None) -> DataNodeConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
+    try:  # files, modes, auth in clear: refused before anything starts, in one line
+        config.security.validate(config.host)
+    except ValueError as exc:
+        print(f"sbpstream datanode: {exc}", file=sys.stderr)
+        return 2
     try:
         run_server(run_datanode(config))
     except KeyboardInterrupt:

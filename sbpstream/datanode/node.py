@@ -56,6 +56,7 @@ from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.ports import free_port
 from sbpstream.net.server import Handler, Request, Responder, Server
+from sbpstream.private_files import private_dir
 from sbpstream.protocol.errors import (
     ErrorCode,
     SbpError,
@@ -144,7 +145,7 @@ class DataNode:
 
     async def start(self) -> None:
         cfg = self.config
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)  # 0700: segments are data (docs/security.md)
         self._store = Store.open(self.directory / STORE_DIR, StoreConfig(
             fsync_policy=cfg.fsync, fsync_interval_ms=cfg.fsync_interval_ms))
         self.ctx.attach(self._store)

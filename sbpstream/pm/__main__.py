@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_args(args)
     try:
         config.validate()
-        config.security.validate()
+        config.security.validate(config.host)
     except ValueError as e:
         print(f"sbpstream pm: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +48,7 @@ from sbpstream.pm.metadata import (
 )
 from sbpstream.pm.rules import COUNTER_NODE, COUNTER_STREAM, MetaTxn
 from sbpstream.pm.staging import NAME_DROPPED, Layer, StagedTxn
+from sbpstream.private_files import open_private, private_dir
 from sbpstream.protocol.errors import MetadataError, SbpError
 from sbpstream.protocol.fbtable import maker
 from sbpstream.protocol.names import prefix_upper_bound
@@ -582,7 +584,10 @@ class SqliteMetadataStore:
 
     def _open(self) -> None:
         if self._path != ":memory:":
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            # owner-only: the file holds SCRAM verifiers; SQLite gives its -wal and -shm files
+            # the database file's mode (docs/security.md, Safe defaults)
+            private_dir(Path(self._path).parent)
+            os.close(open_private(self._path, os.O_RDWR))
         c = sqlite3.connect(
             self._path,
             isolation_level=None,

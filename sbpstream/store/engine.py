@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Final
 
+from sbpstream.private_files import open_private, private_dir
 from sbpstream.protocol.errors import (
     CorruptBatchError,
     OffsetMismatchError,
@@ -72,8 +73,9 @@ class Store:
     def open(cls, directory: Path, config: StoreConfig | None = None) -> Store:
         config = config or StoreConfig()
         directory = Path(directory)
-        (directory / LOG_DIR).mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        private_dir(directory)  # 0700, and the log directory in it too: records are data
+        private_dir(directory / LOG_DIR)
+        lock_fd = open_private(directory / LOCK_FILE, os.O_RDWR)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

@@ -24,6 +24,7 @@ from typing import Final
 
 import crc32c
 
+from sbpstream.private_files import open_private
 from sbpstream.store.limits import MAX_CHECKPOINT_BYTES, PRODUCER_RECENT_BATCHES
 from sbpstream.store.segment import fsync_dir
 from sbpstream.store.types import ProducerState, RangeState
@@ -209,7 +210,7 @@ def write_checkpoint(
     """Write the index to ``path`` atomically: temp file, fsync, ``os.replace``, fsync dir.
     Returns its size."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
         os.pwrite(fd, bytes(_CK_HEADER.size), 0)
         crc, length = 0, 0

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
+from sbpstream.private_files import open_private
 from sbpstream.store.limits import ZERO_SCAN_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Segment:
         """A new preallocated (sparse) segment. The caller fsyncs the directory before relying
         on it (the group-commit fsync does, see Store)."""
         path = directory / segment_name(segment_id)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = open_private(path, os.O_RDWR | os.O_EXCL)
         try:
             os.ftruncate(fd, size)
         except BaseException:
@@ -167,7 +168,7 @@ class Segment:
     def copy_aside(self, start: int, stop: int) -> Path:
         """Copy bytes [start, stop) to ``<segment>.corrupt-<start>`` (fsynced) before a cut."""
         side = self.path.with_name(f"{self.path.name}.corrupt-{start}")
-        fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_private(side, os.O_WRONLY | os.O_TRUNC)
         try:
             position = start
             while position < stop:
