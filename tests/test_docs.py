@@ -16,6 +16,10 @@ The convention (also in README.md, "Development"):
 * Both run against a live local cluster (:class:`sbpstream.cluster.LocalCluster`, one per page)
   as if it were the default one: the default PM address ``127.0.0.1:12378`` written in a block is
   replaced by the cluster's, and ``$SBPSTREAM_PM`` (and ``$PM``) are set to it.
+* The pages of :data:`SECURE_PAGES` run against a cluster as ``sbpstream up --secure`` makes it
+  (TLS, auth, the admin user) with the exports it prints set (``SBPSTREAM_USER``,
+  ``SBPSTREAM_PASSWORD``, ``SBPSTREAM_TLS_CA``), and the admin HTTP ports ``up`` opens by
+  default (``127.0.0.1:12380`` for the PM, ``12381`` for data node 0) replaced by the cluster's.
 
 A small collector rather than mktestdocs: mktestdocs runs every block of a language the same
 way (python ``exec``'d in the test process, bash without an environment), with no per-block
@@ -24,6 +28,7 @@ skip marker, no shared python session across a page's blocks and no address subs
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -34,8 +39,12 @@ from pathlib import Path
 
 import pytest
 
+from sbpstream.auth.bootstrap import bootstrap_admin
+from sbpstream.auth.certs import init_dev_certs
+from sbpstream.auth.config import CA_FILE
 from sbpstream.client.types import DEFAULT_PM
 from sbpstream.cluster import LocalCluster
+from sbpstream.net.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -118,12 +127,25 @@ for b in json.load(sys.stdin):
 """
 
 
-def run_page(page: Path, pm: str) -> None:
+SECURE_PAGES = frozenset({"security.md"})
+"""Pages whose examples need authentication: run against a secure cluster."""
+UP_ADMIN_PORT = 12380
+"""``sbpstream up``'s default admin port (the PM's; data node i: + 1 + i), as pages write it."""
+DOCS_ADMIN = ("admin", "docs-admin-password")
+
+
+def run_page(page: Path, pm: str, extra_env: dict[str, str] | None = None,
+             admin_port: int | None = None) -> None:
     runnable = [b for b in blocks(page) if b.runs]
-    env = _env(pm)
+    env = {**_env(pm), **(extra_env or {})}
 
     def subst(source: str) -> str:
-        return source.replace(DEFAULT_PM, pm)
+        source = source.replace(DEFAULT_PM, pm)
+        if admin_port is not None:
+            for i in (1, 0):  # data node 0's port first: "12381" is not a prefix of "12380"
+                source = source.replace(f"127.0.0.1:{UP_ADMIN_PORT + i}",
+                                        f"127.0.0.1:{admin_port + i}")
+        return source
 
     for b in (b for b in runnable if b.lang in SHELL):
         r = subprocess.run(["bash", "-eo", "pipefail", "-c", subst(_shell_script(b))],
@@ -172,5 +194,16 @@ RUNNABLE_PAGES = [p for p in PAGES if any(b.runs for b in blocks(p))]
 
 @pytest.mark.parametrize("page", RUNNABLE_PAGES, ids=[p.name for p in RUNNABLE_PAGES])
 def test_doc_examples_run(page: Path, tmp_path: Path) -> None:
-    with LocalCluster(tmp_path / "cluster", datanodes=2) as cluster:
-        run_page(page, cluster.pm_address)
+    if page.name not in SECURE_PAGES:
+        with LocalCluster(tmp_path / "cluster", datanodes=2) as cluster:
+            run_page(page, cluster.pm_address)
+        return
+    certs = tmp_path / "certs"
+    init_dev_certs(certs)
+    port = free_port()
+    with LocalCluster(tmp_path / "cluster", datanodes=2, secure=certs,
+                      metrics_port=port) as cluster:
+        asyncio.run(bootstrap_admin(cluster.pm_address, certs, *DOCS_ADMIN))
+        run_page(page, cluster.pm_address, admin_port=port, extra_env={
+            "SBPSTREAM_USER": DOCS_ADMIN[0], "SBPSTREAM_PASSWORD": DOCS_ADMIN[1],
+            "SBPSTREAM_TLS_CA": str(certs / CA_FILE)})
