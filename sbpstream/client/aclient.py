@@ -18,29 +18,22 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Callable, Mapping, Sequence
-from typing import Final, TypeVar, cast, overload
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, TypeVar, cast, overload
 
 from sbpstream.auth.client import client_security
-from sbpstream.client.consumer import DEFAULT_WINDOW_BYTES, AsyncConsumer
-from sbpstream.client.groups import (
-    DEFAULT_AUTO_COMMIT_INTERVAL_MS,
-    DEFAULT_HEARTBEAT_INTERVAL_MS,
-    DEFAULT_SESSION_TIMEOUT_MS,
-    GroupAdmin,
-    GroupConsumer,
-)
+from sbpstream.client.consumer import AsyncConsumer
+from sbpstream.client.groups import GroupAdmin, GroupConsumer
+from sbpstream.client.options import ConsumerOptions, ProducerOptions, build
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts
 from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
-    Compression,
     GroupInfo,
     GroupMemberInfo,
     GroupStreamInfo,
     Range,
-    RebalanceEvent,
     RetryPolicy,
     StartPosition,
     Stream,
@@ -565,64 +558,28 @@ class AsyncClient:
 
     # ------------------------------------------------------------------------ data plane
 
-    def producer(
-        self,
-        *,
-        linger_ms: float = 5.0,
-        batch_max_bytes: int = 512 * 1024,
-        buffer_max_bytes: int = 64 * 1024 * 1024,
-        compression: Compression | None = None,
-        producer_id: int | None = None,
-        producer_epoch: int = 0,
-        max_in_flight_per_node: int = 16,
-        primary_retry_ms: int = 15_000,
-        max_in_flight_per_stream: int = 4,
-    ) -> AsyncProducer:
+    def producer(self, options: ProducerOptions | None = None, **kw: Any) -> AsyncProducer:
         """A batching, idempotent producer (see :class:`AsyncProducer`). Close it when done.
 
-        ``primary_retry_ms``: how long to retry an unreachable primary of a single-replica range
-        before asking the PM to seal it (no replica could report the range's end meanwhile).
-        ``max_in_flight_per_stream``: batches of one stream sent before the first is
-        acknowledged (1..5; more overlap the data node's fsync with the next transfer).
+        Keyword arguments are the fields of :class:`~sbpstream.client.options.ProducerOptions`
+        (``linger_ms``, ``batch_max_bytes``, ``compression``, ...); ``options`` gives them as one
+        object, keyword arguments overriding its fields.
         """
-        return AsyncProducer(
-            self,
-            linger_ms=linger_ms,
-            batch_max_bytes=batch_max_bytes,
-            buffer_max_bytes=buffer_max_bytes,
-            compression=compression,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            max_in_flight_per_node=max_in_flight_per_node,
-            primary_retry_ms=primary_retry_ms,
-            max_in_flight_per_stream=max_in_flight_per_stream,
-        )
+        return AsyncProducer(self, build(ProducerOptions, options, kw))
 
-    def consumer(
-        self,
-        streams: int | str | Sequence[int | str],
-        start: StartPosition = "earliest",
-        *,
-        end: int | None = None,
-        max_wait_ms: int = 500,
-        batch_max_bytes: int = 1024 * 1024,
-        auto_reset: str | None = None,
-        subscribe: bool = True,
-        window_bytes: int = DEFAULT_WINDOW_BYTES,
-        group: str | None = None,
-        auto_commit: bool = True,
-        auto_commit_interval_ms: int = DEFAULT_AUTO_COMMIT_INTERVAL_MS,
-        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
-        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
-        on_rebalance: Callable[[RebalanceEvent], None] | None = None,
-    ) -> AsyncConsumer:
+    def consumer(self, streams: int | str | Sequence[int | str],
+                 start: StartPosition | None = None, *,
+                 options: ConsumerOptions | None = None, **kw: Any) -> AsyncConsumer:
         """An async iterator over the records of ``streams`` (one id or a sequence; see
         :class:`AsyncConsumer`); each record's ``stream_id`` says which.
 
-        ``start`` is ``"earliest"``, ``"latest"`` or an offset (for every stream); with ``end``
-        (one stream only) the iteration stops before that offset, otherwise it waits for new
-        records forever. By default the data nodes push records (a subscription, at most
-        ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls instead.
+        Keyword arguments are the fields of :class:`~sbpstream.client.options.ConsumerOptions`
+        (``options`` gives them as one object, keyword arguments overriding its fields).
+        ``start`` is ``"earliest"`` (the default), ``"latest"`` or an offset (for every stream);
+        with ``end`` (one stream only) the iteration stops before that offset, otherwise it
+        waits for new records forever. By default the data nodes push records (a subscription,
+        at most ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls
+        instead.
 
         With ``group`` the consumer is a member of that consumer group (docs/client.md,
         "Consumer groups"): ``streams`` may also hold names and one pattern (``"orders.*"``);
@@ -631,30 +588,17 @@ class AsyncClient:
         committed every ``auto_commit_interval_ms`` and at close (at least once).
         ``on_rebalance`` is called (on the event loop) with each :class:`RebalanceEvent`.
         """
-        if group is not None:
-            return GroupConsumer(
-                self, self.pm_request, streams, start, group, auto_commit=auto_commit,
-                auto_commit_interval_ms=auto_commit_interval_ms,
-                session_timeout_ms=session_timeout_ms,
-                heartbeat_interval_ms=heartbeat_interval_ms, on_rebalance=on_rebalance,
-                max_wait_ms=max_wait_ms, batch_max_bytes=batch_max_bytes, auto_reset=auto_reset,
-                subscribe=subscribe, window_bytes=window_bytes)
+        if start is not None:
+            kw["start"] = start
+        o = build(ConsumerOptions, options, kw)
+        if o.group is not None:
+            return GroupConsumer(self, self.pm_request, streams, o)
         if isinstance(streams, str) or (not isinstance(streams, int)
                                         and any(isinstance(s, str) for s in streams)):
             raise InvalidRequestError("stream names and patterns are for a group consumer; "
                                       "resolve_streams() gives ids")
         ids = streams if isinstance(streams, int) else [s for s in streams if isinstance(s, int)]
-        return AsyncConsumer(
-            self,
-            ids,
-            start,
-            end=end,
-            max_wait_ms=max_wait_ms,
-            batch_max_bytes=batch_max_bytes,
-            auto_reset=auto_reset,
-            subscribe=subscribe,
-            window_bytes=window_bytes,
-        )
+        return AsyncConsumer(self, ids, o)
 
     # ------------------------------------------------------------------- consumer groups
 
