@@ -52,6 +52,8 @@ RETURN_MAP: dict[str, tuple[str, str]] = {
 ASYNC_ONLY: dict[str, str] = {
     "group_admin": "the group opcodes as awaitables, for async servers such as the Kafka "
                    "gateway; sync code uses the consumer's group methods",
+    "connection": "a connection of the client's pool, used on its event loop by tools that "
+                  "speak the protocol themselves",
     "pm_request": "protocol messages in and out, for tools running on an event loop (the "
                   "CLI's introspection); sync code uses the typed methods",
 }

@@ -39,7 +39,7 @@ from sbpstream.client.types import (
     Stream,
     pm_addresses,
 )
-from sbpstream.net.client import ConnectionPool
+from sbpstream.net.client import Connection, ConnectionPool
 from sbpstream.net.pmcaller import PmCaller
 from sbpstream.protocol.errors import (
     ErrorCode,
@@ -735,6 +735,12 @@ class AsyncClient:
         self._start_heartbeats()
         cls = RESPONSES[Opcode(request.OPCODE)] if response_cls is None else response_cls
         return await self._pm.call(request, cls)
+
+    async def connection(self, address: str) -> Connection:
+        """This client's pooled connection to ``address`` (its TLS and credentials; no
+        client-id HEARTBEAT is sent for it): for tools that speak the protocol themselves,
+        such as the CLI's introspection."""
+        return await self._pool.get(address)
 
     @property
     def pm_leader(self) -> str | None:
