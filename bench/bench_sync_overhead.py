@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from sbpstream.client import _sync_support
+from sbpstream.client.options import ProducerOptions
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.sync import Producer
 
@@ -36,7 +37,7 @@ class _NoClient:
 
 def _new_producer() -> AsyncProducer:
     """A producer on the running loop whose sender never starts (nothing is sent)."""
-    p = AsyncProducer(_NoClient(), buffer_max_bytes=1 << 40)  # type: ignore[arg-type]
+    p = AsyncProducer(_NoClient(), ProducerOptions(buffer_max_bytes=1 << 40))  # type: ignore[arg-type]
     p._loop = asyncio.get_running_loop()
     return p
 

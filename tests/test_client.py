@@ -520,14 +520,12 @@ async def test_a_lookup_under_way_is_shared_but_not_by_a_refresh(cluster: LocalC
 
 
 def test_streamed_pm_answer_items_are_merged() -> None:
-    from sbpstream.client.aclient import _merge_frames
-    from sbpstream.protocol.frame import Frame
+    from sbpstream.net.pmcaller import merge_responses
     from sbpstream.protocol.messages import ListRangesResponse, ListRangesResult
 
     parts = [ListRangesResponse(items=(ListRangesResult(stream_id=i),)) for i in (1, 2, 3)]
-    frames = [Frame(Opcode.LIST_RANGES, 0x01 if i < 2 else 0x03, 5, p.encode())
-              for i, p in enumerate(parts)]
-    merged = _merge_frames(ListRangesResponse, frames)
+    frames = [ListRangesResponse.decode(p.encode()) for p in parts]
+    merged = merge_responses(frames)
     assert [it.stream_id for it in merged.items] == [1, 2, 3]
 
 

@@ -170,7 +170,7 @@ async def test_resume_commit_committed_and_reset(client: AsyncClient) -> None:
 async def test_stale_member_commits_are_refused(client: AsyncClient, cluster: LocalCluster
                                                 ) -> None:
     sids = await make_streams(client, 2, 1)
-    admin = GroupAdmin(client._pm_call)
+    admin = GroupAdmin(client.pm_request)
     j = await admin.join("stale", "", sids, 3000, "t")
     hb = await admin.heartbeat("stale", j.member_id, j.generation, [])
     assert set(hb.assigned) == set(sids)

@@ -420,7 +420,7 @@ async def test_group_and_quota_acls(cluster: LocalCluster, certs: Path,
             finally:
                 await cons.close()
             assert await bob.committed_offsets("g-orders") == {eu: 1}
-            gadmin = GroupAdmin(bob._pm_call)
+            gadmin = GroupAdmin(bob.pm_request)
             for group, streams in (("other", ["gq.orders.eu"]),  # no fetch on the group
                                    ("g-orders", ["gq.payments"]),  # nor on the stream
                                    ("g-orders", [pay]),

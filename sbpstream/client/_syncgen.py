@@ -18,10 +18,12 @@ import inspect
 import re
 import sys
 import textwrap
+import typing
 from pathlib import Path
 from typing import Any
 
 from sbpstream.client import _sync_support
+from sbpstream.client import options as client_options
 from sbpstream.client import producer as client_producer
 from sbpstream.client import types as client_types
 from sbpstream.client.aclient import AsyncClient
@@ -50,9 +52,13 @@ RETURN_MAP: dict[str, tuple[str, str]] = {
 ASYNC_ONLY: dict[str, str] = {
     "group_admin": "the group opcodes as awaitables, for async servers such as the Kafka "
                    "gateway; sync code uses the consumer's group methods",
+    "connection": "a connection of the client's pool, used on its event loop by tools that "
+                  "speak the protocol themselves",
+    "pm_request": "protocol messages in and out, for tools running on an event loop (the "
+                  "CLI's introspection); sync code uses the typed methods",
 }
 # names annotations may use, and where they come from
-NAME_SOURCES = [collections.abc, client_types, client_producer]
+NAME_SOURCES = [collections.abc, typing, client_types, client_producer, client_options]
 
 
 def public_members(cls: type) -> list[tuple[str, Any]]:
@@ -235,11 +241,10 @@ def _header(annotations: list[str]) -> str:
         "    to_cf,",
         "    to_cf_list,",
         ")",
-        "from sbpstream.client.aclient import AsyncClient",
-        "from sbpstream.client.consumer import AsyncConsumer",
-        "from sbpstream.client.producer import "
-        + ", ".join(sorted({"AsyncProducer"} | imports.pop(client_producer.__name__, set()))),
     ]
+    imports.setdefault("sbpstream.client.aclient", set()).add("AsyncClient")
+    imports.setdefault("sbpstream.client.consumer", set()).add("AsyncConsumer")
+    imports.setdefault(client_producer.__name__, set()).add("AsyncProducer")
     for m, ns in sorted(imports.items()):
         if m.startswith("sbpstream"):
             one = f"from {m} import {', '.join(sorted(ns))}"

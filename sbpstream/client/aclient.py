@@ -18,50 +18,42 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Callable, Mapping, Sequence
-from typing import Final, TypeVar, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, TypeVar, cast, overload
 
 from sbpstream.auth.client import client_security
-from sbpstream.client.consumer import DEFAULT_WINDOW_BYTES, AsyncConsumer
-from sbpstream.client.groups import (
-    DEFAULT_AUTO_COMMIT_INTERVAL_MS,
-    DEFAULT_HEARTBEAT_INTERVAL_MS,
-    DEFAULT_SESSION_TIMEOUT_MS,
-    GroupAdmin,
-    GroupConsumer,
-)
+from sbpstream.client.consumer import AsyncConsumer
+from sbpstream.client.groups import GroupAdmin, GroupConsumer
+from sbpstream.client.options import ConsumerOptions, ProducerOptions, build
 from sbpstream.client.producer import AsyncProducer
-from sbpstream.client.retry import Attempts, is_connection_error
+from sbpstream.client.retry import Attempts
 from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
-    Compression,
     GroupInfo,
     GroupMemberInfo,
     GroupStreamInfo,
     Range,
-    RebalanceEvent,
     RetryPolicy,
     StartPosition,
     Stream,
     pm_addresses,
 )
-from sbpstream.net.client import ConnectionPool
+from sbpstream.net.client import Connection, ConnectionPool
+from sbpstream.net.pmcaller import PmCaller
 from sbpstream.protocol.errors import (
     ErrorCode,
     InvalidRequestError,
     InvalidStreamConfigError,
-    NoPmReachableError,
     ProtocolViolationError,
     RangeNotFoundError,
     ReplicaUnavailableError,
     SbpError,
     StreamNotFoundError,
 )
-from sbpstream.protocol.frame import Frame
 from sbpstream.protocol.limits import DEFAULT_CONNECT_TIMEOUT_S
 from sbpstream.protocol.messages import (
-    STATUS_OK,
+    RESPONSES,
     AclEntry,
     ClientRole,
     CreateStreamItem,
@@ -98,6 +90,7 @@ from sbpstream.protocol.messages import (
     UpdateStreamsResponse,
 )
 from sbpstream.protocol.names import name_problem, parse_stream_ref, validate_name_prefix
+from sbpstream.protocol.opcodes import Opcode
 from sbpstream.quota.model import QuotaKind, QuotaSpec, validate_client_id
 from sbpstream.quota.model import validate as validate_quota
 
@@ -105,7 +98,6 @@ log = logging.getLogger("sbpstream.client")
 
 M = TypeVar("M", bound=Message)
 
-MAX_REDIRECTS = 8  # PM_NOT_LEADER hops followed in a row before backing off
 LIST_PAGE_SIZE = 1000  # streams per DESCRIBE_STREAMS page when listing
 DESCRIBE_GROUP_CONCURRENCY = 64  # end offsets looked up at once by describe_group
 
@@ -167,10 +159,11 @@ class AsyncClient:
             tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self._pool = ConnectionPool(connect_timeout_s=connect_timeout_ms / 1000,
                                     ssl_context=ssl_context, authenticator=self.credentials)
-        self._leader: str | None = None
+        self._pm = PmCaller(self.pm_addresses, self._pool, timeout_s=request_timeout_ms / 1000,
+                            retry=self.retry)
         #: The range cache and data-node requests, shared by this client's producers and
         #: consumers (see :class:`~sbpstream.client.routing.RangeRouter`).
-        self.routing = RangeRouter(self._pool, self._pm_call,
+        self.routing = RangeRouter(self._pool, self.pm_request,
                                    request_timeout_ms=request_timeout_ms, retry=self.retry,
                                    client_id=self.client_id)
         self._closed = False
@@ -222,7 +215,7 @@ class AsyncClient:
             # coming back, a new PM leader still waiting for heartbeats) are asked for again
             req = CreateStreamsRequest(timeout_ms=self.request_timeout_ms,
                                        items=tuple(items[i] for i in todo))
-            resp = await self._pm_call(req, CreateStreamsResponse)
+            resp = await self.pm_request(req, CreateStreamsResponse)
             retry: SbpError | None = None
             again: list[int] = []
             for i, r in zip(todo, resp.items, strict=False):
@@ -263,7 +256,7 @@ class AsyncClient:
         if not refresh and ref in self._names:
             return self._names[ref]
         req = DescribeStreamsRequest(timeout_ms=self.request_timeout_ms, name=ref)
-        resp = await self._pm_call(req, DescribeStreamsResponse)
+        resp = await self.pm_request(req, DescribeStreamsResponse)
         r = resp.items[0] if resp.items else None
         if r is None or r.status.code == ErrorCode.STREAM_NOT_FOUND or r.stream is None:
             self._names.pop(ref, None)
@@ -289,7 +282,7 @@ class AsyncClient:
             # name_prefix "" lists every stream: the unnamed ones are filtered out below
             req = DescribeStreamsRequest(timeout_ms=self.request_timeout_ms, name_prefix=prefix,
                                          limit=LIST_PAGE_SIZE, continuation=continuation)
-            resp = await self._pm_call(req, DescribeStreamsResponse)
+            resp = await self.pm_request(req, DescribeStreamsResponse)
             resp.status.raise_for_error()
             for r in resp.items:
                 st = r.stream
@@ -311,7 +304,7 @@ class AsyncClient:
         req = DescribeStreamsRequest(
             timeout_ms=self.request_timeout_ms, stream_ids=tuple(stream_ids)
         )
-        resp = await self._pm_call(req, DescribeStreamsResponse)
+        resp = await self.pm_request(req, DescribeStreamsResponse)
         out: list[Stream] = []
         for sid, r in zip(stream_ids, resp.items, strict=False):
             if r.status.code == ErrorCode.STREAM_NOT_FOUND or (r.status.ok and r.stream is None):
@@ -333,7 +326,7 @@ class AsyncClient:
             req = DescribeStreamsRequest(
                 timeout_ms=self.request_timeout_ms, limit=LIST_PAGE_SIZE, continuation=continuation
             )
-            resp = await self._pm_call(req, DescribeStreamsResponse)
+            resp = await self.pm_request(req, DescribeStreamsResponse)
             for r in resp.items:
                 if r.status.ok and r.stream is not None:
                     out.append(r.stream)
@@ -362,7 +355,7 @@ class AsyncClient:
             retention_period_ms=RETENTION_UNCHANGED if retention_ms is None else retention_ms,
         )
         req = UpdateStreamsRequest(timeout_ms=self.request_timeout_ms, items=(new,))
-        resp = await self._pm_call(req, UpdateStreamsResponse)
+        resp = await self.pm_request(req, UpdateStreamsResponse)
         r = resp.items[0]
         r.status.raise_for_error()
         return r.stream or await self.describe_stream(stream_id)
@@ -374,7 +367,7 @@ class AsyncClient:
             timeout_ms=self.request_timeout_ms,
             items=(TrimItem(stream_id=stream_id, trim_offset=offset),),
         )
-        resp = await self._pm_call(req, TrimStreamsResponse)
+        resp = await self.pm_request(req, TrimStreamsResponse)
         r = resp.items[0]
         r.status.raise_for_error()
         self.routing.invalidate(stream_id)
@@ -395,7 +388,7 @@ class AsyncClient:
             timeout_ms=self.request_timeout_ms,
             items=tuple(Stream(stream_id=s) for s in stream_ids),
         )
-        resp = await self._pm_call(req, DeleteStreamsResponse)
+        resp = await self.pm_request(req, DeleteStreamsResponse)
         for sid in stream_ids:
             self.routing.invalidate(sid)
         for r in resp.items:
@@ -412,21 +405,21 @@ class AsyncClient:
         here, before anything is sent); returns it as stored. Data nodes apply it within a
         heartbeat interval."""
         q = validate_quota(quota)
-        resp = await self._pm_call(SetQuotasRequest(
+        resp = await self.pm_request(SetQuotasRequest(
             timeout_ms=self.request_timeout_ms, quotas=(_quota_msg(q),)), SetQuotasResponse)
         return _quota_result(resp.status, resp.results)
 
     async def delete_quota(self, kind: QuotaKind, name: str = "", user: str = "") -> QuotaSpec:
         """Delete the quota of a client id, a stream (``name`` = its id), the default, a user
         (``user``) or a user's client id (CLIENT with ``name`` and ``user``)."""
-        resp = await self._pm_call(DeleteQuotasRequest(
+        resp = await self.pm_request(DeleteQuotasRequest(
             timeout_ms=self.request_timeout_ms, quotas=(Quota(int(kind), name, user=user),)),
             DeleteQuotasResponse)
         return _quota_result(resp.status, resp.results)
 
     async def list_quotas(self) -> list[QuotaSpec]:
         """Every quota the PM stores, by key."""
-        resp = await self._pm_call(DescribeQuotasRequest(timeout_ms=self.request_timeout_ms),
+        resp = await self.pm_request(DescribeQuotasRequest(timeout_ms=self.request_timeout_ms),
                                    DescribeQuotasResponse)
         resp.status.raise_for_error()
         return [_quota_spec(q) for q in resp.quotas]
@@ -471,7 +464,7 @@ class AsyncClient:
             timeout_ms=self.request_timeout_ms,
             items=(DescribeRangeItem(stream_id=stream_id, range_index=range_index),),
         )
-        resp = await self._pm_call(req, DescribeRangesResponse)
+        resp = await self.pm_request(req, DescribeRangesResponse)
         r = resp.items[0]
         r.status.raise_for_error()
         if r.range is None:
@@ -565,64 +558,28 @@ class AsyncClient:
 
     # ------------------------------------------------------------------------ data plane
 
-    def producer(
-        self,
-        *,
-        linger_ms: float = 5.0,
-        batch_max_bytes: int = 512 * 1024,
-        buffer_max_bytes: int = 64 * 1024 * 1024,
-        compression: Compression | None = None,
-        producer_id: int | None = None,
-        producer_epoch: int = 0,
-        max_in_flight_per_node: int = 16,
-        primary_retry_ms: int = 15_000,
-        max_in_flight_per_stream: int = 4,
-    ) -> AsyncProducer:
+    def producer(self, options: ProducerOptions | None = None, **kw: Any) -> AsyncProducer:
         """A batching, idempotent producer (see :class:`AsyncProducer`). Close it when done.
 
-        ``primary_retry_ms``: how long to retry an unreachable primary of a single-replica range
-        before asking the PM to seal it (no replica could report the range's end meanwhile).
-        ``max_in_flight_per_stream``: batches of one stream sent before the first is
-        acknowledged (1..5; more overlap the data node's fsync with the next transfer).
+        Keyword arguments are the fields of :class:`~sbpstream.client.options.ProducerOptions`
+        (``linger_ms``, ``batch_max_bytes``, ``compression``, ...); ``options`` gives them as one
+        object, keyword arguments overriding its fields.
         """
-        return AsyncProducer(
-            self,
-            linger_ms=linger_ms,
-            batch_max_bytes=batch_max_bytes,
-            buffer_max_bytes=buffer_max_bytes,
-            compression=compression,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            max_in_flight_per_node=max_in_flight_per_node,
-            primary_retry_ms=primary_retry_ms,
-            max_in_flight_per_stream=max_in_flight_per_stream,
-        )
+        return AsyncProducer(self, build(ProducerOptions, options, kw))
 
-    def consumer(
-        self,
-        streams: int | str | Sequence[int | str],
-        start: StartPosition = "earliest",
-        *,
-        end: int | None = None,
-        max_wait_ms: int = 500,
-        batch_max_bytes: int = 1024 * 1024,
-        auto_reset: str | None = None,
-        subscribe: bool = True,
-        window_bytes: int = DEFAULT_WINDOW_BYTES,
-        group: str | None = None,
-        auto_commit: bool = True,
-        auto_commit_interval_ms: int = DEFAULT_AUTO_COMMIT_INTERVAL_MS,
-        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
-        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
-        on_rebalance: Callable[[RebalanceEvent], None] | None = None,
-    ) -> AsyncConsumer:
+    def consumer(self, streams: int | str | Sequence[int | str],
+                 start: StartPosition | None = None, *,
+                 options: ConsumerOptions | None = None, **kw: Any) -> AsyncConsumer:
         """An async iterator over the records of ``streams`` (one id or a sequence; see
         :class:`AsyncConsumer`); each record's ``stream_id`` says which.
 
-        ``start`` is ``"earliest"``, ``"latest"`` or an offset (for every stream); with ``end``
-        (one stream only) the iteration stops before that offset, otherwise it waits for new
-        records forever. By default the data nodes push records (a subscription, at most
-        ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls instead.
+        Keyword arguments are the fields of :class:`~sbpstream.client.options.ConsumerOptions`
+        (``options`` gives them as one object, keyword arguments overriding its fields).
+        ``start`` is ``"earliest"`` (the default), ``"latest"`` or an offset (for every stream);
+        with ``end`` (one stream only) the iteration stops before that offset, otherwise it
+        waits for new records forever. By default the data nodes push records (a subscription,
+        at most ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls
+        instead.
 
         With ``group`` the consumer is a member of that consumer group (docs/client.md,
         "Consumer groups"): ``streams`` may also hold names and one pattern (``"orders.*"``);
@@ -631,30 +588,17 @@ class AsyncClient:
         committed every ``auto_commit_interval_ms`` and at close (at least once).
         ``on_rebalance`` is called (on the event loop) with each :class:`RebalanceEvent`.
         """
-        if group is not None:
-            return GroupConsumer(
-                self, self._pm_call, streams, start, group, auto_commit=auto_commit,
-                auto_commit_interval_ms=auto_commit_interval_ms,
-                session_timeout_ms=session_timeout_ms,
-                heartbeat_interval_ms=heartbeat_interval_ms, on_rebalance=on_rebalance,
-                max_wait_ms=max_wait_ms, batch_max_bytes=batch_max_bytes, auto_reset=auto_reset,
-                subscribe=subscribe, window_bytes=window_bytes)
+        if start is not None:
+            kw["start"] = start
+        o = build(ConsumerOptions, options, kw)
+        if o.group is not None:
+            return GroupConsumer(self, self.pm_request, streams, o)
         if isinstance(streams, str) or (not isinstance(streams, int)
                                         and any(isinstance(s, str) for s in streams)):
             raise InvalidRequestError("stream names and patterns are for a group consumer; "
                                       "resolve_streams() gives ids")
         ids = streams if isinstance(streams, int) else [s for s in streams if isinstance(s, int)]
-        return AsyncConsumer(
-            self,
-            ids,
-            start,
-            end=end,
-            max_wait_ms=max_wait_ms,
-            batch_max_bytes=batch_max_bytes,
-            auto_reset=auto_reset,
-            subscribe=subscribe,
-            window_bytes=window_bytes,
-        )
+        return AsyncConsumer(self, ids, o)
 
     # ------------------------------------------------------------------- consumer groups
 
@@ -662,15 +606,15 @@ class AsyncClient:
     def group_admin(self) -> GroupAdmin:
         """The group opcodes as plain calls (e.g. for a gateway speaking another group
         protocol); the methods below cover the usual needs."""
-        return GroupAdmin(self._pm_call)
+        return GroupAdmin(self.pm_request)
 
     async def list_groups(self) -> list[str]:
         """Every consumer group with live members or committed offsets."""
-        return await GroupAdmin(self._pm_call).list()
+        return await GroupAdmin(self.pm_request).list()
 
     async def describe_group(self, group: str) -> GroupInfo:
         """Members, assignments and, per stream, the committed offset, end offset and lag."""
-        admin = GroupAdmin(self._pm_call)
+        admin = GroupAdmin(self.pm_request)
         d = await admin.describe(group)
         committed = await admin.fetch(group)
         owner = {sid: mb.member_id for mb in d.members for sid in mb.assigned}
@@ -700,13 +644,13 @@ class AsyncClient:
         """The group's committed offsets (stream id -> next offset to read); every stream it
         has one for when ``streams`` is empty."""
         ids = await self.resolve_streams(streams) if streams else []
-        return await GroupAdmin(self._pm_call).fetch(group, ids)
+        return await GroupAdmin(self.pm_request).fetch(group, ids)
 
     async def commit_offsets(self, group: str, offsets: Mapping[int | str, int]) -> None:
         """Commit offsets for a group from outside it (e.g. Spark's ``commitToGroup``); refused
         with GROUP_NOT_EMPTY while the group has live members, which commit their own."""
         ids = await self.resolve_streams(list(offsets))
-        errs = await GroupAdmin(self._pm_call).commit(
+        errs = await GroupAdmin(self.pm_request).commit(
             group, dict(zip(ids, offsets.values(), strict=True)))
         for err in errs.values():
             if err is not None:
@@ -718,7 +662,7 @@ class AsyncClient:
         """Move a stopped group's committed offsets to ``"earliest"``, ``"latest"`` or an
         offset, for ``streams`` (default: every stream it has committed); the new offsets.
         GROUP_NOT_EMPTY while the group has live members."""
-        admin = GroupAdmin(self._pm_call)
+        admin = GroupAdmin(self.pm_request)
         ids = await self.resolve_streams(streams) if streams else sorted(await admin.fetch(group))
         if isinstance(to, int) and to < 0:
             raise InvalidRequestError(f"bad offset {to}: offsets are >= 0")
@@ -739,7 +683,7 @@ class AsyncClient:
     async def delete_group(self, group: str) -> None:
         """Forget a group without live members and its committed offsets (GROUP_NOT_EMPTY
         while it has members)."""
-        await GroupAdmin(self._pm_call).delete(group)
+        await GroupAdmin(self.pm_request).delete(group)
 
     # ------------------------------------------------------------------- plumbing (SDK use)
 
@@ -747,78 +691,61 @@ class AsyncClient:
 
     async def add_user(self, user: str, password: str) -> None:
         """Add a user, or set a user's password (needs ``admin``)."""
-        await self._pm_call(ManageUsersRequest(1, user, password), ManageUsersResponse)
+        await self.pm_request(ManageUsersRequest(1, user, password), ManageUsersResponse)
 
     async def delete_user(self, user: str) -> None:
         """Delete a user and its ACL rules (needs ``admin``)."""
-        await self._pm_call(ManageUsersRequest(2, user), ManageUsersResponse)
+        await self.pm_request(ManageUsersRequest(2, user), ManageUsersResponse)
 
     async def list_users(self) -> list[str]:
-        resp = await self._pm_call(ManageUsersRequest(3), ManageUsersResponse)
+        resp = await self.pm_request(ManageUsersRequest(3), ManageUsersResponse)
         return [u.name for u in resp.users]
 
     async def add_acl(self, principal: str, operations: str, resource: str) -> None:
         """Grant ``operations`` (``append,fetch``, or ``all``) on ``resource`` (``*``,
         ``stream:ID`` or ``prefix:TEXT``) to ``principal`` (needs ``admin``)."""
-        await self._pm_call(ManageAclsRequest(1, AclEntry(principal, operations, resource)),
+        await self.pm_request(ManageAclsRequest(1, AclEntry(principal, operations, resource)),
                             ManageAclsResponse)
 
     async def delete_acl(self, principal: str, resource: str, operations: str = "all") -> None:
-        await self._pm_call(ManageAclsRequest(2, AclEntry(principal, operations, resource)),
+        await self.pm_request(ManageAclsRequest(2, AclEntry(principal, operations, resource)),
                             ManageAclsResponse)
 
     async def list_acls(self, principal: str = "") -> list[tuple[str, str, str]]:
         """(principal, operations, resource) of every rule, or of ``principal``'s."""
-        resp = await self._pm_call(ManageAclsRequest(3, principal=principal),
+        resp = await self.pm_request(ManageAclsRequest(3, principal=principal),
                                    ManageAclsResponse)
         return [(a.principal, a.operations, a.resource) for a in resp.acls]
 
-    async def _pm_call(self, req: Message, resp_cls: type[M]) -> M:
-        """Send ``req`` to the PM leader and decode the answer; follows redirects and retries.
+    @overload
+    async def pm_request(self, request: Message) -> Message: ...
 
-        Raises the response's top-level error, or NoPmReachableError when no PM answers within
-        the retry deadline.
-        """
+    @overload
+    async def pm_request(self, request: Message, response_cls: type[M]) -> M: ...
+
+    async def pm_request(self, request: Message,
+                         response_cls: type[Message] | None = None) -> Message:
+        """Send ``request`` to the PM leader and return its decoded answer (of
+        ``response_cls``, by default the protocol's response to the request's opcode).
+
+        Goes through the client's one PM caller (:mod:`sbpstream.net.pmcaller`): every address
+        tried, PM_NOT_LEADER followed, RETRIABLE errors retried with backoff within the retry
+        deadline, FATAL errors raised at once. A top-level error status is raised;
+        NoPmReachableError when no PM answers in time."""
         self._start_heartbeats()
-        attempts = Attempts(self.retry)
-        redirects = 0
-        index = 0
-        last: SbpError | None = None
-        header = req.encode()
-        while True:
-            addr = self._leader or self.pm_addresses[index % len(self.pm_addresses)]
-            try:
-                conn = await self._pool.get(addr)
-                frames = await conn.request(
-                    req.OPCODE, header, timeout_s=self.request_timeout_ms / 1000
-                )
-                resp = _merge_frames(resp_cls, frames)
-                getattr(resp, "status", STATUS_OK).raise_for_error()
-                self._leader = addr
-                return resp
-            except SbpError as exc:
-                last = exc
-                self._leader = None
-                if exc.redirect:
-                    leader = exc.detail.decode("utf-8", "replace").strip()
-                    redirects += 1
-                    if leader and leader != addr and redirects <= MAX_REDIRECTS:
-                        log.debug("event=pm_redirect from=%s to=%s", addr, leader)
-                        self._leader = leader
-                        continue
-                    index += 1
-                elif not exc.retriable:
-                    raise
-                else:
-                    index += 1
-                    if is_connection_error(exc):
-                        self._pool.discard(addr)
-                if index % len(self.pm_addresses) == 0 or exc.redirect:
-                    try:
-                        await attempts.backoff(exc)
-                    except SbpError:
-                        raise self._give_up(last) from None
-                    redirects = 0
+        cls = RESPONSES[Opcode(request.OPCODE)] if response_cls is None else response_cls
+        return await self._pm.call(request, cls)
+
+    async def connection(self, address: str) -> Connection:
+        """This client's pooled connection to ``address`` (its TLS and credentials; no
+        client-id HEARTBEAT is sent for it): for tools that speak the protocol themselves,
+        such as the CLI's introspection."""
+        return await self._pool.get(address)
+
+    @property
+    def pm_leader(self) -> str | None:
+        """The PM address that answered this client last (the leader then), None before."""
+        return self._pm.leader
 
     def _start_heartbeats(self) -> None:
         if self._heartbeat_task is None and not self._closed:
@@ -838,16 +765,9 @@ class AsyncClient:
                 log.debug("event=heartbeat_failed addr=%s error=%s", addr, exc)
 
         while not self._closed:
-            pm = self._leader or self.pm_addresses[0]
+            pm = self._pm.current
             await asyncio.gather(one(pm), *(one(a) for a in sorted(self.routing.addresses_used)))
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
-
-    def _give_up(self, last: SbpError) -> SbpError:
-        if is_connection_error(last):
-            return NoPmReachableError(
-                f"no placement manager reachable at {','.join(self.pm_addresses)} ({last.message})"
-            )
-        return last
 
 
 def _quota_msg(q: QuotaSpec) -> Quota:
@@ -867,17 +787,6 @@ def _quota_result(status: Status, results: Sequence[QuotaResult]) -> QuotaSpec:
     if results[0].quota is None:
         raise ProtocolViolationError("a quota result without its quota")
     return _quota_spec(results[0].quota)
-
-
-def _merge_frames(resp_cls: type[M], frames: Sequence[Frame]) -> M:
-    """One response from the frames of a streamed answer: a PM may split a long list (e.g.
-    LIST_RANGES results) over several frames; their ``items`` are concatenated in order."""
-    decoded = [resp_cls.decode(f.header) for f in frames]
-    last = decoded[-1]
-    if len(decoded) == 1 or not hasattr(last, "items"):
-        return last
-    items = tuple(it for d in decoded for it in d.items)  # type: ignore[attr-defined]
-    return dataclasses.replace(last, items=items)  # type: ignore[type-var]
 
 
 def compile_stream_pattern(pattern: str) -> re.Pattern[str]:

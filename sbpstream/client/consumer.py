@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from sbpstream.client.options import ConsumerOptions
 from sbpstream.client.retry import REFRESH_CODES, Attempts
 from sbpstream.client.routing import replica_addresses
 from sbpstream.client.types import (
@@ -46,7 +47,6 @@ from sbpstream.client.types import (
     ConsumedRecord,
     Range,
     RebalanceEvent,
-    StartPosition,
 )
 from sbpstream.protocol.errors import (
     ErrorCode,
@@ -77,10 +77,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sbpstream.client.consumer")
 
 FETCH_TIMEOUT_MARGIN_MS = 5000  # client-side wait for a frame beyond max_wait_ms
-
-DEFAULT_WINDOW_BYTES = 8 * 1024 * 1024
-"""A subscription's window: payload the node may send before the consumer acks. Also bounds what
-one feed leaves in the consumer's buffer (acks follow the application taking records)."""
 
 SUBSCRIBE_FALLBACK_CODES: frozenset[int] = frozenset(
     {ErrorCode.UNSUPPORTED_OPERATION, ErrorCode.LIMIT_EXCEEDED})
@@ -131,19 +127,11 @@ class AsyncConsumer:
     single stream. Create with :meth:`AsyncClient.consumer`.
     """
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        streams: int | Sequence[int],
-        start: StartPosition = "earliest",
-        *,
-        end: int | None = None,
-        max_wait_ms: int = 500,
-        batch_max_bytes: int = 1024 * 1024,
-        auto_reset: str | None = None,
-        subscribe: bool = True,
-        window_bytes: int = DEFAULT_WINDOW_BYTES,
-    ) -> None:
+    def __init__(self, client: AsyncClient, streams: int | Sequence[int],
+                 options: ConsumerOptions | None = None) -> None:
+        o = ConsumerOptions() if options is None else options
+        self.options = o
+        start, end, window_bytes, auto_reset = o.start, o.end, o.window_bytes, o.auto_reset
         ids = (streams,) if isinstance(streams, int) else tuple(streams)
         if not ids or len(set(ids)) != len(ids):
             raise InvalidRequestError(f"bad streams {streams!r}: one or more distinct ids")
@@ -163,7 +151,7 @@ class AsyncConsumer:
         self._routing = client.routing
         self.stream_ids = ids
         self.stream_id = stream_id
-        self.subscribe = subscribe
+        self.subscribe = o.subscribe
         self.window_bytes = window_bytes
         self._sub: _Subscriber | None = None
         self._marks: deque[tuple[int, _Feed, int]] = deque()  # (last record seq, feed, bytes)
@@ -171,8 +159,8 @@ class AsyncConsumer:
         self._taken = 0
         self._start = start
         self.end = end
-        self.max_wait_ms = max_wait_ms
-        self.batch_max_bytes = batch_max_bytes
+        self.max_wait_ms = o.max_wait_ms
+        self.batch_max_bytes = o.batch_max_bytes
         self.auto_reset = auto_reset
         self._position: int | None = None
         self.high_watermark = -1

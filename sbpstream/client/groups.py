@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from sbpstream.client.consumer import DEFAULT_WINDOW_BYTES, AsyncConsumer
+from sbpstream.client.consumer import AsyncConsumer
+from sbpstream.client.options import ConsumerOptions
 from sbpstream.client.types import (
     ColumnBatch,
     ConsumedRecord,
     RebalanceEvent,
-    StartPosition,
 )
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sbpstream.client.groups")
 
-DEFAULT_AUTO_COMMIT_INTERVAL_MS: Final = 5_000
-DEFAULT_SESSION_TIMEOUT_MS: Final = 10_000
-DEFAULT_HEARTBEAT_INTERVAL_MS: Final = 1_000
 REBALANCE_HEARTBEAT_MS: Final = 100
 """Heartbeat interval while the assignment is moving (released streams reach their new owner
 one heartbeat later)."""
@@ -149,9 +147,9 @@ class GroupAdmin:
 class _Assigned(AsyncConsumer):
     """A plain consumer of the assigned streams, starting each where the group left off."""
 
-    def __init__(self, client: AsyncClient, streams: Sequence[int], start: StartPosition,
-                 positions: Mapping[int, int], **kwargs: Any) -> None:
-        super().__init__(client, streams, start, **kwargs)
+    def __init__(self, client: AsyncClient, streams: Sequence[int], options: ConsumerOptions,
+                 positions: Mapping[int, int]) -> None:
+        super().__init__(client, streams, options)
         self.starts = dict(positions)
 
     async def _resolve_start(self, sid: int) -> int:
@@ -176,21 +174,13 @@ class GroupConsumer(AsyncConsumer):
         client: AsyncClient,
         pm_call: PmCall,
         streams: StreamSpec,
-        start: StartPosition,
-        group: str,
-        *,
-        auto_commit: bool = True,
-        auto_commit_interval_ms: int = DEFAULT_AUTO_COMMIT_INTERVAL_MS,
-        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
-        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
-        on_rebalance: Callable[[RebalanceEvent], None] | None = None,
+        options: ConsumerOptions,
         client_id: str = "",
-        max_wait_ms: int = 500,
-        batch_max_bytes: int = 1024 * 1024,
-        auto_reset: str | None = None,
-        subscribe: bool = True,
-        window_bytes: int = DEFAULT_WINDOW_BYTES,
     ) -> None:
+        o = options
+        start, group = o.start, o.group or ""
+        auto_commit_interval_ms = o.auto_commit_interval_ms
+        heartbeat_interval_ms = o.heartbeat_interval_ms
         # Deliberately not AsyncConsumer.__init__: this is a wrapper with its interface; the
         # reading is done by an _Assigned consumer per assignment.
         split_streams(streams)  # refuse bad specs now
@@ -203,17 +193,17 @@ class GroupConsumer(AsyncConsumer):
         self.streams = streams
         self._start = start
         self._group = group
-        self.auto_commit = auto_commit
+        self.auto_commit = o.auto_commit
         self.auto_commit_interval_ms = auto_commit_interval_ms
-        self.session_timeout_ms = session_timeout_ms
+        self.session_timeout_ms = o.session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
-        self.on_rebalance = on_rebalance
+        self.on_rebalance = o.on_rebalance
         self.client_id = client_id or f"sbpstream-{id(self):x}"
-        self.max_wait_ms = max_wait_ms
+        self.max_wait_ms = o.max_wait_ms
         self.end = None
-        self._inner_kwargs: dict[str, Any] = dict(
-            max_wait_ms=max_wait_ms, batch_max_bytes=batch_max_bytes, auto_reset=auto_reset,
-            subscribe=subscribe, window_bytes=window_bytes)
+        self.options = o
+        # what each plain consumer of an assignment reads with: the group's start, no end
+        self._inner_options = dataclasses.replace(o, end=None, group=None)
         self.member_id = ""
         self.generation = -1
         self.stream_ids: tuple[int, ...] = ()
@@ -458,8 +448,8 @@ class GroupConsumer(AsyncConsumer):
                 {sid: self._positions[sid] for sid in added if sid in self._positions})
             await self._inner.set_streams(sorted(target))
         elif target:
-            self._inner = _Assigned(self._client, sorted(target), self._start,
-                                    self._positions, **self._inner_kwargs)
+            self._inner = _Assigned(self._client, sorted(target), self._inner_options,
+                                    self._positions)
         self._emit("assigned", sorted(added))
         self._wake.set()  # report the release at once
 

@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, overload
 
 from sbpstream.client.flow import Flow, FlowEvent, FlowMachine, ProducerFlowError
+from sbpstream.client.options import ProducerOptions
 from sbpstream.client.retry import MOVE_CODES, Attempts, is_connection_error
 from sbpstream.client.routing import primary_address, replica_addresses
-from sbpstream.client.types import Compression, Headers, Range, Record, codec_of
+from sbpstream.client.types import Headers, Range, Record, codec_of
 from sbpstream.protocol.errors import (
     ConnectionClosedError,
     ErrorCode,
@@ -88,12 +89,6 @@ MAX_ITEMS_PER_APPEND = 1000  # batches per APPEND frame
 MAX_APPEND_PAYLOAD_BYTES = 8 * 1024 * 1024  # payload per APPEND frame (frames stop at 16 MiB)
 APPEND_TIMEOUT_MARGIN_MS = 2000  # client-side wait beyond the server's timeout_ms
 READ_BACK_BYTES = 1024 * 1024  # per FETCH when reading a sealed range back in recovery
-# A data node remembers a producer's last 5 batches per range (Kafka's window), so a resend of
-# any of up to 5 unacknowledged batches is recognised as a duplicate: never more in flight.
-MAX_IN_FLIGHT_PER_STREAM = 5
-# Batches of one stream in flight at once: the group-commit fsync of one overlaps the transfer
-# and write of the next (with 1, a stream's rate is one batch per round trip).
-DEFAULT_IN_FLIGHT_PER_STREAM = 4
 # The flow states the dispatcher tests per stream per round, looked up once (reading an enum
 # member off its class costs ~4x a module global on Python 3.11).
 SENDING, DRAINING, BROKEN = Flow.SENDING, Flow.DRAINING, Flow.BROKEN
@@ -274,34 +269,20 @@ class AsyncProducer:
     :meth:`AsyncClient.producer`.
     """
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        *,
-        linger_ms: float = 5.0,
-        batch_max_bytes: int = 512 * 1024,
-        buffer_max_bytes: int = 64 * 1024 * 1024,
-        compression: Compression | None = None,
-        producer_id: int | None = None,
-        producer_epoch: int = 0,
-        max_in_flight_per_node: int = 16,
-        primary_retry_ms: int = 15_000,
-        max_in_flight_per_stream: int = DEFAULT_IN_FLIGHT_PER_STREAM,
-    ) -> None:
-        if not 1 <= max_in_flight_per_stream <= MAX_IN_FLIGHT_PER_STREAM:
-            raise InvalidRequestError(
-                f"max_in_flight_per_stream must be in [1, {MAX_IN_FLIGHT_PER_STREAM}]")
-        self._max_in_flight_per_stream = max_in_flight_per_stream
+    def __init__(self, client: AsyncClient, options: ProducerOptions | None = None) -> None:
+        o = ProducerOptions() if options is None else options
+        self.options = o
+        self._max_in_flight_per_stream = o.max_in_flight_per_stream
         self._client = client
         self._routing = client.routing
-        self.primary_retry_ms = primary_retry_ms
-        self.linger_s = linger_ms / 1000
-        self.batch_max_bytes = batch_max_bytes
-        self.buffer_max_bytes = max(buffer_max_bytes, batch_max_bytes)
-        self._codec = codec_of(compression)
-        self.producer_id = random.getrandbits(63) if producer_id is None else producer_id
-        self.producer_epoch = producer_epoch
-        self._max_in_flight_per_node = max_in_flight_per_node
+        self.primary_retry_ms = o.primary_retry_ms
+        self.linger_s = o.linger_ms / 1000
+        self.batch_max_bytes = o.batch_max_bytes
+        self.buffer_max_bytes = max(o.buffer_max_bytes, o.batch_max_bytes)
+        self._codec = codec_of(o.compression)
+        self.producer_id = random.getrandbits(63) if o.producer_id is None else o.producer_id
+        self.producer_epoch = o.producer_epoch
+        self._max_in_flight_per_node = o.max_in_flight_per_node
         self._streams: dict[int, _Stream] = {}
         self._active: set[_Stream] = set()
         self._buffered = 0

@@ -55,7 +55,7 @@ protocol's items-per-request limit, and the response far below the frame limit."
 class PmCall(Protocol):
     """Send a request to the PM leader and decode its answer (following redirects, retrying)."""
 
-    async def __call__(self, req: Message, resp_cls: type[M]) -> M: ...
+    async def __call__(self, req: Message, resp_cls: type[M], /) -> M: ...
 
 
 def primary_address(rng: Range) -> str | None:

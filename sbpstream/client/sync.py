@@ -7,7 +7,8 @@ same name on the client's private event loop thread and blocks until it is done.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sbpstream.client._sync_support import (
     ClientBase,
@@ -19,10 +20,10 @@ from sbpstream.client._sync_support import (
 )
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.client.consumer import AsyncConsumer
+from sbpstream.client.options import ConsumerOptions, ProducerOptions
 from sbpstream.client.producer import AsyncProducer, Offsets
 from sbpstream.client.types import (
     ColumnBatch,
-    Compression,
     ConsumedRecord,
     GroupInfo,
     QuotaCountersResponse,
@@ -236,64 +237,33 @@ class Client(ClientBase):
         """
         return self._runner.run(self._async.end_offset(stream_id))
 
-    def producer(
-        self,
-        *,
-        linger_ms: float = 5.0,
-        batch_max_bytes: int = 524288,
-        buffer_max_bytes: int = 67108864,
-        compression: Compression | None = None,
-        producer_id: int | None = None,
-        producer_epoch: int = 0,
-        max_in_flight_per_node: int = 16,
-        primary_retry_ms: int = 15000,
-        max_in_flight_per_stream: int = 4,
-    ) -> Producer:
+    def producer(self, options: ProducerOptions | None = None, **kw: Any) -> Producer:
         """A batching, idempotent producer (see :class:`AsyncProducer`). Close it when done.
 
-        ``primary_retry_ms``: how long to retry an unreachable primary of a single-replica range
-        before asking the PM to seal it (no replica could report the range's end meanwhile).
-        ``max_in_flight_per_stream``: batches of one stream sent before the first is
-        acknowledged (1..5; more overlap the data node's fsync with the next transfer).
+        Keyword arguments are the fields of :class:`~sbpstream.client.options.ProducerOptions`
+        (``linger_ms``, ``batch_max_bytes``, ``compression``, ...); ``options`` gives them as one
+        object, keyword arguments overriding its fields.
         """
-        return Producer._wrap(self._runner, self._runner.call(
-            self._async.producer,
-            linger_ms=linger_ms,
-            batch_max_bytes=batch_max_bytes,
-            buffer_max_bytes=buffer_max_bytes,
-            compression=compression,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            max_in_flight_per_node=max_in_flight_per_node,
-            primary_retry_ms=primary_retry_ms,
-            max_in_flight_per_stream=max_in_flight_per_stream,
-        ))
+        return Producer._wrap(self._runner, self._runner.call(self._async.producer, options, **kw))
 
     def consumer(
         self,
         streams: int | str | Sequence[int | str],
-        start: StartPosition = "earliest",
+        start: StartPosition | None = None,
         *,
-        end: int | None = None,
-        max_wait_ms: int = 500,
-        batch_max_bytes: int = 1048576,
-        auto_reset: str | None = None,
-        subscribe: bool = True,
-        window_bytes: int = 8388608,
-        group: str | None = None,
-        auto_commit: bool = True,
-        auto_commit_interval_ms: int = 5000,
-        session_timeout_ms: int = 10000,
-        heartbeat_interval_ms: int = 1000,
-        on_rebalance: Callable[[RebalanceEvent], None] | None = None,
+        options: ConsumerOptions | None = None,
+        **kw: Any,
     ) -> Consumer:
         """An async iterator over the records of ``streams`` (one id or a sequence; see
         :class:`AsyncConsumer`); each record's ``stream_id`` says which.
 
-        ``start`` is ``"earliest"``, ``"latest"`` or an offset (for every stream); with ``end``
-        (one stream only) the iteration stops before that offset, otherwise it waits for new
-        records forever. By default the data nodes push records (a subscription, at most
-        ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls instead.
+        Keyword arguments are the fields of :class:`~sbpstream.client.options.ConsumerOptions`
+        (``options`` gives them as one object, keyword arguments overriding its fields).
+        ``start`` is ``"earliest"`` (the default), ``"latest"`` or an offset (for every stream);
+        with ``end`` (one stream only) the iteration stops before that offset, otherwise it
+        waits for new records forever. By default the data nodes push records (a subscription,
+        at most ``window_bytes`` unacknowledged per node); ``subscribe=False`` long-polls
+        instead.
 
         With ``group`` the consumer is a member of that consumer group (docs/client.md,
         "Consumer groups"): ``streams`` may also hold names and one pattern (``"orders.*"``);
@@ -306,18 +276,8 @@ class Client(ClientBase):
             self._async.consumer,
             streams,
             start,
-            end=end,
-            max_wait_ms=max_wait_ms,
-            batch_max_bytes=batch_max_bytes,
-            auto_reset=auto_reset,
-            subscribe=subscribe,
-            window_bytes=window_bytes,
-            group=group,
-            auto_commit=auto_commit,
-            auto_commit_interval_ms=auto_commit_interval_ms,
-            session_timeout_ms=session_timeout_ms,
-            heartbeat_interval_ms=heartbeat_interval_ms,
-            on_rebalance=on_rebalance,
+            options=options,
+            **kw,
         ))
 
     def list_groups(self) -> list[str]:
@@ -381,6 +341,11 @@ class Client(ClientBase):
     def list_acls(self, principal: str = "") -> list[tuple[str, str, str]]:
         """(principal, operations, resource) of every rule, or of ``principal``'s."""
         return self._runner.run(self._async.list_acls(principal))
+
+    @property
+    def pm_leader(self) -> str | None:
+        """The PM address that answered this client last (the leader then), None before."""
+        return self._async.pm_leader
 
 
 class Producer(ProducerBase):

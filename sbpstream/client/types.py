@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple
 
+from sbpstream.net.retry import RetryPolicy
 from sbpstream.protocol.messages import (
     ProducerState,
     QuotaCountersResponse,
@@ -111,22 +112,6 @@ class ColumnBatch:
 
     def __len__(self) -> int:
         return len(self.columns)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How RETRIABLE errors are retried: exponential backoff under a total deadline."""
-
-    deadline_ms: int = 30_000  # give up (raise the last error) after this long in total
-    backoff_initial_ms: int = 10
-    backoff_max_ms: int = 1_000
-    backoff_multiplier: float = 2.0
-
-    def backoff_ms(self, attempt: int) -> float:
-        """The pause before retry number ``attempt`` (0-based)."""
-        return float(
-            min(self.backoff_max_ms, self.backoff_initial_ms * self.backoff_multiplier**attempt)
-        )
 
 
 # ------------------------------------------------------------------- consumer groups (issue 21)

@@ -71,10 +71,6 @@ PM_RETRY_BACKOFF_MIN_S: Final = 0.05
 PM_RETRY_BACKOFF_MAX_S: Final = 2.0
 """Backoff between registration attempts while the PM is unreachable (doubling, capped)."""
 
-MAX_PM_REDIRECTS: Final = 8
-"""PM_NOT_LEADER redirects followed for one call before giving up (a leader election in progress
-settles within a few hops; more means the PMs disagree)."""
-
 PM_LOOKUP_TTL_S: Final = 1.0
 """An APPEND for a range this node does not hold asks the PM (LIST_RANGES) at most once per
 stream per this interval, so a client hammering an unknown stream cannot flood the PM."""

@@ -4,8 +4,8 @@ One :class:`FrameProtocol` per TCP connection. Reading: every chunk goes through
 :class:`~sbpstream.protocol.frame.FrameDecoder`; events are handed to ``on_event``. Writing:
 ``write_frame`` queues the frame on the transport and, when the transport's buffer is past its
 high-water mark (the peer is not reading), awaits until it drains: a sender never buffers past
-the cap. A :class:`SendWindow` bounds unacknowledged response bytes per connection when set (the
-DCP-style flow control of design.md section 7 plugs in there).
+the cap. Unacknowledged payload is bounded per subscription, not per connection
+(``datanode/subscribe.py``, BUFFER_ACK).
 """
 
 from __future__ import annotations
@@ -31,32 +31,6 @@ from sbpstream.protocol.limits import (
 log = logging.getLogger("sbpstream.net")
 
 
-class SendWindow:
-    """Credit of bytes a connection may have sent but not had acknowledged (None = unlimited)."""
-
-    def __init__(self, window_bytes: int | None = None) -> None:
-        self.window_bytes = window_bytes
-        self.outstanding = 0
-        self._cond = asyncio.Condition()
-
-    async def acquire(self, nbytes: int) -> None:
-        if self.window_bytes is None:
-            return
-        async with self._cond:
-            # a frame bigger than the whole window may go once nothing else is outstanding
-            await self._cond.wait_for(
-                lambda: (
-                    self.outstanding == 0 or self.outstanding + nbytes <= (self.window_bytes or 0)
-                )
-            )
-            self.outstanding += nbytes
-
-    async def release(self, nbytes: int) -> None:
-        async with self._cond:
-            self.outstanding = max(0, self.outstanding - nbytes)
-            self._cond.notify_all()
-
-
 class FrameProtocol(asyncio.Protocol):
     """Base protocol: subclasses implement ``on_event`` and ``on_close``."""
 
@@ -74,7 +48,6 @@ class FrameProtocol(asyncio.Protocol):
         self._read_pause_reasons: set[str] = set()
         self.bytes_in = 0
         self.bytes_out = 0
-        self.window = SendWindow()
         self.peer = ""
         self.closed_event = asyncio.Event()
 

@@ -159,12 +159,6 @@ class Responder:
         if self.finished:
             raise RuntimeError("response already ended")
         flags = FLAGS_RESPONSE_END if end else FLAG_RESPONSE
-        size = len(header) + (
-            len(payload)
-            if isinstance(payload, bytes | bytearray | memoryview)
-            else sum(len(p) for p in payload)
-        )
-        await self._conn.window.acquire(size)
         self.counters.bytes_out += await self._conn.write_frame(
             self.opcode, self.request_id, flags, header, payload)
         self.frames_sent += 1
