@@ -305,3 +305,35 @@ def test_the_read_modules_import_one_way() -> None:
     circles = [m for m in READ_MODULES if reaches(m, m)]
     assert not circles, graph
     assert "reader" in graph["fetch"] and "reader" in graph["subscribe"]  # the one reader
+
+
+def _text(renderable: Any) -> str:
+    from rich.console import Console
+    console = Console(record=True, width=400, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_cli_views_show_the_counted_figures() -> None:
+    from sbpstream.introspect.views import connections_view, info_view, stats_view
+    conn = {"id": 7, "peer": "127.0.0.1:5", "client_id": "c", "client_role": "CLIENT",
+            "age_s": 1.0, "bytes_in": 1, "bytes_out": 2, "requests": 3,
+            "requests_in_flight": 1, "subscriptions": 2, "sessions": 3,
+            "throttle_time_ms": 4567}
+    text = _text(connections_view({"connection_count": 1, "connections": [conn]}))
+    assert "subs" in text and "throttle ms" in text
+    assert "│ 2 " in text and "│ 3 " in text and "4567" in text
+    info = {"role": "datanode", "version": "v", "node_id": 1, "address": "a", "uptime_ms": 1000,
+            "connections_open": 1, "totals": {"requests": 0, "bytes_in": 0, "bytes_out": 0,
+                                              "errors": 0, "per_minute": {
+                                                  "requests": 0, "bytes_in": 0, "bytes_out": 0,
+                                                  "errors": 0}},
+            "opcodes": {}, "records_fetched": 3000000, "bytes_fetched": 98765}
+    text = _text(info_view(info))
+    assert "records out" in text and "3000000" in text and "98765" in text
+    row = {"stream_id": 9, "records_appended": 5, "bytes_appended": 6, "records_fetched": 3000000,
+           "per_minute": {"records_appended": 0, "bytes_appended": 0, "records_fetched": 11,
+                          "bytes_fetched": 0}, "start_offset": 0, "next_offset": 5,
+           "ranges": 1, "last_append_ms": 0}
+    text = _text(stats_view({"streams": [row]}))
+    assert "records out" in text and "3000000" in text
