@@ -1,9 +1,10 @@
 """FETCH: many streams per request, streamed back in frames, long-polled (Kafka's fetch).
 
-Each round reads every unfinished item from the store (memoryviews over the segment maps, no
-copies; the views are the frame's payload parts), never past the stream's committed offset, and
-packs the batches into frames of about ``fetch_frame_bytes`` (one FetchResult per batch in the
-frame's header, in payload order). Frames go out as they fill. When the response holds fewer
+Each round reads every unfinished item, up to its byte budget, through the one per-item reader
+(reader.py: the store read never past the stream's committed offset, STATS, the replica-copy
+redirect, the failure results; the same for sessions and subscriptions), which packs the batches
+into frames of about ``fetch_frame_bytes`` (frames.py). Frames go out as they fill; the fetch
+quota is charged once per FETCH, before its last frame. When the response holds fewer
 than ``min_bytes`` and ``max_wait_ms`` has not passed, the handler parks on one asyncio.Event
 registered with every stream it waits on; the append path sets it right after a commit, so new
 records reach a waiting consumer at once, without polling. The final frame carries END, plus one

@@ -154,10 +154,14 @@ class ItemReader:
             stats.records_fetched += n
             stats.bytes_fetched += rd.nbytes
             last = len(views) - 1
+            plain = cur.session is None  # (the hot path: no session filter to ask)
             for i, view in enumerate(views):
-                await self.emit(out, cur, self.result(
-                    cur, len(view), start=rd.start_offset,
-                    range_end=rd.range_end if i == last else -1), view)
+                result = self.result(cur, len(view), start=rd.start_offset,
+                                     range_end=rd.range_end if i == last else -1)
+                if plain:
+                    await out.add(result, view)
+                else:
+                    await self.emit(out, cur, result, view)
         cur.offset = rd.next_offset
         if rd.range_end >= 0:
             if not views:

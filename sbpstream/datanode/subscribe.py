@@ -1,7 +1,10 @@
 """Subscriptions: a FETCH with ``window_bytes > 0`` streams records until cancelled (DCP-style
 flow control, answered BUFFER_ACKs).
 
-A subscription is one FETCH request that never ends on its own while its streams are live. For
+A subscription is one FETCH request that never ends on its own while its streams are live. It
+reads each stream through the one per-item reader (reader.py, as a long poll and a fetch session
+do: STATS, quota charge, replica-copy redirect, ACL re-check); this module holds only the
+window, the rounds and BUFFER_ACK. For
 every named stream it sends what is committed, then parks on one ``asyncio.Event`` (set by
 BUFFER_ACK, cancel and updates, and through each stream's waker by a commit, a seal or a delete
 of that stream), and sends more as records are committed: frames without END, one FetchResult
