@@ -31,6 +31,7 @@ from sbpstream.auth.gate import CONN_CLAIMS
 from sbpstream.auth.tokens import Claims
 from sbpstream.datanode.limits import PM_CALL_TIMEOUT_S
 from sbpstream.datanode.pmclient import PmClient
+from sbpstream.introspect.counters import connection_counters
 from sbpstream.net.server import Request, Responder, ServerConnection
 from sbpstream.protocol.messages import (
     DescribeQuotasRequest,
@@ -95,6 +96,7 @@ class NodeQuotas:
         ms = enf.charge_plan(cp.plan, rate, amount, per_stream, time.monotonic_ns())
         if ms:
             conn.mute(ms)
+            connection_counters(attrs).throttle_time_ms += ms  # CONNECTIONS, WHOAMI
         return ms
 
     def fetch_round_bytes(self, conn: ServerConnection, stream_ids: Sequence[int]) -> int | None:

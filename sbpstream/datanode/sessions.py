@@ -64,6 +64,7 @@ from typing import Final, cast
 
 from sbpstream.datanode.limits import MAX_FETCH_ITEMS
 from sbpstream.datanode.ranges import StreamInfo
+from sbpstream.introspect.counters import connection_counters
 from sbpstream.protocol.errors import (
     FetchSessionIdNotFoundError,
     InvalidFetchSessionEpochError,
@@ -273,6 +274,7 @@ class FetchSessionCache:
         self.sessions[sid] = s
         self.streams += s.size
         self.created += 1
+        _count(owner, 1)
         return s
 
     def get(self, owner: object, session_id: int, epoch: int) -> FetchSession:
@@ -317,6 +319,7 @@ class FetchSessionCache:
         if s is None:
             return False
         self.streams -= s.size
+        _count(s.owner, -1)
         s.release()
         return True
 
@@ -387,6 +390,14 @@ class FetchSessionCache:
             self.close(victim.session_id)
             self.evicted += 1
         return True
+
+
+def _count(owner: object, change: int) -> None:
+    """CONNECTIONS/WHOAMI: the sessions a connection holds (an owner without ``attributes``,
+    as in unit tests, is not counted)."""
+    attrs = getattr(owner, "attributes", None)
+    if isinstance(attrs, dict):
+        connection_counters(attrs).sessions += change
 
 
 def is_sessionless(m: FetchRequest) -> bool:

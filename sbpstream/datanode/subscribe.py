@@ -1,7 +1,10 @@
 """Subscriptions: a FETCH with ``window_bytes > 0`` streams records until cancelled (DCP-style
 flow control, answered BUFFER_ACKs).
 
-A subscription is one FETCH request that never ends on its own while its streams are live. For
+A subscription is one FETCH request that never ends on its own while its streams are live. It
+reads each stream through the one per-item reader (reader.py, as a long poll and a fetch session
+do: STATS, quota charge, replica-copy redirect, ACL re-check); this module holds only the
+window, the rounds and BUFFER_ACK. For
 every named stream it sends what is committed, then parks on one ``asyncio.Event`` (set by
 BUFFER_ACK, cancel and updates, and through each stream's waker by a commit, a seal or a delete
 of that stream), and sends more as records are committed: frames without END, one FetchResult
@@ -55,17 +58,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from sbpstream.auth.acl import Op
 from sbpstream.auth.gate import (
     claims_of,
-    live_verdicts,
     token_expired,
     token_expiry_s,
     unwatch_token,
     watch_token,
 )
+from sbpstream.datanode.frames import FramePacker
 from sbpstream.datanode.limits import MAX_FETCH_ITEMS
 from sbpstream.datanode.ranges import StreamInfo
+from sbpstream.datanode.reader import Cursor, ItemReader
 from sbpstream.datanode.sessions import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
@@ -73,34 +76,33 @@ from sbpstream.datanode.sessions import (
     FetchSession,
     FetchSessionCache,
 )
+from sbpstream.introspect.counters import connection_counters
 from sbpstream.net.server import Request, Responder, ServerConnection
 from sbpstream.protocol.errors import (
     FetchSessionIdNotFoundError,
-    InternalError,
     InvalidFetchSessionEpochError,
     InvalidRequestError,
     LimitExceededError,
-    OffsetOutOfRangeError,
-    OffsetTrimmedError,
-    RangeNotFoundError,
     SbpError,
     ShuttingDownError,
 )
-from sbpstream.protocol.limits import MiB
+from sbpstream.protocol.limits import KiB, MiB
 from sbpstream.protocol.messages import (
     BufferAckRequest,
     BufferAckResponse,
     FetchItem,
     FetchRequest,
     FetchResponse,
-    FetchResult,
     Status,
 )
-from sbpstream.quota.enforcer import FETCH
 
 if TYPE_CHECKING:
     from sbpstream.datanode.context import NodeContext
-    from sbpstream.datanode.fetch import FramePacker
+
+FIRST_PUSH_FRAME_BYTES: Final = 64 * KiB
+"""A subscription's first frame closes at this payload size; the next ones grow four-fold up
+to ``fetch_frame_bytes`` (see FramePacker): 64 KiB is ~600 records of 100 B, enough for the
+consumer to start on while the node reads on."""
 
 MAX_WINDOW_BYTES: Final = 64 * MiB
 """Largest window a subscription may ask for: what a consumer that stops acking may still be
@@ -131,11 +133,9 @@ backlog cannot starve the others of a shared window."""
 
 
 @dataclass(slots=True, eq=False)
-class _Item:
-    item: FetchItem
-    offset: int
-    done: bool = False
-    answered: bool = False
+class _Item(Cursor):
+    """A subscribed stream: a cursor, and whether (and where) it waits for a commit."""
+
     dirty: bool = True  # may have something to send: polled on the next pass
     queued: bool = True  # in its subscription's queue (made queued, and dirty)
     info: StreamInfo | None = None  # the stream's entry its waker is registered with
@@ -287,8 +287,11 @@ def _state_bytes(sub: Subscription) -> int:
 class Subscriptions:
     """Every open subscription of a node; serves subscribing FETCHes and BUFFER_ACK."""
 
-    def __init__(self, ctx: NodeContext, sessions: FetchSessionCache | None = None) -> None:
+    def __init__(self, ctx: NodeContext, sessions: FetchSessionCache | None = None,
+                 reader: ItemReader | None = None) -> None:
         self.ctx = ctx
+        #: the one per-item reader (reader.py), shared with pull FETCHes and sessions
+        self.reader = reader if reader is not None else ItemReader(ctx)
         #: the node's fetch sessions: a subscription asking for one (epoch 0) is a session
         #: in push mode there, changed by incremental FETCHes (see :meth:`update`)
         self.sessions = sessions if sessions is not None else FetchSessionCache()
@@ -384,8 +387,7 @@ class Subscriptions:
 
     # ------------------------------------------------------------------ the subscription
 
-    async def serve(self, req: Request, resp: Responder, m: FetchRequest,
-                    out: FramePacker) -> None:
+    async def serve(self, req: Request, resp: Responder, m: FetchRequest) -> None:
         """Run the subscription ``m`` (window_bytes > 0) until it ends."""
         if m.window_bytes > MAX_WINDOW_BYTES:
             raise LimitExceededError(
@@ -419,6 +421,7 @@ class Subscriptions:
                 "or it was closed, evicted or never made)")
         if m.session_id:  # (id, 0) replaces session id, (id, -1) closes it
             self.sessions.close_owned(req.conn, m.session_id)
+        out = FramePacker(resp, self.ctx.config.fetch_frame_bytes, FIRST_PUSH_FRAME_BYTES)
         items = [_Item(it, it.fetch_offset) for it in m.items]
         sub = Subscription(req.conn, req.request_id, m.window_bytes, items)
         if m.session_epoch == INITIAL_EPOCH:
@@ -438,6 +441,8 @@ class Subscriptions:
         self._arm_expiry(sub)
         self.by_conn.setdefault(req.conn, {})[req.request_id] = sub
         self.count += 1
+        counters = connection_counters(req.conn.attributes)
+        counters.subscriptions += 1  # CONNECTIONS/WHOAMI: open subscriptions
         self.streams += len(sub.items)
         self.ctx.metrics.c.fetch_requests += 1
         self.ctx.metrics.c.fetch_items += len(m.items)
@@ -446,7 +451,7 @@ class Subscriptions:
             status = await self._run(sub, out)
             for st in sub.items:
                 if not st.answered and status.ok:
-                    await out.add(self._result(st, 0))
+                    await out.add(self.reader.result(st, 0))
             out.status = status
             await out.flush(end=True)
         finally:
@@ -458,6 +463,7 @@ class Subscriptions:
                 if st.info is not None and st.waker is not None:
                     st.info.waiters.discard(st.waker)
             self.count -= 1
+            counters.subscriptions -= 1
             self.streams -= len(sub.items)
             if sub.session is not None:
                 self.by_session.pop(sub.session.session_id, None)
@@ -541,15 +547,16 @@ class Subscriptions:
         rules; each stream no longer allowed ends with its refusal in its place."""
         sub.claims = claims_of(sub.conn)
         self._arm_expiry(sub)
-        live = [st for st in sub.items if not st.done]
-        verdict = await live_verdicts(sub.conn, Op.FETCH, [st.item.stream_id for st in live])
+        live = {st.item.stream_id: st for st in sub.items if not st.done}
         gone: list[int] = []
-        for st, v in zip(live, verdict, strict=True):
-            if v is None or st.done:
+        for it, result in await self.reader.refusals(sub.conn, [st.item for st in live.values()]):
+            st = live[it.stream_id]
+            if st.done:  # (ended while the verdicts were looked up)
                 continue
-            await out.add(self._result(st, 0, status=v))
+            st.answered = True
+            await out.add(result)
             st.retire()
-            gone.append(st.item.stream_id)
+            gone.append(it.stream_id)
         if not gone:
             return
         sub.ended = True
@@ -620,117 +627,48 @@ class Subscriptions:
 
     def _charge(self, sub: Subscription, out: FramePacker) -> int:
         """Quotas: charge the fetch quota with what this round pushed (per stream, as a long
-        poll is charged: the packer's per-stream bytes, which start again from empty); returns
-        the throttle time, which the next frame carries."""
-        delta = out.stream_bytes
-        if not delta:
+        poll is charged); returns the throttle time, which the next frame carries. A round
+        that pushed nothing is not charged (it is not a request)."""
+        if not out.stream_bytes:
             return 0
-        out.stream_bytes = {}
-        ms = self.ctx.quotas.charge(sub.conn, FETCH, sum(delta.values()), delta)
-        out.throttle_ms = ms
-        return ms
+        return self.reader.charge(sub.conn, out)
 
     async def _report(self, st: _Item, out: FramePacker) -> None:
         """A new stream's first result when it had nothing to send: its state, or why its
         named range cannot be served here."""
-        it = st.item
-        if it.range_index >= 0 and self.ctx.table.get(it.stream_id, it.range_index) is None:
-            await self._fail(st, out, RangeNotFoundError(
-                f"range {it.stream_id}/{it.range_index} is not on this node"))
-        else:
-            await out.add(self._result(st, 0))
+        try:
+            self.reader.check(st)
+        except SbpError as exc:
+            await self.reader.fail(out, st, exc)
+            return
+        await out.add(self.reader.result(st, 0))
 
-    def _result(self, st: _Item, batch_length: int, *, status: Status | None = None,
-                start: int = -1, range_end: int = -1) -> FetchResult:
-        sid = st.item.stream_id
-        st.answered = True
-        return FetchResult(
-            stream_id=sid, request_index=st.item.request_index, batch_length=batch_length,
-            status=status if status is not None else Status(),
-            start_offset=start, high_watermark=self.ctx.table.high_watermark(sid),
-            range_end_offset=range_end)
-
-    async def _fail(self, st: _Item, out: FramePacker, exc: SbpError) -> None:
-        start = self.ctx.stream_start(st.item.stream_id) if isinstance(
-            exc, OffsetTrimmedError | OffsetOutOfRangeError) else -1
-        await out.add(self._result(st, 0, status=Status.of(exc), start=start))
-        st.done = True
-        self.ctx.metrics.c.fetch_failed += 1
-
-    def _gap_after_sealed(self, sid: int, offset: int) -> bool:
-        """True when ``offset`` is the end of a sealed range here and the next range is not
-        here, though a later one is (the store reports range_end only after its last range)."""
-        s = self.ctx.table.streams.get(sid)
-        if s is None or len(s.ranges) < 2:
-            return False
-        ended = starts = False
-        for idx in s.ranges:
-            try:
-                r = self.ctx.store.describe_range(sid, idx)
-            except SbpError:
-                continue
-            ended |= r.sealed and r.end_offset == offset
-            starts |= r.start_offset == offset and not (r.sealed and r.end_offset == offset)
-        return ended and not starts
-
-    async def _poll(self, sub: Subscription, st: _Item, out: FramePacker) -> bool:
-        """Send what is committed for one stream, within the window and ROUND_BYTES_PER_STREAM;
-        returns True when something was sent (or the stream ended)."""
-        ctx = self.ctx
-        sid = st.item.stream_id
+    async def _poll(self, sub: Subscription, st: _Item, out: FramePacker) -> None:
+        """Send what is committed for one stream, within the window and ROUND_BYTES_PER_STREAM
+        (the one reader reads, counts and sends it; here only the window's share)."""
         free = sub.free
         if free <= 0:
-            return False  # still dirty: polled once acks make room
+            return  # still dirty: polled once acks make room
         st.dirty = False  # until a wake, or this poll finds more than it may send
+        reader = self.reader
         try:
-            if st.offset < 0:
-                raise OffsetOutOfRangeError(f"fetch offset {st.offset} is negative")
-            if st.item.range_index >= 0 and ctx.table.get(sid, st.item.range_index) is None:
-                raise RangeNotFoundError(
-                    f"range {sid}/{st.item.range_index} is not on this node")
-            limit = max(ctx.table.high_watermark(sid), 0)
-            end = -1
-            if st.item.range_index >= 0:
-                # serve the named range only: at its end the client goes to the next range's
-                # primary (this node may hold that range as a secondary, committed later)
-                rs = ctx.store.describe_range(sid, st.item.range_index)
-                if rs.sealed and rs.end_offset >= 0:
-                    end = rs.end_offset
-                    limit = min(limit, end) if limit > rs.start_offset else end
-            res = ctx.store.read(sid, st.offset, min(free, ROUND_BYTES_PER_STREAM),
-                                 max_offset=limit)
-            views = res.batches
+            rd = reader.read(st, min(free, ROUND_BYTES_PER_STREAM), named_range_only=True)
+            views = rd.views
             if views and len(views[0]) > free and sub.unacked > 0:
                 st.dirty = True
                 sub.blocked = True
-                return False  # a batch larger than what is free: wait for acks
-            ended = (res.range_end or (0 <= end <= res.next_offset)
-                     or (not views and self._gap_after_sealed(sid, st.offset)))
-            range_end = res.next_offset if ended else -1
-            for i, view in enumerate(views):
-                last = i == len(views) - 1
-                size = len(view)
-                sub.unacked += size
-                sub.sent_bytes += size
-                if sub.round_left is not None:
-                    sub.round_left -= size
-                await out.add(self._result(st, size, start=res.start_offset,
-                                           range_end=range_end if last else -1), view)
-            st.offset = res.next_offset
-            if ended:
-                if not views:
-                    await out.add(self._result(st, 0, start=res.start_offset,
-                                               range_end=range_end))
-                st.done = True
-                return True
-            if views and res.next_offset < min(limit, res.end_offset):
+                return  # a batch larger than what is free: wait for acks
+            # unacknowledged before it goes: an ack may come while a frame of it is sent
+            n = rd.nbytes
+            sub.unacked += n
+            sub.sent_bytes += n
+            if sub.round_left is not None:
+                sub.round_left -= n
+            await reader.send(out, st, rd)
+            if rd.more and not st.done:
                 st.dirty = True  # there is more (the window, ROUND_BYTES_PER_STREAM took it)
-            return bool(views)
-        except SbpError as exc:
-            await self._fail(st, out, exc)
         except Exception as exc:  # one stream's failure never ends the subscription
-            await self._fail(st, out, InternalError(f"{type(exc).__name__}: {exc}"))
-        return True
+            await reader.fail(out, st, exc)
 
 
 __all__ = [

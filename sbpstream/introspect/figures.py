@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from sbpstream.introspect.counters import RATED, StreamCounterTable
+from sbpstream.introspect.counters import RATED, StreamCounterTable, peek_connection_counters
 from sbpstream.introspect.rates import SAMPLE_EVERY_S, RateWindow
 from sbpstream.net.server import Handler, Request, Responder, Server, ServerConnection
 from sbpstream.protocol.errors import SbpError
@@ -72,6 +72,7 @@ class StreamSource(Protocol):
 
 def connection_figures(conn: ServerConnection, now: float) -> JSON:
     role = conn.attributes.get(ATTR_ROLE)
+    counted = peek_connection_counters(conn.attributes)
     return {
         "id": conn.connection_id,
         "peer": conn.peer,
@@ -83,10 +84,11 @@ def connection_figures(conn: ServerConnection, now: float) -> JSON:
         "bytes_out": conn.bytes_out,
         "requests": conn.requests,
         "requests_in_flight": len(conn.tasks),
-        # fetch sessions, subscriptions and quotas are not implemented yet: always 0 until then
-        "subscriptions": 0,
-        "sessions": 0,
-        "throttle_time_ms": 0,
+        # counted where they happen: a data node's subscribe.py and sessions.py, the quota
+        # charge (datanode/quota.py); a PM holds none (0)
+        "subscriptions": counted.subscriptions,
+        "sessions": counted.sessions,
+        "throttle_time_ms": counted.throttle_time_ms,
     }
 
 
@@ -170,6 +172,8 @@ class Introspector:
             "frames_corrupt": st.frames_corrupt,
             "framing_errors": st.framing_errors,
         }
+        if isinstance(self.streams, DataNodeStreams):  # a data node: what it served, in all
+            out.update(self.streams.totals())
         if self.extra_info is not None:
             out.update(await self.extra_info())
         return out
@@ -237,6 +241,12 @@ class DataNodeStreams:
     def tick(self, now: float) -> None:
         self.counters.retain(set(self.ctx.table.streams))
         self.rates.take(now, {sid: c.rated() for sid, c in self.counters.by_stream.items()})
+
+    def totals(self) -> JSON:
+        """The node's "records out": what it served to readers (pull, session and push alike,
+        counted by datanode/reader.py), all streams, since it started."""
+        return {"records_fetched": self.counters.records_fetched,
+                "bytes_fetched": self.counters.bytes_fetched}
 
     async def stats(self, stream_ids: Sequence[int], top: int) -> list[JSON]:
         now = self.clock()

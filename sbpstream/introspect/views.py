@@ -26,9 +26,13 @@ def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) ->
 
 
 def info_view(body: JSON) -> Group:
-    head = _table("server", ["role", "version", "node id", "address", "uptime (s)", "connections"],
-                  [[body["role"], body["version"], body["node_id"], body["address"],
-                    round(body["uptime_ms"] / 1000, 1), body["connections_open"]]])
+    headers = ["role", "version", "node id", "address", "uptime (s)", "connections"]
+    row = [body["role"], body["version"], body["node_id"], body["address"],
+           round(body["uptime_ms"] / 1000, 1), body["connections_open"]]
+    if "records_fetched" in body:  # a data node: what it served to readers, all streams
+        headers += ["records out", "bytes out (records)"]
+        row += [body["records_fetched"], body["bytes_fetched"]]
+    head = _table("server", headers, [row])
     rows = [[op, f["requests"], f["per_minute"]["requests"], f["bytes_in"], f["bytes_out"],
              f["per_minute"]["bytes_in"], f["per_minute"]["bytes_out"], f["errors"],
              f["per_minute"]["errors"]]
