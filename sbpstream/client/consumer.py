@@ -71,7 +71,7 @@ from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import Columns, decode_columns, stream_records
 
 if TYPE_CHECKING:
-    from sbpstream.client.aclient import AsyncClient
+    from sbpstream.client.core import ClientCore
     from sbpstream.net.client import Connection
 
 log = logging.getLogger("sbpstream.client.consumer")
@@ -127,7 +127,7 @@ class AsyncConsumer:
     single stream. Create with :meth:`AsyncClient.consumer`.
     """
 
-    def __init__(self, client: AsyncClient, streams: int | Sequence[int],
+    def __init__(self, client: ClientCore, streams: int | Sequence[int],
                  options: ConsumerOptions | None = None) -> None:
         o = ConsumerOptions() if options is None else options
         self.options = o

@@ -45,7 +45,7 @@ from sbpstream.protocol.errors import (
 )
 
 if TYPE_CHECKING:
-    from sbpstream.client.aclient import AsyncClient
+    from sbpstream.client.core import ClientCore
 
 log = logging.getLogger("sbpstream.client.groups")
 
@@ -147,7 +147,7 @@ class GroupAdmin:
 class _Assigned(AsyncConsumer):
     """A plain consumer of the assigned streams, starting each where the group left off."""
 
-    def __init__(self, client: AsyncClient, streams: Sequence[int], options: ConsumerOptions,
+    def __init__(self, client: ClientCore, streams: Sequence[int], options: ConsumerOptions,
                  positions: Mapping[int, int]) -> None:
         super().__init__(client, streams, options)
         self.starts = dict(positions)
@@ -171,7 +171,7 @@ class GroupConsumer(AsyncConsumer):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: ClientCore,
         pm_call: PmCall,
         streams: StreamSpec,
         options: ConsumerOptions,

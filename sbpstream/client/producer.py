@@ -78,7 +78,7 @@ from sbpstream.records import (
 )
 
 if TYPE_CHECKING:
-    from sbpstream.client.aclient import AsyncClient
+    from sbpstream.client.core import ClientCore
 
 __all__ = ["AsyncProducer", "Offsets", "as_sbp_error"]
 
@@ -269,7 +269,7 @@ class AsyncProducer:
     :meth:`AsyncClient.producer`.
     """
 
-    def __init__(self, client: AsyncClient, options: ProducerOptions | None = None) -> None:
+    def __init__(self, client: ClientCore, options: ProducerOptions | None = None) -> None:
         o = ProducerOptions() if options is None else options
         self.options = o
         self._max_in_flight_per_stream = o.max_in_flight_per_stream
