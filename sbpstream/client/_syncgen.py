@@ -58,6 +58,9 @@ ASYNC_ONLY: dict[str, str] = {
                    "gateway; sync code uses the consumer's group methods",
     "connection": "a connection of the client's pool, used on its event loop by tools that "
                   "speak the protocol themselves",
+    "push_batch": "the consumer's hook for its subscriber (client/push.py), on the event loop",
+    "resolve_starts": "the consumer's hook for its subscriber (client/push.py)",
+    "range_for_stream": "the consumer's hook for its subscriber (client/push.py)",
     "pm_request": "protocol messages in and out, for tools running on an event loop (the "
                   "CLI's introspection); sync code uses the typed methods",
 }

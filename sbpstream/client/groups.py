@@ -156,10 +156,10 @@ class _Assigned(AsyncConsumer):
         pos = self.starts.get(sid)
         return pos if pos is not None else await super()._resolve_start(sid)
 
-    async def _resolve_starts(self, sids: Sequence[int]) -> list[int]:
+    async def resolve_starts(self, sids: Sequence[int]) -> list[int]:
         """The group's positions first; the rest as a plain consumer resolves them (batched)."""
         todo = [sid for sid in sids if sid not in self.starts]
-        got = dict(zip(todo, await super()._resolve_starts(todo), strict=True)) if todo else {}
+        got = dict(zip(todo, await super().resolve_starts(todo), strict=True)) if todo else {}
         return [self.starts[sid] if sid in self.starts else got[sid] for sid in sids]
 
 
