@@ -176,10 +176,10 @@ async def test_send_batch_failure_is_in_the_offsets(client: AsyncClient) -> None
 
 def test_offsets_out_of_order_runs_and_errors() -> None:
     offs = Offsets(6)
-    offs._acked(3, 100, 2)  # a later piece settles first
+    offs.record_acked(3, 100, 2)  # a later piece settles first
     assert not offs.done
-    offs._acked(0, 40, 3)
-    offs._failed(5, 1, StreamNotFoundError("gone"))
+    offs.record_acked(0, 40, 3)
+    offs.record_failed(5, 1, StreamNotFoundError("gone"))
     assert offs.done and offs.failed == 1 and list(offs[:5]) == [40, 41, 42, 100, 101]
     with pytest.raises(StreamNotFoundError):
         offs[5]
@@ -232,16 +232,16 @@ def test_offsets_first_and_on_done() -> None:
     seen: list[Offsets] = []
     offs = Offsets(5, None, seen.append)
     assert offs.first is None  # not settled yet
-    offs._acked(3, 13, 2)  # a later piece first, consecutive with the earlier one
-    offs._acked(0, 10, 3)
+    offs.record_acked(3, 13, 2)  # a later piece first, consecutive with the earlier one
+    offs.record_acked(0, 10, 3)
     assert offs.first == 10 and seen == [offs] and list(offs) == [10, 11, 12, 13, 14]
     gap = Offsets(2)
-    gap._acked(0, 10, 1)
-    gap._acked(1, 20, 1)  # another producer's batch between the two
+    gap.record_acked(0, 10, 1)
+    gap.record_acked(1, 20, 1)  # another producer's batch between the two
     assert gap.done and gap.first is None and list(gap) == [10, 20]
     bad = Offsets(2)
-    bad._acked(0, 10, 1)
-    bad._failed(1, 1, StreamNotFoundError("gone"))
+    bad.record_acked(0, 10, 1)
+    bad.record_failed(1, 1, StreamNotFoundError("gone"))
     assert bad.first is None
     empty: list[Offsets] = []
     assert Offsets(0, None, empty.append).done and len(empty) == 1
@@ -260,9 +260,9 @@ def test_record_future_views_its_chunk() -> None:
     waiter = threading.Thread(target=lambda: got.append(f0.result(timeout=60)))
     waiter.start()
     offs = Offsets(2, None, chunk.settle)
-    offs._acked(0, 40, 1)
+    offs.record_acked(0, 40, 1)
     assert not f0.done() and not calls
-    offs._failed(1, 1, StreamNotFoundError("gone"))
+    offs.record_failed(1, 1, StreamNotFoundError("gone"))
     waiter.join(60)
     assert got == [40] and f0.done() and f0.exception() is None and not f0.cancel()
     assert isinstance(f1.exception(), StreamNotFoundError) and calls == []  # it raised
@@ -532,7 +532,7 @@ def test_streamed_pm_answer_items_are_merged() -> None:
 async def test_producer_finds_its_stored_batches_in_a_sealed_range(cluster: LocalCluster) -> None:
     """The failover path that reads a sealed range back to learn where this producer's
     unacknowledged-but-stored batches landed (several batches in flight at a seal)."""
-    from sbpstream.client.producer import _Batch
+    from sbpstream.client.batches import Batch, locate
     from sbpstream.client.retry import Attempts
 
     async with AsyncClient(cluster.pm_address) as c:
@@ -551,8 +551,8 @@ async def test_producer_finds_its_stored_batches_in_a_sealed_range(cluster: Loca
         sealed = res.ranges[0]
         st = p._streams[sid]
         st.acked_next = -1  # as if nothing had been acknowledged
-        batches = [_Batch(sid, b"", 2 * i, 2, [], 0) for i in range(3)]
-        found = await p._locate(st, sealed, batches, Attempts(c.retry))
+        batches = [Batch(sid, b"", 2 * i, 2, [], 0) for i in range(3)]
+        found = await locate(c.routing, p.producer_id, st, sealed, batches, Attempts(c.retry))
         assert found == {2 * i: offsets[i] for i in range(3)}
         await p.close()
         await other.close()

@@ -19,6 +19,7 @@ from test_subscribe import subs
 
 from sbpstream.client import AsyncClient, AsyncConsumer
 from sbpstream.client import consumer as consumer_mod
+from sbpstream.client import push as push_mod
 from sbpstream.client.types import ConsumedRecord
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode import subscribe as subscribe_mod
@@ -161,14 +162,15 @@ async def test_starts_resolved_while_reading_join_the_one_subscription(
     """A many-stream consumer subscribes once the first FIRST_STARTS streams' starts are known
     and resolves the rest while it reads; each later chunk joins the node's one subscription
     (an incremental FETCH), and a stream dropped before its chunk is resolved is never read."""
-    monkeypatch.setattr(consumer_mod, "FIRST_STARTS", 2)
-    monkeypatch.setattr(consumer_mod, "STARTS_GROWTH", 2)  # chunks of 2, 4, 8
+    monkeypatch.setattr(consumer_mod, "FIRST_STARTS", 2)  # the consumer's first chunk
+    monkeypatch.setattr(push_mod, "FIRST_STARTS", 2)  # the subscriber's later ones
+    monkeypatch.setattr(push_mod, "STARTS_GROWTH", 2)  # chunks of 2, 4, 8
     async with AsyncClient(pm.pm_address) as client:
         ids = await client.create_streams(10)
         await produce(client, dict.fromkeys(ids, 3), "x")
         cons = client.consumer(ids, "earliest")
         gate = asyncio.Event()
-        resolve = cons._resolve_starts
+        resolve = cons.resolve_starts
         chunks: list[list[int]] = []
 
         async def gated(sids: list[int]) -> list[int]:
@@ -177,7 +179,7 @@ async def test_starts_resolved_while_reading_join_the_one_subscription(
                 await gate.wait()  # the later chunks wait until the first streams were read
             return await resolve(sids)
 
-        monkeypatch.setattr(cons, "_resolve_starts", gated)
+        monkeypatch.setattr(cons, "resolve_starts", gated)
         r = Reader(cons)
         try:
             await r.until(lambda: all(len(r.values(sid)) == 3 for sid in ids[:2]), "the first")

@@ -16,9 +16,10 @@ Example::
 
 
 from sbpstream.client.aclient import AsyncClient
+from sbpstream.client.admin import AsyncAdmin
 from sbpstream.client.consumer import AsyncConsumer, iter_columns
 from sbpstream.client.producer import AsyncProducer
-from sbpstream.client.sync import Client, Consumer, Producer
+from sbpstream.client.sync import Admin, Client, Consumer, Producer
 from sbpstream.client.types import (
     DEFAULT_PM,
     DEFAULT_RETENTION_MS,
@@ -39,6 +40,8 @@ __all__ = [
     "DEFAULT_PM",
     "DEFAULT_RETENTION_MS",
     "PM_ENV",
+    "Admin",
+    "AsyncAdmin",
     "AsyncClient",
     "AsyncConsumer",
     "AsyncProducer",

@@ -36,6 +36,7 @@ from sbpstream.protocol.errors import ClientClosedError, ProducerClosedError
 from sbpstream.records import HEADER_SIZE, BatchBuilder
 
 if TYPE_CHECKING:
+    from sbpstream.client.admin import AsyncAdmin
     from sbpstream.client.consumer import AsyncConsumer
     from sbpstream.client.producer import AsyncProducer
     from sbpstream.client.types import ConsumedRecord
@@ -163,6 +164,12 @@ class ClientBase(SyncBase):
     def __exit__(self, *exc: object) -> None:
         close: Callable[[], None] = getattr(self, "close")  # noqa: B009 - generated method
         close()
+
+
+class AdminBase(SyncBase):
+    """The sync administration calls (``Client.admin``): run on the client's loop thread."""
+
+    _async: AsyncAdmin
 
 
 # Bytes of records queued on the caller's thread, not yet handed to the async producer, beyond

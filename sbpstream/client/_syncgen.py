@@ -1,10 +1,11 @@
 """Generate :mod:`sbpstream.client.sync` from the async classes, by introspection.
 
 The async client is written by hand; its sync twin is *derived*: for every public method of
-:class:`AsyncClient`, :class:`AsyncProducer` and :class:`AsyncConsumer` (and their public
-properties) this emits a typed sync method with the same signature and docstring that runs the
-coroutine on the client's private loop thread. Results that are async objects are wrapped
-(AsyncProducer -> Producer, AsyncConsumer -> Consumer, asyncio futures -> concurrent futures).
+:class:`AsyncClient`, :class:`AsyncAdmin`, :class:`AsyncProducer` and :class:`AsyncConsumer`
+(and their public properties) this emits a typed sync method with the same signature and
+docstring that runs the coroutine on the client's private loop thread. Results that are async
+objects are wrapped (AsyncAdmin -> Admin, AsyncProducer -> Producer, AsyncConsumer -> Consumer,
+asyncio futures -> concurrent futures).
 
 Run ``python -m sbpstream.client._syncgen`` after changing a public async signature;
 ``tests/test_client_sync.py`` fails when the committed file differs from what this generates.
@@ -27,6 +28,7 @@ from sbpstream.client import options as client_options
 from sbpstream.client import producer as client_producer
 from sbpstream.client import types as client_types
 from sbpstream.client.aclient import AsyncClient
+from sbpstream.client.admin import AsyncAdmin
 from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.producer import AsyncProducer
 
@@ -36,11 +38,13 @@ LINE_MAX = 100
 # (async class, sync class name, sync base class)
 SPECS: list[tuple[type, str, str]] = [
     (AsyncClient, "Client", "ClientBase"),
+    (AsyncAdmin, "Admin", "AdminBase"),
     (AsyncProducer, "Producer", "ProducerBase"),
     (AsyncConsumer, "Consumer", "ConsumerBase"),
 ]
 # return annotation -> (sync annotation, wrapper of the awaited/called expression)
 RETURN_MAP: dict[str, tuple[str, str]] = {
+    "AsyncAdmin": ("Admin", "Admin._wrap(self._runner, {})"),
     "AsyncProducer": ("Producer", "Producer._wrap(self._runner, {})"),
     "AsyncConsumer": ("Consumer", "Consumer._wrap(self._runner, {})"),
     "asyncio.Future[int]": ("concurrent.futures.Future[int]", "to_cf({})"),
@@ -54,6 +58,9 @@ ASYNC_ONLY: dict[str, str] = {
                    "gateway; sync code uses the consumer's group methods",
     "connection": "a connection of the client's pool, used on its event loop by tools that "
                   "speak the protocol themselves",
+    "push_batch": "the consumer's hook for its subscriber (client/push.py), on the event loop",
+    "resolve_starts": "the consumer's hook for its subscriber (client/push.py)",
+    "range_for_stream": "the consumer's hook for its subscriber (client/push.py)",
     "pm_request": "protocol messages in and out, for tools running on an event loop (the "
                   "CLI's introspection); sync code uses the typed methods",
 }
@@ -151,9 +158,10 @@ def _method(name: str, fn: Any, before: bool) -> list[str]:
 
 
 def _property(name: str, prop: property) -> list[str]:
-    ret = str(inspect.signature(prop.fget).return_annotation) if prop.fget else "Any"
+    ret_async = str(inspect.signature(prop.fget).return_annotation) if prop.fget else "Any"
+    ret, wrap = RETURN_MAP.get(ret_async, (ret_async, "{}"))
     lines = ["    @property", f"    def {name}(self) -> {ret}:", *_doc(prop.fget)]
-    return [*lines, f"        return self._async.{name}"]
+    return [*lines, "        return " + wrap.format(f"self._async.{name}")]
 
 
 def _init(cls: type) -> list[str]:
@@ -220,8 +228,8 @@ def _header(annotations: list[str]) -> str:
         names.update(re.findall(r"(?<![.\w])([A-Za-z_]\w*)(?![\w])", ann))
     imports: dict[str, set[str]] = {}
     for n in sorted(names):
-        if hasattr(builtins, n) or n in {"Producer", "Consumer", "Client", "concurrent",
-                                         "AsyncProducer"}:
+        if hasattr(builtins, n) or n in {"Admin", "Producer", "Consumer", "Client", "concurrent",
+                                         "AsyncAdmin", "AsyncProducer"}:
             continue
         for mod in NAME_SOURCES:
             if n in getattr(mod, "__all__", ()) or (mod is collections.abc and hasattr(mod, n)):
@@ -234,6 +242,7 @@ def _header(annotations: list[str]) -> str:
             if not m.startswith("sbpstream")]
     ours = [
         "from sbpstream.client._sync_support import (",
+        "    AdminBase,",
         "    ClientBase,",
         "    ConsumerBase,",
         "    LoopThread,",
@@ -243,6 +252,7 @@ def _header(annotations: list[str]) -> str:
         ")",
     ]
     imports.setdefault("sbpstream.client.aclient", set()).add("AsyncClient")
+    imports.setdefault("sbpstream.client.admin", set()).add("AsyncAdmin")
     imports.setdefault("sbpstream.client.consumer", set()).add("AsyncConsumer")
     imports.setdefault(client_producer.__name__, set()).add("AsyncProducer")
     for m, ns in sorted(imports.items()):
@@ -263,7 +273,7 @@ def _header(annotations: list[str]) -> str:
         "",
         *ours,
         "",
-        '__all__ = ["Client", "Consumer", "Producer"]',
+        '__all__ = ["Admin", "Client", "Consumer", "Producer"]',
         "",
     ])
 

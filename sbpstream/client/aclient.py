@@ -12,27 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
+import functools
 import logging
 import os
-import re
 import secrets
 import socket
-from collections.abc import Mapping, Sequence
-from typing import Any, Final, TypeVar, cast, overload
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast, overload
 
 from sbpstream.auth.client import client_security
+from sbpstream.client.admin import AsyncAdmin, compile_stream_pattern
 from sbpstream.client.consumer import AsyncConsumer
+from sbpstream.client.core import StreamNames
 from sbpstream.client.groups import GroupAdmin, GroupConsumer
 from sbpstream.client.options import ConsumerOptions, ProducerOptions, build
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts
 from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
-    DEFAULT_RETENTION_MS,
-    GroupInfo,
-    GroupMemberInfo,
-    GroupStreamInfo,
     Range,
     RetryPolicy,
     StartPosition,
@@ -44,8 +41,6 @@ from sbpstream.net.pmcaller import PmCaller
 from sbpstream.protocol.errors import (
     ErrorCode,
     InvalidRequestError,
-    InvalidStreamConfigError,
-    ProtocolViolationError,
     RangeNotFoundError,
     ReplicaUnavailableError,
     SbpError,
@@ -54,52 +49,27 @@ from sbpstream.protocol.errors import (
 from sbpstream.protocol.limits import DEFAULT_CONNECT_TIMEOUT_S
 from sbpstream.protocol.messages import (
     RESPONSES,
-    AclEntry,
     ClientRole,
-    CreateStreamItem,
-    CreateStreamsRequest,
-    CreateStreamsResponse,
-    DeleteQuotasRequest,
-    DeleteQuotasResponse,
-    DeleteStreamsRequest,
-    DeleteStreamsResponse,
-    DescribeQuotasRequest,
-    DescribeQuotasResponse,
     DescribeRangeItem,
     DescribeRangesRequest,
     DescribeRangesResponse,
     DescribeStreamsRequest,
     DescribeStreamsResponse,
     HeartbeatRequest,
-    ManageAclsRequest,
-    ManageAclsResponse,
-    ManageUsersRequest,
-    ManageUsersResponse,
     Message,
-    Quota,
-    QuotaCountersRequest,
-    QuotaCountersResponse,
-    QuotaResult,
-    SetQuotasRequest,
-    SetQuotasResponse,
-    Status,
-    TrimItem,
-    TrimStreamsRequest,
-    TrimStreamsResponse,
-    UpdateStreamsRequest,
-    UpdateStreamsResponse,
 )
-from sbpstream.protocol.names import name_problem, parse_stream_ref, validate_name_prefix
+from sbpstream.protocol.names import parse_stream_ref
 from sbpstream.protocol.opcodes import Opcode
-from sbpstream.quota.model import QuotaKind, QuotaSpec, validate_client_id
-from sbpstream.quota.model import validate as validate_quota
+from sbpstream.quota.model import validate_client_id
 
 log = logging.getLogger("sbpstream.client")
 
 M = TypeVar("M", bound=Message)
+P = ParamSpec("P")
+R = TypeVar("R")
 
-LIST_PAGE_SIZE = 1000  # streams per DESCRIBE_STREAMS page when listing
-DESCRIBE_GROUP_CONCURRENCY = 64  # end offsets looked up at once by describe_group
+__all__ = ["AsyncClient", "compile_stream_pattern"]
+
 
 HEARTBEAT_INTERVAL_S: Final = 5.0
 """How often a client sends HEARTBEAT (its client_id) to the PM and to each data node it used.
@@ -109,13 +79,22 @@ intervals; more often would only add idle traffic per client."""
 HEARTBEAT_TIMEOUT_S: Final = 2.0
 """One heartbeat's bound: it is best effort and never delays the client's own requests."""
 
-RETENTION_UNCHANGED: Final = -1
-"""UPDATE_STREAMS' retention_period_ms for "keep the current one" (docs/protocol.md)."""
-
 
 def new_client_id() -> str:
     """A client id unique to this process and client: host, pid and a random part."""
     return f"sdk-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _delegate(fn: Callable[Concatenate[AsyncAdmin, P], Awaitable[R]]
+              ) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]]:
+    """``AsyncClient``'s method forwarding to ``client.admin``'s: the same signature, defaults
+    and docstring (stated once, in :mod:`sbpstream.client.admin`)."""
+
+    @functools.wraps(fn)
+    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await fn(self.admin, *args, **kwargs)
+
+    return method
 
 
 class AsyncClient:
@@ -167,9 +146,9 @@ class AsyncClient:
                                    request_timeout_ms=request_timeout_ms, retry=self.retry,
                                    client_id=self.client_id)
         self._closed = False
-        self._names: dict[str, int] = {}
-        """Stream name -> id, as DESCRIBE_STREAMS answered (names are immutable while the
-        stream lives; a deleted stream's entries are dropped by this client's deletes)."""
+        #: Stream name -> id, as the PM answered (shared with :attr:`admin`).
+        self.stream_names = StreamNames()
+        self._admin = AsyncAdmin(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -188,63 +167,48 @@ class AsyncClient:
                 await self._heartbeat_task
         await self._pool.close()
 
-    # ------------------------------------------------------------------------------ streams
+    # ------------------------------------------------- administration (delegated to .admin)
 
-    async def create_streams(
-        self, count: int = 1, *, replica_nums: int = 1, retention_ms: int = DEFAULT_RETENTION_MS,
-        names: Sequence[str] = (),
-    ) -> list[int]:
-        """Create ``count`` streams, or one per name of ``names`` (unique names; see
-        :mod:`sbpstream.protocol.names` for the rules); return their ids in order."""
-        if names:
-            for n in names:
-                problem = name_problem(n)
-                if problem is not None:
-                    raise InvalidStreamConfigError(problem)
-            count = len(names)
-        if count < 1:
-            raise InvalidRequestError(f"count must be at least 1, not {count}")
-        item = CreateStreamItem(replica_nums=replica_nums, retention_period_ms=retention_ms)
-        items = (tuple(dataclasses.replace(item, name=n) for n in names) if names
-                 else (item,) * count)
-        ids: list[int] = [-1] * len(items)
-        todo = list(range(len(items)))
-        attempts = Attempts(self.retry)
-        while True:
-            # items answered with a RETRIABLE error (NOT_ENOUGH_DATA_NODES while nodes are
-            # coming back, a new PM leader still waiting for heartbeats) are asked for again
-            req = CreateStreamsRequest(timeout_ms=self.request_timeout_ms,
-                                       items=tuple(items[i] for i in todo))
-            resp = await self.pm_request(req, CreateStreamsResponse)
-            retry: SbpError | None = None
-            again: list[int] = []
-            for i, r in zip(todo, resp.items, strict=False):
-                if not r.status.ok:
-                    err = r.status.error()
-                    if not err.retriable:
-                        raise err
-                    retry = err
-                    again.append(i)
-                    continue
-                if r.stream is None:
-                    raise InvalidRequestError("the PM created a stream but returned no id")
-                ids[i] = r.stream.stream_id
-                if r.stream.name:
-                    self._names[r.stream.name] = r.stream.stream_id
-            again += todo[len(resp.items):]
-            if not again:
-                return ids
-            await attempts.backoff(retry or InvalidRequestError(
-                f"the PM answered {len(resp.items)} of {len(todo)} stream(s)"))
-            todo = again
+    @property
+    def admin(self) -> AsyncAdmin:
+        """The administration calls: streams, quotas, groups seen from outside, users and ACLs
+        (:class:`~sbpstream.client.admin.AsyncAdmin`). Each also has a method of the same name
+        and signature on the client, delegating to it."""
+        return self._admin
 
-    async def create_stream(
-        self, name: str = "", *, replica_nums: int = 1, retention_ms: int = DEFAULT_RETENTION_MS
-    ) -> int:
-        """Create one stream (named ``name``, unless empty); return its id."""
-        ids = await self.create_streams(1, replica_nums=replica_nums, retention_ms=retention_ms,
-                                        names=(name,) if name else ())
-        return ids[0]
+    create_streams = _delegate(AsyncAdmin.create_streams)
+    create_stream = _delegate(AsyncAdmin.create_stream)
+    find_streams = _delegate(AsyncAdmin.find_streams)
+    list_streams = _delegate(AsyncAdmin.list_streams)
+    update_stream = _delegate(AsyncAdmin.update_stream)
+    trim_stream = _delegate(AsyncAdmin.trim_stream)
+    delete_streams = _delegate(AsyncAdmin.delete_streams)
+    delete_stream = _delegate(AsyncAdmin.delete_stream)
+    set_quota = _delegate(AsyncAdmin.set_quota)
+    delete_quota = _delegate(AsyncAdmin.delete_quota)
+    list_quotas = _delegate(AsyncAdmin.list_quotas)
+    quota_counters = _delegate(AsyncAdmin.quota_counters)
+    data_node_addresses = _delegate(AsyncAdmin.data_node_addresses)
+    list_groups = _delegate(AsyncAdmin.list_groups)
+    describe_group = _delegate(AsyncAdmin.describe_group)
+    committed_offsets = _delegate(AsyncAdmin.committed_offsets)
+    commit_offsets = _delegate(AsyncAdmin.commit_offsets)
+    reset_offsets = _delegate(AsyncAdmin.reset_offsets)
+    delete_group = _delegate(AsyncAdmin.delete_group)
+    add_user = _delegate(AsyncAdmin.add_user)
+    delete_user = _delegate(AsyncAdmin.delete_user)
+    list_users = _delegate(AsyncAdmin.list_users)
+    add_acl = _delegate(AsyncAdmin.add_acl)
+    delete_acl = _delegate(AsyncAdmin.delete_acl)
+    list_acls = _delegate(AsyncAdmin.list_acls)
+
+    @property
+    def group_admin(self) -> GroupAdmin:
+        """The group opcodes as plain calls (e.g. for a gateway speaking another group
+        protocol); the methods of :attr:`admin` cover the usual needs."""
+        return self.admin.group_admin
+
+    # ------------------------------------------------------------------------ stream ids
 
     async def resolve_stream(self, stream: int | str, *, refresh: bool = False) -> int:
         """The id of ``stream``: an id (int, or a string of digits) as is; a name through
@@ -253,16 +217,17 @@ class AsyncClient:
         ref = parse_stream_ref(stream) if isinstance(stream, str) else stream
         if isinstance(ref, int):
             return ref
-        if not refresh and ref in self._names:
-            return self._names[ref]
+        known = None if refresh else self.stream_names.get(ref)
+        if known is not None:
+            return known
         req = DescribeStreamsRequest(timeout_ms=self.request_timeout_ms, name=ref)
         resp = await self.pm_request(req, DescribeStreamsResponse)
         r = resp.items[0] if resp.items else None
         if r is None or r.status.code == ErrorCode.STREAM_NOT_FOUND or r.stream is None:
-            self._names.pop(ref, None)
+            self.stream_names.forget(ref)
             raise StreamNotFoundError(f"no stream is named {ref!r}")
         r.status.raise_for_error()
-        self._names[ref] = r.stream.stream_id
+        self.stream_names.put(ref, r.stream.stream_id)
         return r.stream.stream_id
 
     async def resolve_streams(self, streams: Sequence[int | str]) -> list[int]:
@@ -270,31 +235,6 @@ class AsyncClient:
         if all(type(s) is int for s in streams):  # ids as they are, without a task each
             return list(cast(Sequence[int], streams))
         return list(await asyncio.gather(*(self.resolve_stream(s) for s in streams)))
-
-    async def find_streams(self, prefix: str = "", pattern: str | None = None) -> list[Stream]:
-        """The live named streams whose name starts with ``prefix`` ("" = every named stream)
-        and, with ``pattern``, fully matches that regular expression; in id order."""
-        validate_name_prefix(prefix)
-        rx = compile_stream_pattern(pattern) if pattern is not None else None
-        out: list[Stream] = []
-        continuation = -1
-        while True:
-            # name_prefix "" lists every stream: the unnamed ones are filtered out below
-            req = DescribeStreamsRequest(timeout_ms=self.request_timeout_ms, name_prefix=prefix,
-                                         limit=LIST_PAGE_SIZE, continuation=continuation)
-            resp = await self.pm_request(req, DescribeStreamsResponse)
-            resp.status.raise_for_error()
-            for r in resp.items:
-                st = r.stream
-                if r.status.ok and st is not None and st.name and (
-                        rx is None or rx.fullmatch(st.name)):
-                    self._names[st.name] = st.stream_id
-                    out.append(st)
-            # a filtered page may be empty and go on (the gate hides streams the principal
-            # may not describe); a continuation that does not move ends it
-            if resp.continuation < 0 or resp.continuation == continuation:
-                return out
-            continuation = resp.continuation
 
     async def describe_streams(self, stream_ids: Sequence[int | str]) -> list[Stream]:
         """Describe the given streams, by id or name (StreamNotFoundError for an unknown one)."""
@@ -317,128 +257,6 @@ class AsyncClient:
     async def describe_stream(self, stream_id: int | str) -> Stream:
         """Describe one stream (by id or name)."""
         return (await self.describe_streams([stream_id]))[0]
-
-    async def list_streams(self) -> list[Stream]:
-        """Every stream, in id order (pages through DESCRIBE_STREAMS)."""
-        out: list[Stream] = []
-        continuation = -1
-        while True:
-            req = DescribeStreamsRequest(
-                timeout_ms=self.request_timeout_ms, limit=LIST_PAGE_SIZE, continuation=continuation
-            )
-            resp = await self.pm_request(req, DescribeStreamsResponse)
-            for r in resp.items:
-                if r.status.ok and r.stream is not None:
-                    out.append(r.stream)
-            # a filtered page may be empty and go on (the gate hides streams the principal
-            # may not describe); a continuation that does not move ends it
-            if resp.continuation < 0 or resp.continuation == continuation:
-                return out
-            continuation = resp.continuation
-
-    async def update_stream(
-        self,
-        stream_id: int | str,
-        *,
-        replica_nums: int | None = None,
-        retention_ms: int | None = None,
-    ) -> Stream:
-        """Change a stream's replica count and/or retention; return its new description.
-
-        A field left None is sent as absent (replica_nums 0, retention -1) and the PM keeps its
-        current value: no read-modify-write, so concurrent updates of different fields do not
-        undo each other."""
-        stream_id = await self.resolve_stream(stream_id)
-        new = Stream(
-            stream_id=stream_id,
-            replica_nums=0 if replica_nums is None else replica_nums,
-            retention_period_ms=RETENTION_UNCHANGED if retention_ms is None else retention_ms,
-        )
-        req = UpdateStreamsRequest(timeout_ms=self.request_timeout_ms, items=(new,))
-        resp = await self.pm_request(req, UpdateStreamsResponse)
-        r = resp.items[0]
-        r.status.raise_for_error()
-        return r.stream or await self.describe_stream(stream_id)
-
-    async def trim_stream(self, stream_id: int | str, offset: int) -> Stream:
-        """Drop the records before ``offset``; return the stream (its new start_offset)."""
-        stream_id = await self.resolve_stream(stream_id)
-        req = TrimStreamsRequest(
-            timeout_ms=self.request_timeout_ms,
-            items=(TrimItem(stream_id=stream_id, trim_offset=offset),),
-        )
-        resp = await self.pm_request(req, TrimStreamsResponse)
-        r = resp.items[0]
-        r.status.raise_for_error()
-        self.routing.invalidate(stream_id)
-        if r.stream is None:
-            return await self.describe_stream(stream_id)
-        return r.stream
-
-    async def delete_streams(self, stream_ids: Sequence[int | str]) -> None:
-        """Delete streams (by id or name); raises the first per-stream error (after all were
-        attempted)."""
-        if not stream_ids:
-            return
-        stream_ids = await self.resolve_streams(stream_ids)
-        gone = set(stream_ids)
-        for name in [n for n, sid in self._names.items() if sid in gone]:
-            del self._names[name]
-        req = DeleteStreamsRequest(
-            timeout_ms=self.request_timeout_ms,
-            items=tuple(Stream(stream_id=s) for s in stream_ids),
-        )
-        resp = await self.pm_request(req, DeleteStreamsResponse)
-        for sid in stream_ids:
-            self.routing.invalidate(sid)
-        for r in resp.items:
-            r.status.raise_for_error()
-
-    async def delete_stream(self, stream_id: int | str) -> None:
-        """Delete one stream."""
-        await self.delete_streams([stream_id])
-
-    # ------------------------------------------------------------------------------- quotas
-
-    async def set_quota(self, quota: QuotaSpec) -> QuotaSpec:
-        """Create or replace a quota at the PM (hostile values raise InvalidRequestError
-        here, before anything is sent); returns it as stored. Data nodes apply it within a
-        heartbeat interval."""
-        q = validate_quota(quota)
-        resp = await self.pm_request(SetQuotasRequest(
-            timeout_ms=self.request_timeout_ms, quotas=(_quota_msg(q),)), SetQuotasResponse)
-        return _quota_result(resp.status, resp.results)
-
-    async def delete_quota(self, kind: QuotaKind, name: str = "", user: str = "") -> QuotaSpec:
-        """Delete the quota of a client id, a stream (``name`` = its id), the default, a user
-        (``user``) or a user's client id (CLIENT with ``name`` and ``user``)."""
-        resp = await self.pm_request(DeleteQuotasRequest(
-            timeout_ms=self.request_timeout_ms, quotas=(Quota(int(kind), name, user=user),)),
-            DeleteQuotasResponse)
-        return _quota_result(resp.status, resp.results)
-
-    async def list_quotas(self) -> list[QuotaSpec]:
-        """Every quota the PM stores, by key."""
-        resp = await self.pm_request(DescribeQuotasRequest(timeout_ms=self.request_timeout_ms),
-                                   DescribeQuotasResponse)
-        resp.status.raise_for_error()
-        return [_quota_spec(q) for q in resp.quotas]
-
-    async def quota_counters(self, address: str) -> QuotaCountersResponse:
-        """The live quota counters of one data node, with their remaining TTL."""
-        frame = await self.routing.request(
-            address, QuotaCountersRequest(timeout_ms=self.request_timeout_ms))
-        resp = QuotaCountersResponse.decode(frame.header)
-        resp.status.raise_for_error()
-        return resp
-
-    async def data_node_addresses(self) -> list[str]:
-        """The data nodes holding a replica of any stream's range (sorted)."""
-        found: set[str] = set()
-        for s in await self.list_streams():
-            for r in await self.routing.ranges(s.stream_id, refresh=True):
-                found.update(replica_addresses(r))
-        return sorted(found)
 
     # ------------------------------------------------------------------------------- ranges
 
@@ -600,122 +418,7 @@ class AsyncClient:
         ids = streams if isinstance(streams, int) else [s for s in streams if isinstance(s, int)]
         return AsyncConsumer(self, ids, o)
 
-    # ------------------------------------------------------------------- consumer groups
-
-    @property
-    def group_admin(self) -> GroupAdmin:
-        """The group opcodes as plain calls (e.g. for a gateway speaking another group
-        protocol); the methods below cover the usual needs."""
-        return GroupAdmin(self.pm_request)
-
-    async def list_groups(self) -> list[str]:
-        """Every consumer group with live members or committed offsets."""
-        return await GroupAdmin(self.pm_request).list()
-
-    async def describe_group(self, group: str) -> GroupInfo:
-        """Members, assignments and, per stream, the committed offset, end offset and lag."""
-        admin = GroupAdmin(self.pm_request)
-        d = await admin.describe(group)
-        committed = await admin.fetch(group)
-        owner = {sid: mb.member_id for mb in d.members for sid in mb.assigned}
-        sids = sorted(set(committed) | set(owner))
-        rows: list[GroupStreamInfo] = []
-        for i in range(0, len(sids), DESCRIBE_GROUP_CONCURRENCY):
-            chunk = sids[i:i + DESCRIBE_GROUP_CONCURRENCY]
-            ends = await asyncio.gather(*(self._end_or_none(sid) for sid in chunk))
-            for sid, end in zip(chunk, ends, strict=True):
-                c = committed.get(sid, -1)
-                e = -1 if end is None else end
-                lag = -1 if end is None else max(0, e - max(c, 0))
-                rows.append(GroupStreamInfo(sid, c, e, lag, owner.get(sid, "")))
-        members = tuple(GroupMemberInfo(mb.member_id, mb.client_id, mb.host, mb.stream_ids,
-                                        mb.assigned) for mb in d.members)
-        return GroupInfo(d.group, d.state, d.generation, members, tuple(rows))
-
-    async def _end_or_none(self, sid: int) -> int | None:
-        try:
-            return await self.end_offset(sid)
-        except SbpError:
-            return None  # deleted since it was committed
-
-    async def committed_offsets(
-        self, group: str, streams: Sequence[int | str] = ()
-    ) -> dict[int, int]:
-        """The group's committed offsets (stream id -> next offset to read); every stream it
-        has one for when ``streams`` is empty."""
-        ids = await self.resolve_streams(streams) if streams else []
-        return await GroupAdmin(self.pm_request).fetch(group, ids)
-
-    async def commit_offsets(self, group: str, offsets: Mapping[int | str, int]) -> None:
-        """Commit offsets for a group from outside it (e.g. Spark's ``commitToGroup``); refused
-        with GROUP_NOT_EMPTY while the group has live members, which commit their own."""
-        ids = await self.resolve_streams(list(offsets))
-        errs = await GroupAdmin(self.pm_request).commit(
-            group, dict(zip(ids, offsets.values(), strict=True)))
-        for err in errs.values():
-            if err is not None:
-                raise err
-
-    async def reset_offsets(
-        self, group: str, to: StartPosition, streams: Sequence[int | str] = ()
-    ) -> dict[int, int]:
-        """Move a stopped group's committed offsets to ``"earliest"``, ``"latest"`` or an
-        offset, for ``streams`` (default: every stream it has committed); the new offsets.
-        GROUP_NOT_EMPTY while the group has live members."""
-        admin = GroupAdmin(self.pm_request)
-        ids = await self.resolve_streams(streams) if streams else sorted(await admin.fetch(group))
-        if isinstance(to, int) and to < 0:
-            raise InvalidRequestError(f"bad offset {to}: offsets are >= 0")
-        new: dict[int, int] = {}
-        for sid in ids:
-            if to == "earliest":
-                new[sid] = await self.start_offset(sid)
-            elif to == "latest":
-                new[sid] = await self.end_offset(sid)
-            elif isinstance(to, int):
-                new[sid] = to
-            else:
-                raise InvalidRequestError(f"bad reset target {to!r}: earliest, latest or an "
-                                          "offset")
-        await admin.reset(group, new)
-        return new
-
-    async def delete_group(self, group: str) -> None:
-        """Forget a group without live members and its committed offsets (GROUP_NOT_EMPTY
-        while it has members)."""
-        await GroupAdmin(self.pm_request).delete(group)
-
     # ------------------------------------------------------------------- plumbing (SDK use)
-
-    # ------------------------------------------------------------------ users and ACLs (admin)
-
-    async def add_user(self, user: str, password: str) -> None:
-        """Add a user, or set a user's password (needs ``admin``)."""
-        await self.pm_request(ManageUsersRequest(1, user, password), ManageUsersResponse)
-
-    async def delete_user(self, user: str) -> None:
-        """Delete a user and its ACL rules (needs ``admin``)."""
-        await self.pm_request(ManageUsersRequest(2, user), ManageUsersResponse)
-
-    async def list_users(self) -> list[str]:
-        resp = await self.pm_request(ManageUsersRequest(3), ManageUsersResponse)
-        return [u.name for u in resp.users]
-
-    async def add_acl(self, principal: str, operations: str, resource: str) -> None:
-        """Grant ``operations`` (``append,fetch``, or ``all``) on ``resource`` (``*``,
-        ``stream:ID`` or ``prefix:TEXT``) to ``principal`` (needs ``admin``)."""
-        await self.pm_request(ManageAclsRequest(1, AclEntry(principal, operations, resource)),
-                            ManageAclsResponse)
-
-    async def delete_acl(self, principal: str, resource: str, operations: str = "all") -> None:
-        await self.pm_request(ManageAclsRequest(2, AclEntry(principal, operations, resource)),
-                            ManageAclsResponse)
-
-    async def list_acls(self, principal: str = "") -> list[tuple[str, str, str]]:
-        """(principal, operations, resource) of every rule, or of ``principal``'s."""
-        resp = await self.pm_request(ManageAclsRequest(3, principal=principal),
-                                   ManageAclsResponse)
-        return [(a.principal, a.operations, a.resource) for a in resp.acls]
 
     @overload
     async def pm_request(self, request: Message) -> Message: ...
@@ -770,29 +473,3 @@ class AsyncClient:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
 
-def _quota_msg(q: QuotaSpec) -> Quota:
-    return Quota(int(q.kind), q.name, *q.rates(), q.user)
-
-
-def _quota_spec(q: Quota) -> QuotaSpec:
-    return QuotaSpec(QuotaKind(q.kind), q.name, q.produce_bytes_per_s, q.fetch_bytes_per_s,
-                     q.requests_per_s, q.user)
-
-
-def _quota_result(status: Status, results: Sequence[QuotaResult]) -> QuotaSpec:
-    status.raise_for_error()
-    if len(results) != 1:
-        raise ProtocolViolationError(f"{len(results)} results for one quota")
-    results[0].status.raise_for_error()
-    if results[0].quota is None:
-        raise ProtocolViolationError("a quota result without its quota")
-    return _quota_spec(results[0].quota)
-
-
-def compile_stream_pattern(pattern: str) -> re.Pattern[str]:
-    """A stream-name regular expression (matched against whole names, as Kafka's
-    ``subscribePattern``); InvalidRequestError, one line, when it does not compile."""
-    try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise InvalidRequestError(f"bad stream pattern {pattern!r}: {e}") from None

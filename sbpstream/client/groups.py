@@ -45,7 +45,7 @@ from sbpstream.protocol.errors import (
 )
 
 if TYPE_CHECKING:
-    from sbpstream.client.aclient import AsyncClient
+    from sbpstream.client.core import ClientCore
 
 log = logging.getLogger("sbpstream.client.groups")
 
@@ -147,7 +147,7 @@ class GroupAdmin:
 class _Assigned(AsyncConsumer):
     """A plain consumer of the assigned streams, starting each where the group left off."""
 
-    def __init__(self, client: AsyncClient, streams: Sequence[int], options: ConsumerOptions,
+    def __init__(self, client: ClientCore, streams: Sequence[int], options: ConsumerOptions,
                  positions: Mapping[int, int]) -> None:
         super().__init__(client, streams, options)
         self.starts = dict(positions)
@@ -156,10 +156,10 @@ class _Assigned(AsyncConsumer):
         pos = self.starts.get(sid)
         return pos if pos is not None else await super()._resolve_start(sid)
 
-    async def _resolve_starts(self, sids: Sequence[int]) -> list[int]:
+    async def resolve_starts(self, sids: Sequence[int]) -> list[int]:
         """The group's positions first; the rest as a plain consumer resolves them (batched)."""
         todo = [sid for sid in sids if sid not in self.starts]
-        got = dict(zip(todo, await super()._resolve_starts(todo), strict=True)) if todo else {}
+        got = dict(zip(todo, await super().resolve_starts(todo), strict=True)) if todo else {}
         return [self.starts[sid] if sid in self.starts else got[sid] for sid in sids]
 
 
@@ -171,7 +171,7 @@ class GroupConsumer(AsyncConsumer):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: ClientCore,
         pm_call: PmCall,
         streams: StreamSpec,
         options: ConsumerOptions,

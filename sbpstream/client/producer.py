@@ -33,29 +33,35 @@ for ``primary_retry_ms`` (a resend is deduplicated) before asking for a seal aga
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
 import random
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, overload
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from sbpstream.client.flow import Flow, FlowEvent, FlowMachine, ProducerFlowError
+from sbpstream.client.batches import (
+    Batch,
+    Offsets,
+    Piece,
+    StreamState,
+    Waiter,
+    as_sbp_error,
+    fail_waiters,
+    locate,
+    seq_le,
+)
+from sbpstream.client.flow import Flow, FlowEvent, ProducerFlowError
 from sbpstream.client.options import ProducerOptions
 from sbpstream.client.retry import MOVE_CODES, Attempts, is_connection_error
-from sbpstream.client.routing import primary_address, replica_addresses
+from sbpstream.client.routing import primary_address
 from sbpstream.client.types import Headers, Range, Record, codec_of
 from sbpstream.protocol.errors import (
     ConnectionClosedError,
     ErrorCode,
     InvalidRequestError,
     ProducerClosedError,
-    ReplicaUnavailableError,
     SbpError,
-    UnknownServerError,
 )
 from sbpstream.protocol.limits import SEQUENCE_WRAP
 from sbpstream.protocol.messages import (
@@ -63,9 +69,6 @@ from sbpstream.protocol.messages import (
     AppendRequest,
     AppendResponse,
     AppendResult,
-    FetchItem,
-    FetchRequest,
-    FetchResponse,
     ProducerState,
 )
 from sbpstream.records import (
@@ -73,12 +76,10 @@ from sbpstream.records import (
     MAX_BATCH_BYTES,
     BatchBuilder,
     RecordTooLargeError,
-    iter_batches,
-    read_header,
 )
 
 if TYPE_CHECKING:
-    from sbpstream.client.aclient import AsyncClient
+    from sbpstream.client.core import ClientCore
 
 __all__ = ["AsyncProducer", "Offsets", "as_sbp_error"]
 
@@ -88,176 +89,9 @@ RECORD_OVERHEAD_BYTES = 16  # varints and bookkeeping counted per record against
 MAX_ITEMS_PER_APPEND = 1000  # batches per APPEND frame
 MAX_APPEND_PAYLOAD_BYTES = 8 * 1024 * 1024  # payload per APPEND frame (frames stop at 16 MiB)
 APPEND_TIMEOUT_MARGIN_MS = 2000  # client-side wait beyond the server's timeout_ms
-READ_BACK_BYTES = 1024 * 1024  # per FETCH when reading a sealed range back in recovery
 # The flow states the dispatcher tests per stream per round, looked up once (reading an enum
 # member off its class costs ~4x a module global on Python 3.11).
 SENDING, DRAINING, BROKEN = Flow.SENDING, Flow.DRAINING, Flow.BROKEN
-
-
-def _seq_le(a: int, b: int) -> bool:
-    """a <= b for wrapping int32 sequences (a is at most half the space behind b)."""
-    return (b - a) % SEQUENCE_WRAP < SEQUENCE_WRAP // 2
-
-
-class Offsets(Sequence[int]):
-    """The offsets of the records of one :meth:`AsyncProducer.send_batch` call, in call order.
-
-    One object (and one future) for the whole call instead of one future per record: the
-    records travel in one or more batches, and each record's offset is derived from its batch's
-    base offset. ``offsets[i]`` is the offset of the call's record ``i``, or raises that
-    record's error; :attr:`error` is the first error (None when every record was acknowledged)
-    and :attr:`failed` counts the records that were not.
-    """
-
-    __slots__ = ("_count", "_errors", "_future", "_on_done", "_pending", "_runs", "_sorted")
-
-    def __init__(self, count: int, future: asyncio.Future[Offsets] | None = None,
-                 on_done: Callable[[Offsets], object] | None = None) -> None:
-        """``future`` gets the offsets as its result and ``on_done`` is called with them, once
-        every record is settled (on the producer's loop)."""
-        self._count = count
-        self._runs: list[tuple[int, int, int]] = []  # (first index, first offset, records)
-        self._errors: list[tuple[int, int, SbpError]] = []  # (first index, records, error)
-        self._pending = count
-        self._future = future
-        self._on_done = on_done
-        self._sorted = True
-        if not count:
-            self._settled(0)
-
-    def __len__(self) -> int:
-        return self._count
-
-    @overload
-    def __getitem__(self, i: int) -> int: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[int]: ...
-
-    def __getitem__(self, i: int | slice) -> int | list[int]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._count))]
-        if i < 0:
-            i += self._count
-        if not 0 <= i < self._count:
-            raise IndexError("record index out of range")
-        if not self._sorted:
-            self._runs.sort()
-            self._sorted = True
-        k = bisect.bisect_right(self._runs, (i, 1 << 63, 0)) - 1
-        if k >= 0:
-            start, offset, n = self._runs[k]
-            if i < start + n:
-                return offset + i - start
-        for start, n, err in self._errors:
-            if start <= i < start + n:
-                raise err
-        raise InvalidRequestError(f"record {i} of the batch is not settled yet")
-
-    @property
-    def done(self) -> bool:
-        """True once every record is acknowledged or failed."""
-        return not self._pending
-
-    @property
-    def failed(self) -> int:
-        """Records that were not acknowledged."""
-        return sum(n for _, n, _ in self._errors)
-
-    @property
-    def error(self) -> SbpError | None:
-        """The error of the first failed record (in call order), None if none failed."""
-        return min(self._errors, key=lambda e: e[0])[2] if self._errors else None
-
-    @property
-    def first(self) -> int | None:
-        """Once done: the offset of record 0 when every record was acknowledged at consecutive
-        offsets (record ``i`` is then at ``first + i``), else None."""
-        if self._pending or self._errors or not self._count:
-            return None
-        runs = self._runs
-        if not self._sorted:
-            runs.sort()
-            self._sorted = True
-        first = runs[0][1]
-        for start, offset, _ in runs:
-            if offset != first + start:
-                return None
-        return first
-
-    def _acked(self, start: int, offset: int, n: int) -> None:
-        runs = self._runs
-        if runs and runs[-1][0] > start:
-            self._sorted = False
-        runs.append((start, offset, n))
-        self._settled(n)
-
-    def _failed(self, start: int, n: int, err: SbpError) -> None:
-        self._errors.append((start, n, err))
-        self._settled(n)
-
-    def _settled(self, n: int) -> None:
-        self._pending -= n
-        if self._pending:
-            return
-        fut = self._future
-        if fut is not None and not fut.done():
-            fut.set_result(self)
-        if self._on_done is not None:
-            on_done, self._on_done = self._on_done, None
-            on_done(self)
-
-
-class _Piece:
-    """Records ``start .. start+count-1`` of one send_batch call, consecutive in one batch: an
-    entry of a batch's waiters standing for ``count`` records (a plain future stands for one)."""
-
-    __slots__ = ("count", "offsets", "start")
-
-    def __init__(self, offsets: Offsets, start: int, count: int) -> None:
-        self.offsets = offsets
-        self.start = start
-        self.count = count
-
-
-# What a batch resolves, in record order: a future per record sent alone, a piece per run of
-# records of one send_batch call.
-Waiter = asyncio.Future[int] | _Piece
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    stream_id: int
-    data: bytes
-    base_sequence: int
-    record_count: int
-    futures: list[Waiter]
-    nbytes: int  # counted against buffer_max_bytes
-    attempts: Attempts | None = None
-    rng: Range | None = None  # the range it was last sent to
-    error: SbpError | None = None  # set when its last send failed; cleared on resend
-    settled: bool = False  # acknowledged or failed for good (counted out once)
-
-    @property
-    def last_sequence(self) -> int:
-        return (self.base_sequence + self.record_count - 1) % SEQUENCE_WRAP
-
-
-@dataclass(slots=True, eq=False)
-class _Stream:
-    stream_id: int
-    next_sequence: int = 0
-    builder: BatchBuilder | None = None
-    started: float = 0.0  # monotonic time of the open batch's first record
-    futures: list[Waiter] = field(default_factory=list)
-    pending_bytes: int = 0
-    ready: deque[_Batch] = field(default_factory=deque)
-    # sent and not yet acknowledged, in sequence order (at most max_in_flight_per_stream)
-    in_flight: deque[_Batch] = field(default_factory=deque)
-    flow: FlowMachine = field(default_factory=FlowMachine)  # only SENDING dispatches
-    acked_next: int = -1  # offset after this producer's last acknowledged batch of the stream
-    # the newest range that acknowledged a batch of this producer on the stream: until a range
-    # has, one batch at a time goes to it (its first batch is not checked against a sequence)
-    acked_range: int = -1
 
 
 class AsyncProducer:
@@ -269,7 +103,7 @@ class AsyncProducer:
     :meth:`AsyncClient.producer`.
     """
 
-    def __init__(self, client: AsyncClient, options: ProducerOptions | None = None) -> None:
+    def __init__(self, client: ClientCore, options: ProducerOptions | None = None) -> None:
         o = ProducerOptions() if options is None else options
         self.options = o
         self._max_in_flight_per_stream = o.max_in_flight_per_stream
@@ -283,8 +117,8 @@ class AsyncProducer:
         self.producer_id = random.getrandbits(63) if o.producer_id is None else o.producer_id
         self.producer_epoch = o.producer_epoch
         self._max_in_flight_per_node = o.max_in_flight_per_node
-        self._streams: dict[int, _Stream] = {}
-        self._active: set[_Stream] = set()
+        self._streams: dict[int, StreamState] = {}
+        self._active: set[StreamState] = set()
         self._buffered = 0
         self._unacked_batches = 0
         self._space = asyncio.Event()
@@ -344,7 +178,7 @@ class AsyncProducer:
             loop = self._loop_or_start()
         st = self._streams.get(stream_id)
         if st is None:
-            st = self._streams[stream_id] = _Stream(stream_id)
+            st = self._streams[stream_id] = StreamState(stream_id)
         b = st.builder
         if b is None:
             b = self._open_builder(st)
@@ -401,7 +235,7 @@ class AsyncProducer:
             return
         st = self._streams.get(stream_id)
         if st is None:
-            st = self._streams[stream_id] = _Stream(stream_id)
+            st = self._streams[stream_id] = StreamState(stream_id)
         if plain is None:
             plain = not any(isinstance(r, Record) for r in records)
         if not plain:
@@ -413,11 +247,11 @@ class AsyncProducer:
         while i < n:  # the buffer is full
             await self._wait_for_space(RECORD_OVERHEAD_BYTES)
             if self._closed:
-                offsets._failed(i, n - i, ProducerClosedError("the producer is closed"))
+                offsets.record_failed(i, n - i, ProducerClosedError("the producer is closed"))
                 return
             i = self._queue_values(st, values, i, key, ts, offsets)
 
-    def _queue_values(self, st: _Stream, values: Sequence[bytes], i: int, key: bytes | None,
+    def _queue_values(self, st: StreamState, values: Sequence[bytes], i: int, key: bytes | None,
                       ts: int, offsets: Offsets) -> int:
         """Encode ``values[i:]`` into the stream's batches while the buffer has room (one piece
         of ``offsets`` per batch); return the index reached."""
@@ -434,11 +268,11 @@ class AsyncProducer:
                 j = b.add_values(values, i, key, ts)
             except BaseException:
                 if i > piece:
-                    st.futures.append(_Piece(offsets, piece, i - piece))
+                    st.futures.append(Piece(offsets, piece, i - piece))
                 raise
             if j == i:  # the open batch is full
                 if i > piece:
-                    st.futures.append(_Piece(offsets, piece, i - piece))
+                    st.futures.append(Piece(offsets, piece, i - piece))
                     piece = i
                 self._close_builder(st)
                 continue
@@ -447,7 +281,7 @@ class AsyncProducer:
             self._buffered += added
             i = j
         if i > piece:
-            st.futures.append(_Piece(offsets, piece, i - piece))
+            st.futures.append(Piece(offsets, piece, i - piece))
         return i
 
     async def send_whole(self, stream_id: int, records: Sequence[Record]
@@ -474,7 +308,7 @@ class AsyncProducer:
             raise ProducerClosedError("the producer is closed")
         st = self._streams.get(stream_id)
         if st is None:
-            st = self._streams[stream_id] = _Stream(stream_id)
+            st = self._streams[stream_id] = StreamState(stream_id)
         if st.builder is not None and st.builder.size_bytes + bound > self.batch_max_bytes:
             self._close_builder(st)
         if st.builder is None:
@@ -484,12 +318,12 @@ class AsyncProducer:
         for r in records:
             if not b.add(r.value, r.key, r.headers, r.timestamp_ms):
                 raise RecordTooLargeError(f"{n} records exceed one batch ({MAX_BATCH_BYTES} B)")
-        st.futures.append(_Piece(offsets, 0, n))
+        st.futures.append(Piece(offsets, 0, n))
         st.pending_bytes += size
         self._buffered += size
         return fut
 
-    async def _send_records(self, st: _Stream, records: Sequence[bytes | Record],
+    async def _send_records(self, st: StreamState, records: Sequence[bytes | Record],
                             key: bytes | None, offsets: Offsets) -> None:
         """send_batch of records that are not all plain values: one record at a time."""
         for i, r in enumerate(records):
@@ -503,9 +337,10 @@ class AsyncProducer:
             if self._buffered + size > self.buffer_max_bytes:
                 await self._wait_for_space(size)
             if self._closed:
-                offsets._failed(i, len(records) - i, ProducerClosedError("the producer is closed"))
+                offsets.record_failed(i, len(records) - i,
+                                      ProducerClosedError("the producer is closed"))
                 return
-            self._queue(st, value, rkey, headers, ts, size, _Piece(offsets, i, 1))
+            self._queue(st, value, rkey, headers, ts, size, Piece(offsets, i, 1))
 
     async def flush(self) -> None:
         """Send every queued record now and wait until each is acknowledged or failed."""
@@ -544,7 +379,7 @@ class AsyncProducer:
             self._sender = loop.create_task(self._run_sender())
         return loop
 
-    def _queue(self, st: _Stream, value: bytes | None, key: bytes | None, headers: Headers,
+    def _queue(self, st: StreamState, value: bytes | None, key: bytes | None, headers: Headers,
                timestamp_ms: int | None, size: int, waiter: Waiter) -> None:
         """Encode one record into the stream's open batch (opening one if need be)."""
         b = st.builder
@@ -558,7 +393,7 @@ class AsyncProducer:
         st.pending_bytes += size
         self._buffered += size
 
-    def _open_builder(self, st: _Stream, batch_bytes_max: int = 0) -> BatchBuilder:
+    def _open_builder(self, st: StreamState, batch_bytes_max: int = 0) -> BatchBuilder:
         b = st.builder = BatchBuilder(
             codec=self._codec,
             batch_bytes_max=batch_bytes_max or self.batch_max_bytes,
@@ -572,13 +407,13 @@ class AsyncProducer:
         self._wake.set()
         return b
 
-    def _close_builder(self, st: _Stream) -> None:
+    def _close_builder(self, st: StreamState) -> None:
         b = st.builder
         assert b is not None
         st.builder = None
         if not len(b):
             return
-        batch = _Batch(st.stream_id, b.build(), st.next_sequence, len(b), st.futures,
+        batch = Batch(st.stream_id, b.build(), st.next_sequence, len(b), st.futures,
                        st.pending_bytes)
         st.next_sequence = (st.next_sequence + len(b)) % SEQUENCE_WRAP
         st.futures = []
@@ -620,7 +455,7 @@ class AsyncProducer:
         """
         now = time.monotonic()
         next_due: float | None = None
-        groups: dict[str, list[tuple[_Stream, _Batch, Range]]] = {}
+        groups: dict[str, list[tuple[StreamState, Batch, Range]]] = {}
         for st in list(self._active):
             if st.flow.state is not SENDING:
                 if st.flow.state is BROKEN:
@@ -660,7 +495,7 @@ class AsyncProducer:
                 st.in_flight.append(batch)
                 groups.setdefault(addr, []).append((st, batch, rng))
         for addr, entries in groups.items():
-            chunk: list[tuple[_Stream, _Batch, Range]] = []
+            chunk: list[tuple[StreamState, Batch, Range]] = []
             size = 0
             for e in entries:
                 if chunk and (
@@ -676,7 +511,7 @@ class AsyncProducer:
             return None
         return max(0.0, next_due - now)
 
-    def _flow(self, st: _Stream, event: FlowEvent) -> bool:
+    def _flow(self, st: StreamState, event: FlowEvent) -> bool:
         """Apply ``event`` to the stream's flow; False when it broke the flow (a bug: logged,
         and the dispatcher fails the stream's records rather than leave them waiting)."""
         try:
@@ -687,7 +522,7 @@ class AsyncProducer:
             return False
         return True
 
-    def _fail_broken(self, st: _Stream) -> None:
+    def _fail_broken(self, st: StreamState) -> None:
         """Fail what a BROKEN stream holds: failed batches in flight, queued ones, open ones."""
         assert st.flow.error is not None
         err = as_sbp_error(st.flow.error)
@@ -706,7 +541,7 @@ class AsyncProducer:
         t.add_done_callback(self._tasks.discard)
         return t
 
-    async def _resolve(self, st: _Stream) -> None:
+    async def _resolve(self, st: StreamState) -> None:
         """Find the stream's writable range (from the PM; sealing a dead end if need be)."""
         attempts = Attempts(self._routing.retry)
         try:
@@ -731,7 +566,7 @@ class AsyncProducer:
             self._flow(st, FlowEvent.LOOKUP_DONE)
             self._wake.set()
 
-    def _spawn_send(self, addr: str, entries: list[tuple[_Stream, _Batch, Range]]) -> None:
+    def _spawn_send(self, addr: str, entries: list[tuple[StreamState, Batch, Range]]) -> None:
         """Send one APPEND; it takes its turn at the node now, in dispatch order."""
         prev = self._node_turns.get(addr)
         turn = self._node_turns[addr] = asyncio.get_running_loop().create_future()
@@ -739,7 +574,7 @@ class AsyncProducer:
         # a task cancelled before it ran (close) still passes the turn on
         t.add_done_callback(lambda _: None if turn.done() else turn.set_result(None))
 
-    async def _send_group(self, addr: str, entries: list[tuple[_Stream, _Batch, Range]],
+    async def _send_group(self, addr: str, entries: list[tuple[StreamState, Batch, Range]],
                           prev: asyncio.Future[None] | None, turn: asyncio.Future[None]) -> None:
         """Send one APPEND and settle its batches. It is written to the node's connection after
         the APPEND dispatched before it (``prev`` is that one's turn; ``turn`` is this one's,
@@ -798,11 +633,11 @@ class AsyncProducer:
             else:
                 self._failed(st, batch, err)
 
-    def _acked(self, st: _Stream, batch: _Batch, base_offset: int) -> None:
+    def _acked(self, st: StreamState, batch: Batch, base_offset: int) -> None:
         offset = base_offset
         for f in batch.futures:
-            if type(f) is _Piece:
-                f.offsets._acked(f.start, offset, f.count)
+            if type(f) is Piece:
+                f.offsets.record_acked(f.start, offset, f.count)
                 offset += f.count
             else:
                 if not f.done():  # type: ignore[union-attr]
@@ -816,13 +651,13 @@ class AsyncProducer:
         self._done(batch)
         self._maybe_recover(st)
 
-    def _failed(self, st: _Stream, batch: _Batch, err: SbpError) -> None:
+    def _failed(self, st: StreamState, batch: Batch, err: SbpError) -> None:
         """A send failed: stop sending on this stream; recover once all in flight settled."""
         batch.error = err
         if self._flow(st, FlowEvent.SEND_FAILED):
             self._maybe_recover(st)
 
-    def _maybe_recover(self, st: _Stream) -> None:
+    def _maybe_recover(self, st: StreamState) -> None:
         """Once every batch in flight on the stream has settled, recover the failed ones."""
         if st.flow.state is not DRAINING:
             return
@@ -837,7 +672,7 @@ class AsyncProducer:
             st.in_flight.clear()
             self._spawn(self._recover(st, failed))
 
-    def _done(self, batch: _Batch) -> None:
+    def _done(self, batch: Batch) -> None:
         batch.settled = True
         self._buffered -= batch.nbytes
         self._unacked_batches -= 1
@@ -846,7 +681,7 @@ class AsyncProducer:
             self._idle.set()
         self._wake.set()
 
-    async def _recover(self, st: _Stream, failed: list[_Batch]) -> None:
+    async def _recover(self, st: StreamState, failed: list[Batch]) -> None:
         """After failed sends (in sequence order; the first error is the cause, later ones may
         be its consequence, e.g. OUT_OF_ORDER_SEQUENCE): seal and move on, refresh, or back
         off; then resend what is not stored, in order, or fail it."""
@@ -893,8 +728,8 @@ class AsyncProducer:
             self._flow(st, FlowEvent.RECOVERY_DONE)
             self._wake.set()
 
-    async def _seal_and_settle(self, st: _Stream, failed: list[_Batch], rng: Range
-                               ) -> list[_Batch]:
+    async def _seal_and_settle(self, st: StreamState, failed: list[Batch], rng: Range
+                               ) -> list[Batch]:
         """Seal the range the batches went to; acknowledge those it holds (their offsets from
         the seal result, or by reading the sealed range); return the rest, to resend."""
         attempts = failed[0].attempts
@@ -911,7 +746,7 @@ class AsyncProducer:
             (p for p in res.producers if p.producer_id == self.producer_id), None)
         if last is None:
             return failed
-        stored = [b for b in failed if _seq_le(b.last_sequence, last.last_sequence)]
+        stored = [b for b in failed if seq_le(b.last_sequence, last.last_sequence)]
         if not stored:
             return failed
         sealed = next((r for r in res.ranges if r.range_index == rng.range_index), None)
@@ -920,8 +755,9 @@ class AsyncProducer:
                 sealed is None or last.last_base_offset < sealed.end_offset):
             offsets[stored[-1].base_sequence] = last.last_base_offset
         if len(offsets) < len(stored) and sealed is not None:
-            offsets.update(await self._locate(st, sealed, stored, attempts))
-        resend: list[_Batch] = []
+            offsets.update(await locate(self._routing, self.producer_id, st, sealed, stored,
+                                         attempts))
+        resend: list[Batch] = []
         for b in stored:
             off = offsets.get(b.base_sequence)
             if off is None:
@@ -933,66 +769,7 @@ class AsyncProducer:
                 self._acked(st, b, off)
         return resend + [b for b in failed if b not in stored]
 
-    async def _locate(self, st: _Stream, sealed: Range, batches: list[_Batch],
-                      attempts: Attempts) -> dict[int, int]:
-        """Offsets of this producer's ``batches`` in a sealed range, read back from a replica
-        that holds the range through its end (a replica still copying the range, or one that
-        cannot be reached, is skipped: the next one is tried, and all of them again after a
-        backoff, until the deadline, which raises). A batch missing from the result is not in
-        the range."""
-        wanted = {b.base_sequence for b in batches}
-        start = max(sealed.start_offset, st.acked_next)
-        while True:
-            last_err: SbpError = ReplicaUnavailableError(
-                f"range {st.stream_id}/{sealed.range_index} lists no replica to read back from")
-            for addr in replica_addresses(sealed):
-                try:
-                    return await self._scan(addr, st.stream_id, sealed, start, wanted)
-                except SbpError as exc:
-                    last_err = exc
-                except (OSError, TimeoutError) as exc:
-                    last_err = as_sbp_error(exc)
-                log.debug("event=read_back_retry stream=%d range=%d replica=%s error=%s",
-                          st.stream_id, sealed.range_index, addr, last_err)
-            await attempts.backoff(ReplicaUnavailableError(
-                f"could not read back range {st.stream_id}/{sealed.range_index} from any "
-                f"replica before the deadline: {last_err}"))
-
-    async def _scan(self, addr: str, stream_id: int, sealed: Range, start: int,
-                    wanted: set[int]) -> dict[int, int]:
-        """Read ``[start, end)`` of the sealed range at one replica for the wanted sequences;
-        raises unless the replica answered through the end (or until all were found)."""
-        found: dict[int, int] = {}
-        pos = start
-        timeout_s = (self._routing.request_timeout_ms + APPEND_TIMEOUT_MARGIN_MS) / 1000
-        while pos < sealed.end_offset and len(found) < len(wanted):
-            req = FetchRequest(max_wait_ms=0, min_bytes=1, items=(FetchItem(
-                stream_id=stream_id, request_index=0, fetch_offset=pos,
-                batch_max_bytes=READ_BACK_BYTES, range_index=sealed.range_index),))
-            progressed = False
-            rs = await self._routing.stream(addr, req, timeout_s=timeout_s)
-            async with rs:
-                async for frame in rs:
-                    resp = FetchResponse.decode(frame.header)
-                    resp.status.raise_for_error()
-                    for item, chunk in resp.chunks(frame.payload):
-                        if not item.status.ok:
-                            raise item.status.error()
-                        for batch in iter_batches(chunk):
-                            h = read_header(batch)
-                            if h.base_offset >= sealed.end_offset:
-                                break
-                            if h.producer_id == self.producer_id and h.base_sequence in wanted:
-                                found[h.base_sequence] = h.base_offset
-                            if h.base_offset + h.record_count > pos:
-                                pos = h.base_offset + h.record_count
-                                progressed = True
-            if not progressed:
-                raise ReplicaUnavailableError(
-                    f"replica {addr} returned nothing at {pos} < {sealed.end_offset}")
-        return found
-
-    def _wait_for_primary(self, batch: _Batch, rng: Range, err: SbpError) -> bool:
+    def _wait_for_primary(self, batch: Batch, rng: Range, err: SbpError) -> bool:
         assert batch.attempts is not None
         return (
             is_connection_error(err)
@@ -1006,7 +783,7 @@ class AsyncProducer:
         cur = next((r for r in ranges if r.range_index == rng.range_index), None)
         return cur is not None and not cur.sealed
 
-    def _fail_batch(self, st: _Stream, batch: _Batch, exc: SbpError) -> None:
+    def _fail_batch(self, st: StreamState, batch: Batch, exc: SbpError) -> None:
         """A batch failed for good: fail it and everything queued after it on its stream.
 
         The later batches carry sequences that would now leave a gap; they fail too, and the
@@ -1020,7 +797,7 @@ class AsyncProducer:
             self._fail_futures(b, exc)
             self._done(b)
         if st.builder is not None:
-            _fail_waiters(st.futures, exc)
+            fail_waiters(st.futures, exc)
             self._buffered -= st.pending_bytes
             st.futures, st.pending_bytes, st.builder = [], 0, None
             self._space.set()
@@ -1028,7 +805,7 @@ class AsyncProducer:
         if not self._unacked_batches:
             self._idle.set()
 
-    def _fail_stream(self, st: _Stream, exc: SbpError) -> None:
+    def _fail_stream(self, st: StreamState, exc: SbpError) -> None:
         if st.ready:
             first = st.ready.popleft()
             self._fail_batch(st, first, exc)
@@ -1037,8 +814,8 @@ class AsyncProducer:
             self._fail_stream(st, exc)
 
     @staticmethod
-    def _fail_futures(batch: _Batch, exc: SbpError) -> None:
-        _fail_waiters(batch.futures, exc)
+    def _fail_futures(batch: Batch, exc: SbpError) -> None:
+        fail_waiters(batch.futures, exc)
 
 
 def queue_values(producer: AsyncProducer, stream_id: int, values: Sequence[bytes],
@@ -1050,7 +827,7 @@ def queue_values(producer: AsyncProducer, stream_id: int, values: Sequence[bytes
     producer._loop_or_start()
     st = producer._streams.get(stream_id)
     if st is None:
-        st = producer._streams[stream_id] = _Stream(stream_id)
+        st = producer._streams[stream_id] = StreamState(stream_id)
     return producer._queue_values(st, values, 0, None, time.time_ns() // 1_000_000, offsets)
 
 
@@ -1060,18 +837,3 @@ async def send_rest(producer: AsyncProducer, stream_id: int, records: Sequence[b
     :meth:`AsyncProducer.send_batch` does (``start`` > 0 only when ``plain``)."""
     producer._loop_or_start()
     await producer._send_into(stream_id, records, None, offsets, plain, start)
-
-
-def _fail_waiters(waiters: list[Waiter], exc: SbpError) -> None:
-    for f in waiters:
-        if isinstance(f, _Piece):
-            f.offsets._failed(f.start, f.count, exc)
-        elif not f.done():
-            f.set_exception(exc)
-
-
-def as_sbp_error(exc: BaseException) -> SbpError:
-    """``exc`` itself when it is an SbpError, else a FATAL UnknownServerError wrapping it."""
-    if isinstance(exc, SbpError):
-        return exc
-    return UnknownServerError(f"producer failure: {exc!r}")

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sbpstream.client._sync_support import (
+    AdminBase,
     ClientBase,
     ConsumerBase,
     LoopThread,
@@ -19,6 +20,7 @@ from sbpstream.client._sync_support import (
     to_cf_list,
 )
 from sbpstream.client.aclient import AsyncClient
+from sbpstream.client.admin import AsyncAdmin
 from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.options import ConsumerOptions, ProducerOptions
 from sbpstream.client.producer import AsyncProducer, Offsets
@@ -36,7 +38,7 @@ from sbpstream.client.types import (
     Stream,
 )
 
-__all__ = ["Client", "Consumer", "Producer"]
+__all__ = ["Admin", "Client", "Consumer", "Producer"]
 
 
 class Client(ClientBase):
@@ -91,6 +93,14 @@ class Client(ClientBase):
         self._runner.run(self._async.close())
         self._after_close()
 
+    @property
+    def admin(self) -> Admin:
+        """The administration calls: streams, quotas, groups seen from outside, users and ACLs
+        (:class:`~sbpstream.client.admin.AsyncAdmin`). Each also has a method of the same name
+        and signature on the client, delegating to it.
+        """
+        return Admin._wrap(self._runner, self._async.admin)
+
     def create_streams(
         self,
         count: int = 1,
@@ -123,30 +133,11 @@ class Client(ClientBase):
             retention_ms=retention_ms,
         ))
 
-    def resolve_stream(self, stream: int | str, *, refresh: bool = False) -> int:
-        """The id of ``stream``: an id (int, or a string of digits) as is; a name through
-        DESCRIBE_STREAMS, cached (``refresh`` asks again). StreamNotFoundError when no live
-        stream has the name; InvalidStreamConfigError for text that is neither.
-        """
-        return self._runner.run(self._async.resolve_stream(stream, refresh=refresh))
-
-    def resolve_streams(self, streams: Sequence[int | str]) -> list[int]:
-        """:meth:`resolve_stream` of each, concurrently; ids in the same order."""
-        return self._runner.run(self._async.resolve_streams(streams))
-
     def find_streams(self, prefix: str = "", pattern: str | None = None) -> list[Stream]:
         """The live named streams whose name starts with ``prefix`` ("" = every named stream)
         and, with ``pattern``, fully matches that regular expression; in id order.
         """
         return self._runner.run(self._async.find_streams(prefix, pattern))
-
-    def describe_streams(self, stream_ids: Sequence[int | str]) -> list[Stream]:
-        """Describe the given streams, by id or name (StreamNotFoundError for an unknown one)."""
-        return self._runner.run(self._async.describe_streams(stream_ids))
-
-    def describe_stream(self, stream_id: int | str) -> Stream:
-        """Describe one stream (by id or name)."""
-        return self._runner.run(self._async.describe_stream(stream_id))
 
     def list_streams(self) -> list[Stream]:
         """Every stream, in id order (pages through DESCRIBE_STREAMS)."""
@@ -209,6 +200,87 @@ class Client(ClientBase):
     def data_node_addresses(self) -> list[str]:
         """The data nodes holding a replica of any stream's range (sorted)."""
         return self._runner.run(self._async.data_node_addresses())
+
+    def list_groups(self) -> list[str]:
+        """Every consumer group with live members or committed offsets."""
+        return self._runner.run(self._async.list_groups())
+
+    def describe_group(self, group: str) -> GroupInfo:
+        """Members, assignments and, per stream, the committed offset, end offset and lag."""
+        return self._runner.run(self._async.describe_group(group))
+
+    def committed_offsets(self, group: str, streams: Sequence[int | str] = ()) -> dict[int, int]:
+        """The group's committed offsets (stream id -> next offset to read); every stream it
+        has one for when ``streams`` is empty.
+        """
+        return self._runner.run(self._async.committed_offsets(group, streams))
+
+    def commit_offsets(self, group: str, offsets: Mapping[int | str, int]) -> None:
+        """Commit offsets for a group from outside it (e.g. Spark's ``commitToGroup``); refused
+        with GROUP_NOT_EMPTY while the group has live members, which commit their own.
+        """
+        self._runner.run(self._async.commit_offsets(group, offsets))
+
+    def reset_offsets(
+        self,
+        group: str,
+        to: StartPosition,
+        streams: Sequence[int | str] = (),
+    ) -> dict[int, int]:
+        """Move a stopped group's committed offsets to ``"earliest"``, ``"latest"`` or an
+        offset, for ``streams`` (default: every stream it has committed); the new offsets.
+        GROUP_NOT_EMPTY while the group has live members.
+        """
+        return self._runner.run(self._async.reset_offsets(group, to, streams))
+
+    def delete_group(self, group: str) -> None:
+        """Forget a group without live members and its committed offsets (GROUP_NOT_EMPTY
+        while it has members).
+        """
+        self._runner.run(self._async.delete_group(group))
+
+    def add_user(self, user: str, password: str) -> None:
+        """Add a user, or set a user's password (needs ``admin``)."""
+        self._runner.run(self._async.add_user(user, password))
+
+    def delete_user(self, user: str) -> None:
+        """Delete a user and its ACL rules (needs ``admin``)."""
+        self._runner.run(self._async.delete_user(user))
+
+    def list_users(self) -> list[str]:
+        return self._runner.run(self._async.list_users())
+
+    def add_acl(self, principal: str, operations: str, resource: str) -> None:
+        """Grant ``operations`` (``append,fetch``, or ``all``) on ``resource`` (``*``,
+        ``stream:ID`` or ``prefix:TEXT``) to ``principal`` (needs ``admin``).
+        """
+        self._runner.run(self._async.add_acl(principal, operations, resource))
+
+    def delete_acl(self, principal: str, resource: str, operations: str = "all") -> None:
+        self._runner.run(self._async.delete_acl(principal, resource, operations))
+
+    def list_acls(self, principal: str = "") -> list[tuple[str, str, str]]:
+        """(principal, operations, resource) of every rule, or of ``principal``'s."""
+        return self._runner.run(self._async.list_acls(principal))
+
+    def resolve_stream(self, stream: int | str, *, refresh: bool = False) -> int:
+        """The id of ``stream``: an id (int, or a string of digits) as is; a name through
+        DESCRIBE_STREAMS, cached (``refresh`` asks again). StreamNotFoundError when no live
+        stream has the name; InvalidStreamConfigError for text that is neither.
+        """
+        return self._runner.run(self._async.resolve_stream(stream, refresh=refresh))
+
+    def resolve_streams(self, streams: Sequence[int | str]) -> list[int]:
+        """:meth:`resolve_stream` of each, concurrently; ids in the same order."""
+        return self._runner.run(self._async.resolve_streams(streams))
+
+    def describe_streams(self, stream_ids: Sequence[int | str]) -> list[Stream]:
+        """Describe the given streams, by id or name (StreamNotFoundError for an unknown one)."""
+        return self._runner.run(self._async.describe_streams(stream_ids))
+
+    def describe_stream(self, stream_id: int | str) -> Stream:
+        """Describe one stream (by id or name)."""
+        return self._runner.run(self._async.describe_stream(stream_id))
 
     def list_ranges(self, stream_id: int | str) -> list[Range]:
         """The stream's ranges from the PM, by range index (the last one is writable)."""
@@ -280,6 +352,125 @@ class Client(ClientBase):
             **kw,
         ))
 
+    @property
+    def pm_leader(self) -> str | None:
+        """The PM address that answered this client last (the leader then), None before."""
+        return self._async.pm_leader
+
+
+class Admin(AdminBase):
+    """Synchronous twin of :class:`AsyncAdmin` (blocking calls). The administration calls of one
+    client (``client.admin``); see the module docstring.
+    """
+
+    @classmethod
+    def _wrap(cls, runner: LoopThread, obj: AsyncAdmin) -> Admin:
+        self = cls.__new__(cls)
+        self._runner = runner
+        self._async = obj
+        self._setup()
+        return self
+
+    def create_streams(
+        self,
+        count: int = 1,
+        *,
+        replica_nums: int = 1,
+        retention_ms: int = 604800000,
+        names: Sequence[str] = (),
+    ) -> list[int]:
+        """Create ``count`` streams, or one per name of ``names`` (unique names; see
+        :mod:`sbpstream.protocol.names` for the rules); return their ids in order.
+        """
+        return self._runner.run(self._async.create_streams(
+            count,
+            replica_nums=replica_nums,
+            retention_ms=retention_ms,
+            names=names,
+        ))
+
+    def create_stream(
+        self,
+        name: str = "",
+        *,
+        replica_nums: int = 1,
+        retention_ms: int = 604800000,
+    ) -> int:
+        """Create one stream (named ``name``, unless empty); return its id."""
+        return self._runner.run(self._async.create_stream(
+            name,
+            replica_nums=replica_nums,
+            retention_ms=retention_ms,
+        ))
+
+    def find_streams(self, prefix: str = "", pattern: str | None = None) -> list[Stream]:
+        """The live named streams whose name starts with ``prefix`` ("" = every named stream)
+        and, with ``pattern``, fully matches that regular expression; in id order.
+        """
+        return self._runner.run(self._async.find_streams(prefix, pattern))
+
+    def list_streams(self) -> list[Stream]:
+        """Every stream, in id order (pages through DESCRIBE_STREAMS)."""
+        return self._runner.run(self._async.list_streams())
+
+    def update_stream(
+        self,
+        stream_id: int | str,
+        *,
+        replica_nums: int | None = None,
+        retention_ms: int | None = None,
+    ) -> Stream:
+        """Change a stream's replica count and/or retention; return its new description.
+
+        A field left None is sent as absent (replica_nums 0, retention -1) and the PM keeps its
+        current value: no read-modify-write, so concurrent updates of different fields do not
+        undo each other.
+        """
+        return self._runner.run(self._async.update_stream(
+            stream_id,
+            replica_nums=replica_nums,
+            retention_ms=retention_ms,
+        ))
+
+    def trim_stream(self, stream_id: int | str, offset: int) -> Stream:
+        """Drop the records before ``offset``; return the stream (its new start_offset)."""
+        return self._runner.run(self._async.trim_stream(stream_id, offset))
+
+    def delete_streams(self, stream_ids: Sequence[int | str]) -> None:
+        """Delete streams (by id or name); raises the first per-stream error (after all were
+        attempted).
+        """
+        self._runner.run(self._async.delete_streams(stream_ids))
+
+    def delete_stream(self, stream_id: int | str) -> None:
+        """Delete one stream."""
+        self._runner.run(self._async.delete_stream(stream_id))
+
+    def set_quota(self, quota: QuotaSpec) -> QuotaSpec:
+        """Create or replace a quota at the PM (hostile values raise InvalidRequestError
+        here, before anything is sent); returns it as stored. Data nodes apply it within a
+        heartbeat interval.
+        """
+        return self._runner.run(self._async.set_quota(quota))
+
+    def delete_quota(self, kind: QuotaKind, name: str = "", user: str = "") -> QuotaSpec:
+        """Delete the quota of a client id, a stream (``name`` = its id), the default, a user
+        (``user``) or a user's client id (CLIENT with ``name`` and ``user``).
+        """
+        return self._runner.run(self._async.delete_quota(kind, name, user))
+
+    def list_quotas(self) -> list[QuotaSpec]:
+        """Every quota the PM stores, by key."""
+        return self._runner.run(self._async.list_quotas())
+
+    def quota_counters(self, address: str) -> QuotaCountersResponse:
+        """The live quota counters of one data node, with their remaining TTL."""
+        return self._runner.run(self._async.quota_counters(address))
+
+    def data_node_addresses(self) -> list[str]:
+        """The data nodes holding a replica of any stream's range (sorted)."""
+        return self._runner.run(self._async.data_node_addresses())
+
     def list_groups(self) -> list[str]:
         """Every consumer group with live members or committed offsets."""
         return self._runner.run(self._async.list_groups())
@@ -341,11 +532,6 @@ class Client(ClientBase):
     def list_acls(self, principal: str = "") -> list[tuple[str, str, str]]:
         """(principal, operations, resource) of every rule, or of ``principal``'s."""
         return self._runner.run(self._async.list_acls(principal))
-
-    @property
-    def pm_leader(self) -> str | None:
-        """The PM address that answered this client last (the leader then), None before."""
-        return self._async.pm_leader
 
 
 class Producer(ProducerBase):
