@@ -33,6 +33,7 @@ from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import Authenticator, ConnectionPool
 from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.pm import metadata as md
+from sbpstream.pm.backends import open_metadata
 from sbpstream.pm.config import PmConfig
 from sbpstream.pm.groups import GroupHandlers
 from sbpstream.pm.placement import NodeState
@@ -220,7 +221,7 @@ class PmServer:
     def __init__(self, config: PmConfig) -> None:
         config.validate()
         self.config = config
-        self.meta: md.MetadataStore = md.open_metadata(config.metadata)
+        self.meta: md.MetadataStore = open_metadata(config.metadata)
         self.election: LeaderElection | None = None
         if config.metadata.startswith("etcd://"):
             # Several PMs share etcd; one leads (docs/etcd.md). aetcd is an optional dependency.
