@@ -235,7 +235,11 @@ class PmServer:
                                         "pm")
         self.dn = WireDataNodeApi(lambda nid: self.service.node_address(nid),
                                   self.security.client_ssl, self.security.credentials)
-        self.service = PmService(self.meta, self.dn, node_timeout_ms=config.node_timeout_ms)
+        self.service = PmService(self.meta, self.dn, node_timeout_ms=config.node_timeout_ms,
+                                 heartbeat_interval_ms=config.heartbeat_interval_ms)
+        if self.election is not None:
+            election = self.election
+            self.service.leading = lambda: election.is_leader
         handlers: dict[int, Handler] = {
             Opcode.HEARTBEAT: self._heartbeat,
             Opcode.ALLOCATE_ID: self._allocate_id,

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
+from sbpstream.pm.config import DEFAULT_HEARTBEAT_INTERVAL_MS
+from sbpstream.pm.liveness import NodeLiveness, registry_liveness, stored_liveness
 from sbpstream.pm.metadata import (
     CreatedStream,
     DeleteOutcome,
@@ -258,8 +260,12 @@ class PmService:
         node_timeout_ms: int,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
     ) -> None:
         self.meta = meta
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.leading: Callable[[], bool] = lambda: True
+        """False while this PM follows another (etcd): it hears no heartbeats then."""
         self.dn = dn
         self.clock = clock
         self.wall_ms = wall_ms
@@ -349,6 +355,14 @@ class PmService:
         await self.node_seen(node_id, advertise_addr)
         self.registry.set_metrics(node_id, m)
         await self.meta.record_metrics(node_id, m, self.wall_ms())
+
+    async def node_liveness(self) -> list[NodeLiveness]:
+        """Every data node's liveness as this PM can tell (:mod:`sbpstream.pm.liveness`):
+        first hand when it leads, else from the heartbeat times the leader persisted."""
+        if self.leading():
+            return registry_liveness(self.registry, self.clock())
+        return stored_liveness(await self.meta.list_nodes(), self.wall_ms(),
+                               self.node_timeout_ms, self.heartbeat_interval_ms)
 
     def node_address(self, node_id: int) -> str:
         st = self.registry.get(node_id)
