@@ -30,7 +30,7 @@ from sbpstream.kafka.codec import (
     uvarint,
     varint,
 )
-from sbpstream.kafka.gateway import parse_stream_name, stream_name, topic_problem
+from sbpstream.kafka.topics import parse_stream_name, stream_name, topic_problem
 from sbpstream.kafka.records import (
     KAFKA_HEADER,
     MAX_INFLATED_BATCH_BYTES,
