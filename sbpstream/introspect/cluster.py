@@ -11,8 +11,8 @@ Everything here is read-only, walks at most :data:`VIEW_MAX_STREAMS` streams, an
 (a CLI call, an HTTP request, the console's refresh), never on a request path.
 
 With auth on, the admin HTTP routes (:mod:`sbpstream.introspect.http`) decide who sees what
-before calling here: :meth:`ClusterView.stats` keeps only the streams its ``visible`` filter
-allows (the caller's ``describe``, checked by the SBP gate's code), and :meth:`ClusterView.tail`
+before calling here: :meth:`ClusterOverview.stats` keeps only the streams its ``visible`` filter
+allows (the caller's ``describe``, checked by the SBP gate's code), and :meth:`ClusterOverview.tail`
 reads the records with the caller's own token, so the data node's gate checks ``fetch`` too.
 """
 
@@ -66,7 +66,7 @@ def _text(b: memoryview | None) -> str | None:
     return bytes(b[: TAIL_VALUE_CHARS * 4]).decode("utf-8", "replace")[:TAIL_VALUE_CHARS]
 
 
-class ClusterView:
+class ClusterOverview:
     def __init__(self, service: PmService, pool: ConnectionPool, server: Server) -> None:
         self.service = service
         self.pool = pool

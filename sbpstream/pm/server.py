@@ -25,7 +25,7 @@ from sbpstream.auth.names import StreamNames
 from sbpstream.auth.pmauth import PmAuth
 from sbpstream.auth.records import AuthRecords
 from sbpstream.auth.setup import server_security
-from sbpstream.introspect.cluster import ClusterView
+from sbpstream.introspect.cluster import ClusterOverview
 from sbpstream.introspect.figures import ATTR_CLIENT_ID, Introspector
 from sbpstream.introspect.http import admin_gate
 from sbpstream.introspect.http import routes as admin_routes
@@ -270,7 +270,7 @@ class PmServer:
         self.server = Server(handlers, name="pm", ssl_context=self.security.ssl_context,
                              gate=gate, protected=self.security.protected)
         # INFO, STATS, CONNECTIONS, WHOAMI; served by followers too (their own figures)
-        self.cluster = ClusterView(self.service, self.dn.pool, self.server)
+        self.cluster = ClusterOverview(self.service, self.dn.pool, self.server)
         self.introspector = Introspector(self.server, "pm", streams=self.cluster,
                                          extra_info=self.cluster.overview)
         intro = self.introspector.handlers()
