@@ -23,7 +23,7 @@ from sbpstream.client import push as push_mod
 from sbpstream.client.types import ConsumedRecord
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode import subscribe as subscribe_mod
-from sbpstream.datanode.node import DataNode
+from sbpstream.datanode.node import DataNodeServer
 
 pm = test_subscribe.pm  # the fixtures: a PM process, and a data node in the test's loop
 node = test_subscribe.node
@@ -80,7 +80,7 @@ def in_order(r: Reader) -> None:
 
 
 async def test_set_streams_adds_and_drops_on_the_live_subscription(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     async with AsyncClient(pm.pm_address) as client:
         a, b, c = [await client.create_stream(replica_nums=1) for _ in range(3)]
         await produce(client, {a: 5, b: 5, c: 5}, "x")
@@ -114,7 +114,7 @@ async def test_set_streams_adds_and_drops_on_the_live_subscription(
 
 
 async def test_a_session_error_restarts_the_added_streams_in_full(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     async with AsyncClient(pm.pm_address) as client:
         a, b = [await client.create_stream(replica_nums=1) for _ in range(2)]
         await produce(client, {a: 4, b: 4}, "x")
@@ -140,7 +140,7 @@ async def test_a_session_error_restarts_the_added_streams_in_full(
 
 
 async def test_a_change_past_the_limits_is_refused_and_recovered(
-        pm: LocalCluster, node: DataNode, monkeypatch: pytest.MonkeyPatch) -> None:
+        pm: LocalCluster, node: DataNodeServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(subscribe_mod, "MAX_SUBSCRIPTION_STREAMS", 2)
     async with AsyncClient(pm.pm_address) as client:
         sids = [await client.create_stream(replica_nums=1) for _ in range(3)]
@@ -158,7 +158,7 @@ async def test_a_change_past_the_limits_is_refused_and_recovered(
 
 
 async def test_starts_resolved_while_reading_join_the_one_subscription(
-        pm: LocalCluster, node: DataNode, monkeypatch: pytest.MonkeyPatch) -> None:
+        pm: LocalCluster, node: DataNodeServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """A many-stream consumer subscribes once the first FIRST_STARTS streams' starts are known
     and resolves the rest while it reads; each later chunk joins the node's one subscription
     (an incremental FETCH), and a stream dropped before its chunk is resolved is never read."""
@@ -204,7 +204,7 @@ async def test_starts_resolved_while_reading_join_the_one_subscription(
 
 
 async def test_many_streams_from_an_offset_are_looked_up_together(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     """A consumer of many streams from an explicit offset (no "earliest" lookup fills the routing
     cache first) looks their ranges up together: a few LIST_RANGES, not one per stream (it was
     one PM round trip per stream, 150 ms before the first record at 1,000 streams)."""
@@ -223,7 +223,7 @@ async def test_many_streams_from_an_offset_are_looked_up_together(
 
 
 async def test_partial_polls_ack_what_they_take_and_the_window_keeps_moving(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     """poll(max_records=k) takes k records at a time (one step, not k); the acks must count
     exactly those, or a window far smaller than the data stalls the subscription."""
     async with AsyncClient(pm.pm_address) as client:

@@ -16,7 +16,7 @@ from waiting import eventually_async
 
 from sbpstream.datanode import node as node_mod
 from sbpstream.datanode.config import DataNodeConfig
-from sbpstream.datanode.node import DataNode
+from sbpstream.datanode.node import DataNodeServer
 from sbpstream.net.client import Connection
 from sbpstream.pm import metadata as md
 from sbpstream.pm.config import PmConfig
@@ -62,7 +62,7 @@ async def test_background_reconcile_applies_the_pms_decisions_first(
                            heartbeat_interval_ms=200, node_timeout_ms=60_000))
     await pm.start()
     cfg = DataNodeConfig(directory=tmp_path / "dn", pm=(pm.address,), heartbeat_interval_ms=200)
-    dn = DataNode(cfg)
+    dn = DataNodeServer(cfg)
     await dn.start()
     conn = await Connection.open(pm.address)
     try:
@@ -85,14 +85,14 @@ async def test_background_reconcile_applies_the_pms_decisions_first(
         assert isinstance(d, m.DeleteStreamsResponse) and d.items[0].status.ok
 
         release = asyncio.Event()
-        reconcile = DataNode._reconcile
+        reconcile = DataNodeServer._reconcile
 
-        async def held(self: DataNode, yield_every: int = 0) -> None:
+        async def held(self: DataNodeServer, yield_every: int = 0) -> None:
             await release.wait()
             await reconcile(self, yield_every)
 
-        monkeypatch.setattr(DataNode, "_reconcile", held)
-        dn = DataNode(cfg)
+        monkeypatch.setattr(DataNodeServer, "_reconcile", held)
+        dn = DataNodeServer(cfg)
         await asyncio.wait_for(dn.start(), TIMEOUT_S)  # listens before the listing
         assert not dn.reconciled.is_set()
         node = await Connection.open(dn.address)

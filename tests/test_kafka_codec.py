@@ -30,7 +30,6 @@ from sbpstream.kafka.codec import (
     uvarint,
     varint,
 )
-from sbpstream.kafka.gateway import parse_stream_name, stream_name, topic_problem
 from sbpstream.kafka.records import (
     KAFKA_HEADER,
     MAX_INFLATED_BATCH_BYTES,
@@ -40,6 +39,7 @@ from sbpstream.kafka.records import (
     sbp_to_kafka,
 )
 from sbpstream.kafka.schemas import SUPPORTED
+from sbpstream.kafka.topics import parse_stream_name, stream_name, topic_problem
 from sbpstream.protocol.errors import ErrorCode, RequestTimeoutError, StreamNotFoundError
 from sbpstream.records import Record, build_batch, patch_base_offset
 from sbpstream.records.header import CODEC_LZ4, CODEC_NONE, CODEC_ZSTD

@@ -20,7 +20,8 @@ from sbpstream.cluster import LocalCluster
 from sbpstream.pm.etcd import EtcdMetadataStore
 from sbpstream.pm.leader import LeaderElection
 from sbpstream.pm.metadata import CreatedStream, MetadataStore, NewStream, ReplicaMeta
-from sbpstream.pm.sqlite_meta import SCHEMA_VERSION, SqliteMetadataStore
+from sbpstream.pm.sqlite_meta import SqliteMetadataStore
+from sbpstream.pm.sqlite_schema import SCHEMA_VERSION
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     FencedLeaderError,

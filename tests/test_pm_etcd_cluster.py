@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import pytest
 from etcd_fixture import EtcdServer, require_etcd
@@ -217,3 +219,52 @@ async def test_paused_leader_is_fenced(cluster: PmCluster) -> None:
         assert listed == sorted(before + during + after)
         assert len(set(listed)) == len(listed)
     assert "event=leader_lost" in old_node.log_tail(200)
+
+
+async def node_rows(address: str) -> list[dict[str, object]]:
+    """The ``nodes`` of the PM's INFO (the overview ``sbpstream nodes`` shows)."""
+    conn = await Connection.open(address, connect_timeout_s=2.0)
+    try:
+        frame = await conn.request_one(m.InfoRequest.OPCODE, m.InfoRequest().encode(),
+                                       timeout_s=5.0)
+        rows: list[dict[str, object]] = json.loads(bytes(frame.payload))["nodes"]
+        return rows
+    finally:
+        await conn.aclose()
+
+
+STORED_LIVENESS_BOUND_S: Final = 5.0 + 5.0 + 0.2 + 10.0
+"""A stopped node stops being live at a follower within the node timeout (5 s) plus the
+soft-state flush lag (5 s + one 0.2 s heartbeat interval: pm/liveness.py), plus slack for a
+loaded box."""
+
+
+async def test_followers_report_a_live_node_live(cluster: PmCluster) -> None:
+    """Heartbeats reach the leader only; a follower's overview reads the heartbeat times the
+    leader persisted in etcd, so it shows the running data node live, not silent, and shows it
+    no longer live once it stops."""
+    leader = await wait_for_leader(cluster.addresses)
+    followers = [a for a in cluster.addresses if a != leader]
+
+    async def live_everywhere() -> bool | None:
+        for a in cluster.addresses:
+            rows = await node_rows(a)
+            if len(rows) != 1 or rows[0]["live"] is not True:
+                return None
+        return True
+
+    await eventually_async(live_everywhere, timeout=FAILOVER_BOUND_S, interval=0.2,
+                           what="the data node live at the leader and at both followers")
+    for f in followers:
+        (row,) = await node_rows(f)
+        assert row["address"] == cluster.dn.address and row["dead"] is False
+        assert isinstance(row["last_heartbeat_s"], float)
+
+    await asyncio.to_thread(cluster.dn.stop)
+
+    async def gone_at_followers() -> bool | None:
+        rows = [await node_rows(f) for f in followers]
+        return True if all(r[0]["live"] is False for r in rows) else None
+
+    await eventually_async(gone_at_followers, timeout=STORED_LIVENESS_BOUND_S, interval=0.2,
+                           what="the stopped data node no longer live at the followers")

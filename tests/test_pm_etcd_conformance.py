@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import pytest
 from etcd_fixture import EtcdServer, require_etcd
 
+from sbpstream.pm.backends import open_metadata
 from sbpstream.pm.etcd import EtcdMetadataStore
 from sbpstream.pm.leader import LeaderElection
 from sbpstream.pm.metadata import (
@@ -28,7 +29,6 @@ from sbpstream.pm.metadata import (
     StreamMeta,
     StreamUpdate,
     TrimOutcome,
-    open_metadata,
 )
 from sbpstream.pm.sqlite_meta import SqliteMetadataStore
 from sbpstream.protocol.errors import (

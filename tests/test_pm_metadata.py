@@ -27,7 +27,8 @@ from sbpstream.pm.placement import (
     Placer,
     choose_nodes,
 )
-from sbpstream.pm.sqlite_meta import SCHEMA_VERSION, SqliteMetadataStore
+from sbpstream.pm.sqlite_meta import SqliteMetadataStore
+from sbpstream.pm.sqlite_schema import SCHEMA_VERSION
 from sbpstream.pm.staging import ALL_RANGES, Layer, StagedTxn
 from sbpstream.protocol.errors import MetadataError, NotEnoughDataNodesError, SbpError
 

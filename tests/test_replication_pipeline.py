@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sbpstream.datanode import replication
-from sbpstream.datanode.ranges import RangeInfo
+from sbpstream.datanode.ranges import ReplicaRange
 from sbpstream.datanode.replication import Replicators
 from sbpstream.protocol.errors import ReplicaUnavailableError, StorageError
 from sbpstream.protocol.frame import ChecksummedPayload, Frame, FrameDecoder, encode_frame_parts
@@ -89,8 +89,8 @@ def _ok(r: _Round) -> tuple[AppendResult, ...]:
                  for it in r.request.items)
 
 
-def _range(stream_id: int) -> RangeInfo:
-    rng = RangeInfo(stream_id=stream_id, range_index=0, committed_offset=0)
+def _range(stream_id: int) -> ReplicaRange:
+    rng = ReplicaRange(stream_id=stream_id, range_index=0, committed_offset=0)
     rng.replicas = (ReplicaNode(DataNode(PRIMARY, "127.0.0.1:1"), True),
                     ReplicaNode(DataNode(SECONDARY, "127.0.0.1:2"), False))
     rng.is_primary = True

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sbpstream.datanode.ranges import RangeInfo
+from sbpstream.datanode.ranges import ReplicaRange
 from sbpstream.datanode.replication import Replicators
 from sbpstream.protocol.errors import ReplicaUnavailableError
 from sbpstream.protocol.frame import Frame
@@ -64,8 +64,8 @@ def _deadline() -> float:
     return time.monotonic() + 30.0
 
 
-def _range() -> RangeInfo:
-    rng = RangeInfo(stream_id=7, range_index=0, committed_offset=0)
+def _range() -> ReplicaRange:
+    rng = ReplicaRange(stream_id=7, range_index=0, committed_offset=0)
     rng.replicas = (ReplicaNode(DataNode(PRIMARY, "127.0.0.1:1"), True),
                     ReplicaNode(DataNode(SECONDARY, "127.0.0.1:2"), False))
     rng.is_primary = True

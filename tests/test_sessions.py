@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_a
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode.config import DataNodeConfig
-from sbpstream.datanode.node import DataNode
+from sbpstream.datanode.node import DataNodeServer
 from sbpstream.datanode.sessions import FetchSessionCache, Waker
 from sbpstream.net.client import Connection
 from sbpstream.protocol.errors import (
@@ -57,8 +57,8 @@ def node_config(pm: LocalCluster) -> DataNodeConfig:
 
 
 @pytest.fixture
-async def node(pm: LocalCluster) -> AsyncIterator[DataNode]:
-    n = DataNode(node_config(pm))
+async def node(pm: LocalCluster) -> AsyncIterator[DataNodeServer]:
+    n = DataNodeServer(node_config(pm))
     await n.start()
     try:
         yield n
@@ -66,7 +66,7 @@ async def node(pm: LocalCluster) -> AsyncIterator[DataNode]:
         await n.close()
 
 
-def sessions(node: DataNode) -> FetchSessionCache:
+def sessions(node: DataNodeServer) -> FetchSessionCache:
     assert node.fetch is not None
     return node.fetch.sessions
 
@@ -130,7 +130,7 @@ def item(sid: int, offset: int) -> FetchItem:
 # ----------------------------------------------------------------------------- the protocol
 
 
-async def test_session_lifecycle_and_epoch_errors(pm: LocalCluster, node: DataNode) -> None:
+async def test_session_lifecycle_and_epoch_errors(pm: LocalCluster, node: DataNodeServer) -> None:
     a, b, c = await create_streams(pm, 3)
     conn = await Connection.open(node.address)
     try:
@@ -183,7 +183,7 @@ async def test_session_lifecycle_and_epoch_errors(pm: LocalCluster, node: DataNo
 
 
 async def test_incremental_long_poll_wakes_on_a_commit(pm: LocalCluster,
-                                                       node: DataNode) -> None:
+                                                       node: DataNodeServer) -> None:
     streams = await create_streams(pm, 50)
     conn = await Connection.open(node.address)
     writer = await Connection.open(node.address)
@@ -312,7 +312,7 @@ class SessionMachine(RuleBasedStateMachine):
 
 def test_incremental_matches_full_fetch_model(pm: LocalCluster) -> None:
     loop = asyncio.new_event_loop()
-    node = DataNode(node_config(pm))
+    node = DataNodeServer(node_config(pm))
     loop.run_until_complete(node.start())
     try:
         pool = loop.run_until_complete(create_streams(pm, 4))
@@ -354,7 +354,7 @@ def test_incremental_matches_full_fetch_model(pm: LocalCluster) -> None:
 
 
 async def test_consumer_pulls_in_one_session_per_node(pm: LocalCluster,
-                                                      node: DataNode) -> None:
+                                                      node: DataNodeServer) -> None:
     streams = await create_streams(pm, 200)
     async with AsyncClient(pm.pm_address) as client:
         conn = await Connection.open(node.address)

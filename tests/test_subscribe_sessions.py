@@ -29,7 +29,7 @@ from test_subscribe import (
 
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode import subscribe as subscribe_mod
-from sbpstream.datanode.node import DataNode
+from sbpstream.datanode.node import DataNodeServer
 from sbpstream.net.client import Connection, ResponseStream
 from sbpstream.protocol.errors import (
     ErrorCode,
@@ -81,7 +81,7 @@ def bases(got: Received, sid: int) -> list[int]:
 
 
 async def test_streams_are_added_and_dropped_on_the_live_subscription(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     a, b, c = [await create_stream(pm) for _ in range(3)]
 
     async def run(conn: Connection) -> None:
@@ -132,7 +132,7 @@ async def test_streams_are_added_and_dropped_on_the_live_subscription(
 
 
 async def test_epoch_errors_change_nothing_and_close_ends_it(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     a, b = [await create_stream(pm) for _ in range(2)]
     conn = await Connection.open(node.address)
     other = await Connection.open(node.address)
@@ -174,7 +174,7 @@ async def test_epoch_errors_change_nothing_and_close_ends_it(
 
 
 async def test_updates_are_bounded_and_a_refused_one_changes_nothing(
-        pm: LocalCluster, node: DataNode, monkeypatch: pytest.MonkeyPatch) -> None:
+        pm: LocalCluster, node: DataNodeServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(subscribe_mod, "MAX_SUBSCRIPTION_STREAMS", 3)
     sids = [await create_stream(pm) for _ in range(5)]
     conn = await Connection.open(node.address)

@@ -15,7 +15,7 @@ an unnamed stream has none, so creating one needs ``create`` on ``*``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -185,14 +185,3 @@ class Permissions:
 
     def allows_group(self, op: Op, group: str) -> bool:
         return any(grants(r.ops, op) and r.matches_group(group) for r in self.rules)
-
-    def allows_any(self, ops: Iterable[Op], stream_id: int | None = None,
-                   name: str | None = None) -> bool:
-        return any(self.allows(o, stream_id, name) for o in ops)
-
-
-def rules_by_principal(rules: Iterable[AclRule]) -> Mapping[str, list[AclRule]]:
-    out: dict[str, list[AclRule]] = {}
-    for r in rules:
-        out.setdefault(r.principal, []).append(r)
-    return out

@@ -1,7 +1,7 @@
 """Users and ACL rules as the PM keeps them in its metadata (SQLite or etcd).
 
 Both backends store opaque records by kind and key (``auth_get``/``auth_put``/``auth_delete``/
-``auth_list`` of :class:`~sbpstream.pm.metadata.MetadataStore`); the rules of what a record may
+``auth_list``: :class:`AuthStore`); the rules of what a record may
 be live here once. Users: key = name, value = the SCRAM credential (salted and hashed, never the
 password). ACLs: key = JSON ``[principal, resource]``, value = the operations, so adding a rule
 for a pair already granted merges the operations.
@@ -10,17 +10,30 @@ for a pair already granted merges the operations.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from sbpstream.auth import scram
 from sbpstream.auth.acl import AclRule, check_principal, check_resource, format_ops, parse_ops
 from sbpstream.protocol.errors import InvalidRequestError
 
-if TYPE_CHECKING:
-    from sbpstream.pm.metadata import MetadataStore
-
 KIND_USER: Final = "user"
 KIND_ACL: Final = "acl"
+
+
+class AuthStore(Protocol):
+    """Opaque records by kind and key: the part of the PM's metadata store
+    (:class:`~sbpstream.pm.metadata.MetadataStore`, which has these four methods) that users
+    and ACLs need. Declared here, below the PM, so auth imports nothing of it."""
+
+    async def auth_get(self, kind: str, key: str) -> str | None: ...
+
+    async def auth_put(self, kind: str, key: str, value: str) -> None: ...
+
+    async def auth_delete(self, kind: str, key: str) -> bool:
+        """True if the record existed."""
+
+    async def auth_list(self, kind: str) -> list[tuple[str, str]]:
+        """Every (key, value) of ``kind``, by key."""
 
 
 def _acl_key(principal: str, resource: str) -> str:
@@ -28,7 +41,7 @@ def _acl_key(principal: str, resource: str) -> str:
 
 
 class AuthRecords:
-    def __init__(self, meta: MetadataStore) -> None:
+    def __init__(self, meta: AuthStore) -> None:
         self.meta = meta
 
     # ---- users

@@ -38,7 +38,7 @@ from sbpstream.datanode.limits import (
     MAX_APPEND_ITEMS,
     MAX_APPEND_TIMEOUT_MS,
 )
-from sbpstream.datanode.ranges import RangeInfo
+from sbpstream.datanode.ranges import ReplicaRange
 from sbpstream.net.server import Request, Responder
 from sbpstream.protocol.errors import (
     InternalError,
@@ -68,7 +68,7 @@ class Written:
     """One batch stored (not yet durable) and the result it will be acknowledged with."""
 
     item: AppendItem
-    rng: RangeInfo
+    rng: ReplicaRange
     outcome: AppendOutcome
     append_time_ms: int
     # resolves once every secondary holds the batch (None: nothing to replicate)
@@ -113,7 +113,7 @@ def _retrieve(f: asyncio.Future[None]) -> None:
         f.exception()  # answered TIMEOUT already: the round's outcome is not reported
 
 
-async def replicate(ctx: NodeContext, rng: RangeInfo, written: list[Written],
+async def replicate(ctx: NodeContext, rng: ReplicaRange, written: list[Written],
                     deadline: float) -> None:
     """Return once every secondary of the range holds the written batches.
 

@@ -1,13 +1,14 @@
 """What the request handlers see of a data node: its store, ranges, peers and PM.
 
 ``NodeContext`` is the narrow interface the handler modules (append, fetch, control,
-replication, rereplicate) depend on instead of the whole ``DataNode``: the store, the range table
-(committed offsets, placement, long-poll waiters), the connection pool and PM client, metrics,
-the replicators of primary ranges, and the range operations handlers share (adopt a range the PM
-placed here, resolve an APPEND's target, publish a committed offset, describe a range, delete a
-stream, look a stream up at the PM, wait for durability). ``DataNode`` (node.py) owns the
-lifecycle around it: opening the store, registering, reconciling, the server and the background
-loops, which it runs through ``spawn`` so that closing cancels them all.
+replication, rereplicate) depend on instead of the whole ``DataNodeServer``: the store, the
+range table (committed offsets, placement, long-poll waiters), the connection pool and PM
+client, metrics, the replicators of primary ranges, and the range operations handlers share
+(adopt a range the PM placed here, resolve an APPEND's target, publish a committed offset,
+describe a range, delete a stream, look a stream up at the PM, wait for durability).
+``DataNodeServer`` (node.py) owns the lifecycle around it: opening the store, registering,
+reconciling, the server and the background loops, which it runs through ``spawn`` so that
+closing cancels them all.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sbpstream.datanode.limits import PM_CALL_TIMEOUT_S, PM_LOOKUP_TTL_S, PM_LOO
 from sbpstream.datanode.metrics import Metrics
 from sbpstream.datanode.pmclient import PmClient
 from sbpstream.datanode.quota import NodeQuotas
-from sbpstream.datanode.ranges import RangeInfo, RangeTable
+from sbpstream.datanode.ranges import RangeTable, ReplicaRange
 from sbpstream.datanode.replication import Replicators
 from sbpstream.datanode.rereplicate import Rereplicator
 from sbpstream.introspect.counters import StreamCounterTable
@@ -157,7 +158,7 @@ class NodeContext:
             self.rereplicator.start(r)
         return self.range_message(r.stream_id, r.range_index)
 
-    def resolve_range(self, stream_id: int, range_index: int) -> RangeInfo | None:
+    def resolve_range(self, stream_id: int, range_index: int) -> ReplicaRange | None:
         """The range an APPEND targets (-1: the stream's last range here), None when unknown.
         Raises StreamDeletedError for a deleted stream. A stream still awaiting the PM's
         confirmation after a restart is unknown until a lookup confirms it."""

@@ -102,7 +102,7 @@ RECONCILE_YIELD_EVERY = 2_000
 """Ranges adopted between two yields to the event loop while reconciling in the background."""
 
 
-class DataNode:
+class DataNodeServer:
     def __init__(self, config: DataNodeConfig) -> None:
         self.config = config
         self.directory = Path(config.directory)
@@ -523,7 +523,7 @@ class DataNode:
 
 async def run_datanode(config: DataNodeConfig) -> None:
     """Run a data node until SIGTERM/SIGINT, then shut it down gracefully."""
-    node = DataNode(config)
+    node = DataNodeServer(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

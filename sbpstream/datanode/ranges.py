@@ -18,7 +18,7 @@ from sbpstream.protocol.messages import ReplicaNode
 
 
 @dataclass(slots=True, eq=False)
-class RangeInfo:
+class ReplicaRange:
     stream_id: int
     range_index: int
     committed_offset: int
@@ -36,10 +36,10 @@ class RangeInfo:
 @dataclass(slots=True, eq=False)
 class StreamInfo:
     stream_id: int
-    ranges: dict[int, RangeInfo] = field(default_factory=dict)
+    ranges: dict[int, ReplicaRange] = field(default_factory=dict)
     waiters: set[asyncio.Event] = field(default_factory=set)
 
-    def last(self) -> RangeInfo | None:
+    def last(self) -> ReplicaRange | None:
         return self.ranges[max(self.ranges)] if self.ranges else None
 
 
@@ -59,20 +59,21 @@ class RangeTable:
                 self.pending.discard(sid)
                 self.wake(sid)
 
-    def get(self, stream_id: int, range_index: int) -> RangeInfo | None:
+    def get(self, stream_id: int, range_index: int) -> ReplicaRange | None:
         s = self.streams.get(stream_id)
         return None if s is None else s.ranges.get(range_index)
 
-    def ensure(self, stream_id: int, range_index: int, committed_offset: int) -> RangeInfo:
+    def ensure(self, stream_id: int, range_index: int, committed_offset: int) -> ReplicaRange:
         s = self.streams.get(stream_id)
         if s is None:
             s = self.streams[stream_id] = StreamInfo(stream_id)
         r = s.ranges.get(range_index)
         if r is None:
-            r = s.ranges[range_index] = RangeInfo(stream_id, range_index, committed_offset)
+            r = s.ranges[range_index] = ReplicaRange(stream_id, range_index, committed_offset)
         return r
 
-    def set_placement(self, r: RangeInfo, replicas: tuple[ReplicaNode, ...], node_id: int) -> None:
+    def set_placement(self, r: ReplicaRange, replicas: tuple[ReplicaNode, ...],
+                      node_id: int) -> None:
         if not replicas:
             return
         r.replicas = replicas

@@ -55,7 +55,7 @@ from sbpstream.records.header import BASE_OFFSET_STRUCT, read_header
 
 if TYPE_CHECKING:
     from sbpstream.datanode.context import NodeContext
-    from sbpstream.datanode.ranges import RangeInfo
+    from sbpstream.datanode.ranges import ReplicaRange
 
 log = logging.getLogger("sbpstream.datanode.replication")
 
@@ -107,7 +107,8 @@ class RangeReplicator:
     The sending is done by the :class:`_Channel` of its secondaries, shared with every range
     replicated to the same secondaries."""
 
-    def __init__(self, ctx: NodeContext, rng: RangeInfo, channel: _Channel | None = None) -> None:
+    def __init__(self, ctx: NodeContext, rng: ReplicaRange,
+                 channel: _Channel | None = None) -> None:
         self.ctx = ctx
         self.rng = rng
         self.queue: deque[_Pending] = deque()
@@ -446,10 +447,10 @@ class Replicators:
         self.by_range: dict[tuple[int, int], RangeReplicator] = {}
         self.channels: dict[tuple[str, ...], _Channel] = {}
 
-    def needs(self, rng: RangeInfo) -> bool:
+    def needs(self, rng: ReplicaRange) -> bool:
         return any(rn.data_node.node_id != self.ctx.node_id for rn in rng.replicas)
 
-    def get(self, rng: RangeInfo) -> RangeReplicator:
+    def get(self, rng: ReplicaRange) -> RangeReplicator:
         key = (rng.stream_id, rng.range_index)
         r = self.by_range.get(key)
         if r is None or r.rng is not rng:
@@ -459,14 +460,14 @@ class Replicators:
             self.by_range[key] = r
         return r
 
-    def wait_replicated(self, rng: RangeInfo, next_offset: int) -> asyncio.Future[None] | None:
+    def wait_replicated(self, rng: ReplicaRange, next_offset: int) -> asyncio.Future[None] | None:
         """See :meth:`RangeReplicator.wait_replicated` (None: no replicator of ``rng`` here)."""
         r = self.by_range.get((rng.stream_id, rng.range_index))
         if r is None or r.rng is not rng:
             return None
         return r.wait_replicated(next_offset)
 
-    def _channel(self, rng: RangeInfo) -> _Channel:
+    def _channel(self, rng: ReplicaRange) -> _Channel:
         targets = tuple(rn.data_node.advertise_addr for rn in rng.replicas
                         if rn.data_node.node_id != self.ctx.node_id)
         ch = self.channels.get(targets)

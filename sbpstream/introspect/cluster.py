@@ -1,16 +1,18 @@
 """The PM's view of the cluster: nodes, streams with traffic, under-replicated ranges, clients.
 
-Metadata and liveness are the PM's own; traffic is the data nodes': STATS at every live node
-(one request each, in parallel, bounded by :data:`DN_STATS_TIMEOUT_S`), summed per stream (each
-record is counted once, by the primary that appended it; secondaries count it as replicated).
+Metadata and liveness are the PM's own (liveness as :meth:`PmService.node_liveness` tells it:
+first hand at the leader, at an etcd follower from the heartbeat times the leader persisted);
+traffic is the data nodes': STATS at every live node (one request each, in parallel, bounded
+by :data:`DN_STATS_TIMEOUT_S`), summed per stream (each record is counted once, by the primary
+that appended it; secondaries count it as replicated).
 A node that does not answer in time is left out of the figures and named in ``unreachable``.
 
 Everything here is read-only, walks at most :data:`VIEW_MAX_STREAMS` streams, and runs on demand
 (a CLI call, an HTTP request, the console's refresh), never on a request path.
 
 With auth on, the admin HTTP routes (:mod:`sbpstream.introspect.http`) decide who sees what
-before calling here: :meth:`ClusterView.stats` keeps only the streams its ``visible`` filter
-allows (the caller's ``describe``, checked by the SBP gate's code), and :meth:`ClusterView.tail`
+before calling here: :meth:`ClusterOverview.stats` keeps only the streams its ``visible`` filter
+allows (the caller's ``describe``, checked by the SBP gate's code), and :meth:`ClusterOverview.tail`
 reads the records with the caller's own token, so the data node's gate checks ``fetch`` too.
 """
 
@@ -39,6 +41,7 @@ from sbpstream.records import iter_records
 if TYPE_CHECKING:
     from sbpstream.net.client import Connection, ConnectionPool
     from sbpstream.net.server import Server
+    from sbpstream.pm.liveness import NodeLiveness
     from sbpstream.pm.service import PmService
 
 VIEW_MAX_STREAMS: Final = 10_000
@@ -63,7 +66,7 @@ def _text(b: memoryview | None) -> str | None:
     return bytes(b[: TAIL_VALUE_CHARS * 4]).decode("utf-8", "replace")[:TAIL_VALUE_CHARS]
 
 
-class ClusterView:
+class ClusterOverview:
     def __init__(self, service: PmService, pool: ConnectionPool, server: Server) -> None:
         self.service = service
         self.pool = pool
@@ -87,15 +90,15 @@ class ClusterView:
             out.extend(await self.service.meta.list_ranges(ids[i : i + _PAGE]))
         return out
 
-    def _live(self, node_id: int, now: float) -> bool:
-        return self.service.registry.is_live(node_id, now)
+    async def _nodes(self) -> dict[int, NodeLiveness]:
+        return {n.node_id: n for n in await self.service.node_liveness()}
 
     # ------------------------------------------------------------------ nodes
     async def overview(self) -> JSON:
         """Nodes with liveness, last heartbeat, their REPORT_METRICS and range counts;
         under-replicated ranges; live clients."""
-        reg = self.service.registry
-        now = self.service.clock()
+        liveness = await self.service.node_liveness()
+        live_ids = {n.node_id for n in liveness if n.live}
         streams, truncated = await self._streams()
         want = {s.stream_id: s.replica_nums for s in streams}
         per_node: dict[int, list[int]] = {}  # node_id -> [ranges, writable, primary]
@@ -107,19 +110,19 @@ class ClusterView:
                     c[0] += 1
                     c[1] += r.writable
                     c[2] += rep.is_primary
-                live = [rep.node_id for rep in r.replicas if self._live(rep.node_id, now)]
+                live = [rep.node_id for rep in r.replicas if rep.node_id in live_ids]
                 if len(live) < want[r.stream_id]:
                     under.append({"stream_id": r.stream_id, "range_index": r.range_index,
                                   "replicas": list(r.node_ids), "live_replicas": live,
                                   "replica_nums": want[r.stream_id], "writable": r.writable})
         nodes: list[JSON] = []
-        for st in reg.all():
+        for st in liveness:
             c = per_node.get(st.node_id, [0, 0, 0])
             nodes.append({
                 "node_id": st.node_id, "host": st.host, "address": st.advertise_addr,
-                "live": reg.is_live(st.node_id, now), "dead": reg.is_dead(st.node_id, now),
-                "last_heartbeat_s": None if st.last_seen is None
-                else round(now - st.last_seen, 3),
+                "live": st.live, "dead": st.dead,
+                "last_heartbeat_s": None if st.heard_s_ago is None
+                else round(st.heard_s_ago, 3),
                 "metrics": None if st.metrics is None else st.metrics.to_dict(),
                 "ranges": c[0], "writable_ranges": c[1], "primary_ranges": c[2],
             })
@@ -141,8 +144,7 @@ class ClusterView:
 
     async def _traffic(self, ids: Sequence[int]) -> tuple[dict[int, list[JSON]], list[int]]:
         """Every live node's STATS rows, by stream; and the nodes that did not answer."""
-        now = self.service.clock()
-        nodes = [st for st in self.service.registry.all() if self._live(st.node_id, now)]
+        nodes = [st for st in await self.service.node_liveness() if st.live]
         got = await asyncio.gather(*(self._node_stats(st.advertise_addr, ids) for st in nodes),
                                    return_exceptions=True)
         by_stream: dict[int, list[JSON]] = {}
@@ -211,7 +213,7 @@ class ClusterView:
         (ranges,) = await self._ranges([stream_id])
         traffic, unreachable = await self._traffic([stream_id])
         rows = traffic.get(stream_id, [])
-        now = self.service.clock()
+        nodes = await self._nodes()
         out = self._merge(s, ranges, rows)
         held_next: dict[int, int] = {}  # the data nodes' live next offsets (the PM's lag)
         for row in rows:
@@ -223,8 +225,8 @@ class ClusterView:
             "next_offset": max(r.next_offset, held_next.get(r.range_index, -1)),
             "end_offset": r.end_offset, "writable": r.writable,
             "replicas": [{"node_id": rep.node_id, "primary": rep.is_primary,
-                          "address": self.service.node_address(rep.node_id),
-                          "live": self._live(rep.node_id, now)} for rep in r.replicas],
+                          "address": _address(nodes, rep.node_id),
+                          "live": _live(nodes, rep.node_id)} for rep in r.replicas],
         } for r in ranges]
         out["nodes"] = rows
         out["unreachable"] = unreachable
@@ -240,17 +242,17 @@ class ClusterView:
         if got[0] is None or got[0].deleted:
             return None
         (ranges,) = await self._ranges([stream_id])
-        now = self.service.clock()
+        nodes = await self._nodes()
         out: JSON = {"stream_id": stream_id, "records": []}
         if not ranges:
             return out
         last = ranges[-1]
         live = sorted((not rep.is_primary, rep.node_id) for rep in last.replicas
-                      if self._live(rep.node_id, now))
+                      if _live(nodes, rep.node_id))
         if not live:
             out["error"] = "no live replica holds the stream's last range"
             return out
-        address = self.service.node_address(live[0][1])
+        address = _address(nodes, live[0][1])
         if token is None:
             conn = await self.pool.get(address)
             return await self._tail_from(conn, out, last, stream_id, n)
@@ -291,6 +293,16 @@ class ClusterView:
         out["records"] = records[-n:]
         out["next_offset"] = end
         return out
+
+
+def _live(nodes: dict[int, NodeLiveness], node_id: int) -> bool:
+    n = nodes.get(node_id)
+    return n is not None and n.live
+
+
+def _address(nodes: dict[int, NodeLiveness], node_id: int) -> str:
+    n = nodes.get(node_id)
+    return "" if n is None else n.advertise_addr
 
 
 def _stored_bytes(rows: list[JSON]) -> int:

@@ -31,7 +31,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Final
 
 from sbpstream.auth.acl import Op
-from sbpstream.introspect.cluster import ClusterView, Visible
+from sbpstream.introspect.cluster import ClusterOverview, Visible
 from sbpstream.introspect.figures import DEFAULT_TOP, JSON, MAX_TOP, Introspector
 from sbpstream.net.admin import Gate, HttpRequest, HttpResponse, Route
 from sbpstream.protocol.errors import ErrorCode, SbpError
@@ -109,7 +109,7 @@ def admin_gate(auth: HttpAuth, *, public_metrics: bool = False) -> Gate:
     return gate
 
 
-def routes(intro: Introspector, cluster: ClusterView | None = None,
+def routes(intro: Introspector, cluster: ClusterOverview | None = None,
            auth: HttpAuth | None = None) -> list[Route]:
     """The admin routes of a server: the data node's (no cluster) or the PM's. ``auth``: auth
     is on, and every request's ``caller`` was set by :func:`admin_gate`."""

@@ -15,7 +15,6 @@ are bounded by the named limits below before anything is allocated.
 from __future__ import annotations
 
 import struct
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -374,8 +373,3 @@ def encode_response(correlation_id: int, flexible_header: bool, body: list[bytes
     head = INT32.pack(correlation_id) + (b"\x00" if flexible_header else b"")
     size = len(head) + sum(len(b) for b in body)
     return b"".join([INT32.pack(size), head, *body])
-
-
-def topic_uuid(name: str) -> bytes:
-    """A stable non-zero topic id for ``name`` (versions that carry topic ids)."""
-    return uuid.uuid5(uuid.NAMESPACE_URL, "sbpstream-kafka:" + name).bytes

@@ -149,11 +149,6 @@ class Connections:
                        ) -> Awaitable[dict[str, Any]] | None:
         raise NotImplementedError
 
-    def client_of(self, conn: Conn) -> AsyncClient:
-        """The SBP client acting for ``conn``: its principal's, else the gateway's own (a
-        cluster without auth)."""
-        return conn.session.client if conn.session is not None else self.client
-
     def _read_timeout(self, conn: Conn) -> tuple[float, str]:
         """(seconds the next read may wait, why the connection closes when it does)."""
         if conn.sasl is not None and conn.session is None:

@@ -18,6 +18,7 @@ from sbpstream.client.aclient import AsyncClient
 from sbpstream.kafka import errors as E
 from sbpstream.kafka.connections import Conn
 from sbpstream.kafka.groups import COMPLETING, PREPARING, KafkaGroups, group_topics
+from sbpstream.kafka.topics import TopicMap
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import IllegalGenerationError, SbpError, UnknownMemberError
 from sbpstream.protocol.names import validate_group_name
@@ -54,7 +55,7 @@ def group_ok(group: str) -> bool:
     return True
 
 
-class GroupHandlers:
+class GroupHandlers(TopicMap):
     """The group requests of :class:`~sbpstream.kafka.gateway.KafkaGateway` (a base class)."""
 
     client: AsyncClient
@@ -72,18 +73,6 @@ class GroupHandlers:
         after a restart, so a restarted gateway takes its own membership back)."""
         host, port = self.advertised
         return f"{PM_CLIENT_ID}@{host}:{port}"
-
-    def client_of(self, conn: Conn) -> AsyncClient:
-        raise NotImplementedError
-
-    async def _sid(self, client: AsyncClient, topic: str, partition: int) -> int:
-        raise NotImplementedError
-
-    async def _partitions(self, client: AsyncClient, topic: str) -> dict[int, int]:
-        raise NotImplementedError
-
-    async def _all_topics(self, client: AsyncClient) -> dict[str, dict[int, int]]:
-        raise NotImplementedError
 
     async def _tick_groups(self) -> None:
         while True:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 
 from sbpstream.auth.config import SecurityConfig
+from sbpstream.pm.backends import check_metadata_url
+from sbpstream.pm.backends import sqlite_path as sqlite_path  # the CLI's import
 
 DEFAULT_PM_PORT: Final = 12378
 """design.md section 8: everything that names the PM defaults to 127.0.0.1:12378."""
@@ -55,27 +56,4 @@ class PmConfig:
             )
         if self.advertise and ":" not in self.advertise:
             raise ValueError(f"--advertise {self.advertise!r}: expected HOST:PORT")
-        if self.metadata.startswith("etcd://"):
-            validate_etcd_url(self.metadata)
-        else:
-            sqlite_path(self.metadata)
-
-
-def validate_etcd_url(metadata: str) -> None:
-    """ValueError for a malformed etcd URL, or when the etcd extra (aetcd) is not installed."""
-    try:
-        from sbpstream.pm.etcd import parse_etcd_url  # the optional etcd dependency
-    except ImportError as e:
-        raise ValueError(
-            f"--metadata {metadata!r}: the etcd backend needs aetcd (pip install "
-            f"'sbpstream[etcd]'): {e}"
-        ) from e
-    parse_etcd_url(metadata)
-
-
-def sqlite_path(metadata: str) -> Path:
-    """The file of a ``sqlite:PATH`` metadata URL; ValueError for anything else."""
-    scheme, sep, rest = metadata.partition(":")
-    if scheme == "sqlite" and sep and rest:
-        return Path(rest.removeprefix("//") if rest.startswith("///") else rest)
-    raise ValueError(f"--metadata {metadata!r}: expected sqlite:PATH or etcd://HOST:PORT")
+        check_metadata_url(self.metadata)

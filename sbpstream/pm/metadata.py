@@ -11,7 +11,8 @@ class's name (``ProducerStateMeta`` beside ``messages.ProducerState``, ``SealOut
 ``messages.SealResult``), so a reader always knows which side of that edge a value is on.
 
 Every rule that changes metadata is written once, in :mod:`sbpstream.pm.rules`; a backend only
-makes a batch of staged writes durable. :func:`open_metadata` picks the backend from a URL.
+makes a batch of staged writes durable. :func:`sbpstream.pm.backends.open_metadata` picks the
+backend from a URL.
 
 Atomicity contract (every backend):
 
@@ -366,18 +367,3 @@ class MetadataStore(Protocol):
 
     async def delete_offsets(self, group: str) -> int:
         """Forget every committed offset of ``group``; how many there were."""
-
-
-
-def open_metadata(url: str) -> MetadataStore:
-    """The store a ``--metadata`` URL names, not yet opened (``await store.open()``):
-    ``sqlite:PATH`` (the embedded default) or ``etcd://HOST:PORT[,...][/PREFIX][?...]`` (several
-    PMs, one leader; needs the optional aetcd dependency). ValueError for anything else."""
-    if url.startswith("etcd://"):
-        from sbpstream.pm.etcd import EtcdMetadataStore
-
-        return EtcdMetadataStore(url)
-    from sbpstream.pm.config import sqlite_path
-    from sbpstream.pm.sqlite_meta import SqliteMetadataStore
-
-    return SqliteMetadataStore(sqlite_path(url))

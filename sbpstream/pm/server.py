@@ -25,7 +25,7 @@ from sbpstream.auth.names import StreamNames
 from sbpstream.auth.pmauth import PmAuth
 from sbpstream.auth.records import AuthRecords
 from sbpstream.auth.setup import server_security
-from sbpstream.introspect.cluster import ClusterView
+from sbpstream.introspect.cluster import ClusterOverview
 from sbpstream.introspect.figures import ATTR_CLIENT_ID, Introspector
 from sbpstream.introspect.http import admin_gate
 from sbpstream.introspect.http import routes as admin_routes
@@ -33,6 +33,7 @@ from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import Authenticator, ConnectionPool
 from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.pm import metadata as md
+from sbpstream.pm.backends import open_metadata
 from sbpstream.pm.config import PmConfig
 from sbpstream.pm.groups import GroupHandlers
 from sbpstream.pm.placement import NodeState
@@ -220,7 +221,7 @@ class PmServer:
     def __init__(self, config: PmConfig) -> None:
         config.validate()
         self.config = config
-        self.meta: md.MetadataStore = md.open_metadata(config.metadata)
+        self.meta: md.MetadataStore = open_metadata(config.metadata)
         self.election: LeaderElection | None = None
         if config.metadata.startswith("etcd://"):
             # Several PMs share etcd; one leads (docs/etcd.md). aetcd is an optional dependency.
@@ -234,7 +235,11 @@ class PmServer:
                                         "pm")
         self.dn = WireDataNodeApi(lambda nid: self.service.node_address(nid),
                                   self.security.client_ssl, self.security.credentials)
-        self.service = PmService(self.meta, self.dn, node_timeout_ms=config.node_timeout_ms)
+        self.service = PmService(self.meta, self.dn, node_timeout_ms=config.node_timeout_ms,
+                                 heartbeat_interval_ms=config.heartbeat_interval_ms)
+        if self.election is not None:
+            election = self.election
+            self.service.leading = lambda: election.is_leader
         handlers: dict[int, Handler] = {
             Opcode.HEARTBEAT: self._heartbeat,
             Opcode.ALLOCATE_ID: self._allocate_id,
@@ -265,7 +270,7 @@ class PmServer:
         self.server = Server(handlers, name="pm", ssl_context=self.security.ssl_context,
                              gate=gate, protected=self.security.protected)
         # INFO, STATS, CONNECTIONS, WHOAMI; served by followers too (their own figures)
-        self.cluster = ClusterView(self.service, self.dn.pool, self.server)
+        self.cluster = ClusterOverview(self.service, self.dn.pool, self.server)
         self.introspector = Introspector(self.server, "pm", streams=self.cluster,
                                          extra_info=self.cluster.overview)
         intro = self.introspector.handlers()

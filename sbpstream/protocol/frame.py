@@ -79,10 +79,6 @@ class Frame:
     def is_system_error(self) -> bool:
         return bool(self.flags & FLAG_SYSTEM_ERROR) and bool(self.flags & FLAG_RESPONSE)
 
-    @property
-    def wire_size(self) -> int:
-        return 4 + FIXED_SIZE + len(self.header) + len(self.payload)
-
 
 @dataclass(frozen=True, slots=True)
 class FrameDiscarded:

@@ -5,10 +5,10 @@ from sbpstream.store.types import (
     AppendOutcome,
     CompactionReport,
     FsyncPolicy,
-    ProducerState,
     RangeState,
     ReadResult,
     StoreConfig,
+    StoredProducerState,
     StoreStats,
 )
 
@@ -16,10 +16,10 @@ __all__ = [
     "AppendOutcome",
     "CompactionReport",
     "FsyncPolicy",
-    "ProducerState",
     "RangeState",
     "ReadResult",
     "Store",
     "StoreConfig",
     "StoreStats",
+    "StoredProducerState",
 ]

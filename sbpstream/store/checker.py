@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sbpstream.records.header import BatchError, validate_batch
 from sbpstream.store.format import EntryError, EntryKind, decode_entry
-from sbpstream.store.index import Range, Stream, pack_loc, unpack_loc
+from sbpstream.store.index import StoredRange, StoredStream, pack_loc, unpack_loc
 from sbpstream.store.segment import Segment
 from sbpstream.store.state import StoreState
 
@@ -81,7 +81,8 @@ def _check_segment(
 
 
 def _check_range(
-    s: Stream, r: Range, stored: dict[int, _Stored], live: dict[int, int], findings: list[str]
+    s: StoredStream, r: StoredRange, stored: dict[int, _Stored], live: dict[int, int],
+    findings: list[str],
 ) -> None:
     name = f"range {s.stream_id}/{r.range_index}"
     expected = None

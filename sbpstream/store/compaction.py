@@ -17,7 +17,7 @@ import logging
 
 from sbpstream.records.header import HEADER_STRUCT
 from sbpstream.store.format import EntryError, EntryKind, decode_entry
-from sbpstream.store.index import Stream, pack_loc
+from sbpstream.store.index import StoredStream, pack_loc
 from sbpstream.store.segment import Segment
 from sbpstream.store.state import StoreState
 from sbpstream.store.types import CompactionReport
@@ -88,7 +88,7 @@ def _copy_live(state: StoreState, seg: Segment) -> int:
     return copied
 
 
-def _write_snapshot(state: StoreState, s: Stream) -> None:
+def _write_snapshot(state: StoreState, s: StoredStream) -> None:
     """The stream's current metadata as fresh entries (each idempotent on replay)."""
     write_meta = state.log.write_meta
     if s.deleted:

@@ -35,7 +35,7 @@ from sbpstream.protocol.errors import (
 from sbpstream.records.header import BatchError, BatchHeader, patch_base_offset, validate_batch
 from sbpstream.store import producers
 from sbpstream.store.format import ENTRY_HEADER_SIZE, EntryKind, encode_header
-from sbpstream.store.index import Range, pack_loc
+from sbpstream.store.index import StoredRange, pack_loc
 from sbpstream.store.limits import MAX_OFFSET
 from sbpstream.store.recovery import recover
 from sbpstream.store.shared_log import Buffer, SharedLog
@@ -43,10 +43,10 @@ from sbpstream.store.state import StoreState
 from sbpstream.store.types import (
     AppendOutcome,
     CompactionReport,
-    ProducerState,
     RangeState,
     ReadResult,
     StoreConfig,
+    StoredProducerState,
     StoreStats,
 )
 
@@ -166,7 +166,7 @@ class Store:
             r.state() for s in self._state.streams.values() if not s.deleted for r in s.ranges
         ]
 
-    def producer_states(self, stream_id: int, range_index: int) -> list[ProducerState]:
+    def producer_states(self, stream_id: int, range_index: int) -> list[StoredProducerState]:
         return self._state.range(stream_id, range_index).producer_states()
 
     def seal_range(self, stream_id: int, range_index: int, end_offset: int | None) -> int:
@@ -215,7 +215,7 @@ class Store:
             return self._append_client(r, h, batch)
         return self._append_replica(r, h, batch)
 
-    def _append_client(self, r: Range, h: BatchHeader, batch: Buffer) -> AppendOutcome:
+    def _append_client(self, r: StoredRange, h: BatchHeader, batch: Buffer) -> AppendOutcome:
         if r.sealed:
             raise RangeSealedError(f"range {r.stream_id}/{r.range_index} is sealed")
         original = producers.check(r, h)
@@ -225,7 +225,7 @@ class Store:
         patch_base_offset(data, r.next_offset)
         return self._store(r, h, data, r.next_offset)
 
-    def _append_replica(self, r: Range, h: BatchHeader, batch: Buffer) -> AppendOutcome:
+    def _append_replica(self, r: StoredRange, h: BatchHeader, batch: Buffer) -> AppendOutcome:
         base = h.base_offset
         if base < r.next_offset and self._same_batch(r, base, batch):
             return AppendOutcome(base, base + h.record_count, self.log_position, True)
@@ -238,14 +238,14 @@ class Store:
             raise RangeSealedError(f"range {r.stream_id}/{r.range_index} is sealed")
         return self._store(r, h, batch, base)
 
-    def _same_batch(self, r: Range, base: int, batch: Buffer) -> bool:
+    def _same_batch(self, r: StoredRange, base: int, batch: Buffer) -> bool:
         i = r.find(base)
         if i < 0 or r.base(i) != base:
             return False
         with self._log.batch_view(r.loc(i), r.size(i)) as stored:
             return stored == memoryview(batch)
 
-    def _store(self, r: Range, h: BatchHeader, batch: Buffer, base: int) -> AppendOutcome:
+    def _store(self, r: StoredRange, h: BatchHeader, batch: Buffer, base: int) -> AppendOutcome:
         if base + h.record_count > MAX_OFFSET:
             raise OffsetOutOfRangeError("offsets exhausted")
         now = self.config.clock_ms()

@@ -1,8 +1,9 @@
 """The in-memory index and its checkpoint file. No log I/O.
 
-Memory: one ``Stream`` per stream (slotted, ~100 bytes plus its ranges list), one ``Range`` per
-range (slotted, ~120 bytes plus one ``array('q')`` of ~64 bytes), and per indexed batch one row
-of 4 int64 cells in that array (32 bytes, plus array over-allocation of up to ~12%):
+Memory: one ``StoredStream`` per stream (slotted, ~100 bytes plus its ranges list), one
+``StoredRange`` per range (slotted, ~120 bytes plus one ``array('q')`` of ~64 bytes), and per
+indexed batch one row of 4 int64 cells in that array (32 bytes, plus array over-allocation of
+up to ~12%):
 
     row = [base_offset, location = segment_id << 32 | position, entry_length, append_time_ms]
 
@@ -27,7 +28,7 @@ import crc32c
 from sbpstream.private_files import open_private
 from sbpstream.store.limits import MAX_CHECKPOINT_BYTES, PRODUCER_RECENT_BATCHES
 from sbpstream.store.segment import fsync_dir
-from sbpstream.store.types import ProducerState, RangeState
+from sbpstream.store.types import RangeState, StoredProducerState
 
 STRIDE: Final = 4
 COL_BASE: Final = 0
@@ -69,7 +70,7 @@ class Producer:
             del self.recent[0]
 
 
-class Range:
+class StoredRange:
     __slots__ = (
         "cols", "end_offset", "next_offset", "producers", "range_index", "sealed", "start_offset",
         "stream_id",
@@ -135,16 +136,16 @@ class Range:
             self.end_offset, self.sealed,
         )
 
-    def producer_states(self) -> list[ProducerState]:
+    def producer_states(self) -> list[StoredProducerState]:
         if not self.producers:
             return []
         return [
-            ProducerState(pid, p.epoch, p.last_sequence, p.last_base_offset)
+            StoredProducerState(pid, p.epoch, p.last_sequence, p.last_base_offset)
             for pid, p in sorted(self.producers.items())
         ]
 
 
-class Stream:
+class StoredStream:
     __slots__ = ("deleted", "ranges", "retention_ms", "start_offset", "stream_id")
 
     def __init__(self, stream_id: int) -> None:
@@ -152,15 +153,15 @@ class Stream:
         self.start_offset = 0  # the trim point; offsets below it are gone
         self.retention_ms = 0  # 0 = keep forever
         self.deleted = False
-        self.ranges: list[Range] = []
+        self.ranges: list[StoredRange] = []
 
-    def get(self, range_index: int) -> Range | None:
+    def get(self, range_index: int) -> StoredRange | None:
         for r in self.ranges:
             if r.range_index == range_index:
                 return r
         return None
 
-    def add(self, rng: Range) -> None:
+    def add(self, rng: StoredRange) -> None:
         self.ranges.append(rng)
         self.ranges.sort(key=lambda r: r.range_index)
 
@@ -201,11 +202,11 @@ class CheckpointError(ValueError):
 class Checkpoint:
     covered_segment: int
     covered_position: int
-    streams: dict[int, Stream]
+    streams: dict[int, StoredStream]
 
 
 def write_checkpoint(
-    path: Path, covered_segment: int, covered_position: int, streams: dict[int, Stream]
+    path: Path, covered_segment: int, covered_position: int, streams: dict[int, StoredStream]
 ) -> int:
     """Write the index to ``path`` atomically: temp file, fsync, ``os.replace``, fsync dir.
     Returns its size."""
@@ -237,7 +238,7 @@ def write_checkpoint(
     return _CK_HEADER.size + length
 
 
-def _pack_range(buf: bytearray, r: Range) -> None:
+def _pack_range(buf: bytearray, r: StoredRange) -> None:
     producers = r.producers or {}
     buf += _RANGE.pack(
         r.range_index, r.start_offset, r.next_offset, r.end_offset, r.sealed, len(r),
@@ -279,14 +280,14 @@ def read_checkpoint(path: Path) -> Checkpoint:
     return Checkpoint(seg, pos, streams)
 
 
-def _parse_body(body: memoryview, *, swap: bool) -> dict[int, Stream]:
+def _parse_body(body: memoryview, *, swap: bool) -> dict[int, StoredStream]:
     (n_streams,) = _COUNT.unpack_from(body, 0)
     at = _COUNT.size
-    streams: dict[int, Stream] = {}
+    streams: dict[int, StoredStream] = {}
     for _ in range(n_streams):
         sid, start, retention, deleted, n_ranges = _STREAM.unpack_from(body, at)
         at += _STREAM.size
-        s = Stream(sid)
+        s = StoredStream(sid)
         s.start_offset, s.retention_ms, s.deleted = start, retention, bool(deleted)
         for _ in range(n_ranges):
             r, at = _parse_range(body, at, sid, swap=swap)
@@ -297,10 +298,10 @@ def _parse_body(body: memoryview, *, swap: bool) -> dict[int, Stream]:
     return streams
 
 
-def _parse_range(body: memoryview, at: int, sid: int, *, swap: bool) -> tuple[Range, int]:
+def _parse_range(body: memoryview, at: int, sid: int, *, swap: bool) -> tuple[StoredRange, int]:
     index, start, nxt, end, sealed, n_rows, n_producers = _RANGE.unpack_from(body, at)
     at += _RANGE.size
-    r = Range(sid, index, start)
+    r = StoredRange(sid, index, start)
     r.next_offset, r.end_offset, r.sealed = nxt, end, bool(sealed)
     nbytes = n_rows * STRIDE * 8
     if at + nbytes > len(body):

@@ -1,7 +1,7 @@
 """Idempotent-producer bookkeeping of a range: duplicate detection, fencing, sequence checks.
 
 A range keeps, per producer id, its epoch, last sequence and last few batches (``Producer`` in
-index.py; ``Range.producers`` is None until the range sees an idempotent batch). Appends ask
+index.py; ``StoredRange.producers`` is None until the range sees an idempotent batch). Appends ask
 ``check`` before writing and call ``record`` after; replay calls ``record`` for every batch it
 indexes; a truncation (seal below the local end) calls ``rebuild`` to forget what was cut. No
 I/O except through the ``header_at`` callable ``rebuild`` is given.
@@ -16,10 +16,10 @@ from sbpstream.protocol.limits import (
     SEQUENCE_WRAP,  # producer sequences are int32 and wrap (as Kafka's)
 )
 from sbpstream.records.header import BatchHeader
-from sbpstream.store.index import Producer, Range
+from sbpstream.store.index import Producer, StoredRange
 
 
-def check(r: Range, h: BatchHeader) -> int | None:
+def check(r: StoredRange, h: BatchHeader) -> int | None:
     """The original base offset when ``h`` duplicates a stored batch; None when it is new.
     Raises on a stale epoch or a sequence gap."""
     p = r.producers.get(h.producer_id) if r.producers and h.is_idempotent else None
@@ -41,7 +41,7 @@ def check(r: Range, h: BatchHeader) -> int | None:
     )
 
 
-def record(r: Range, pid: int, epoch: int, seq: int, base: int, count: int) -> None:
+def record(r: StoredRange, pid: int, epoch: int, seq: int, base: int, count: int) -> None:
     """Note a stored batch of producer ``pid``; a batch of an older epoch changes nothing."""
     if r.producers is None:
         r.producers = {}
@@ -53,7 +53,7 @@ def record(r: Range, pid: int, epoch: int, seq: int, base: int, count: int) -> N
     p.record(epoch, seq, base, count)
 
 
-def rebuild(r: Range, end_offset: int, header_at: Callable[[int], BatchHeader]) -> None:
+def rebuild(r: StoredRange, end_offset: int, header_at: Callable[[int], BatchHeader]) -> None:
     """After a truncation at ``end_offset``, forget producer batches past it and find each
     affected producer's last surviving batch (``header_at`` reads a batch header by location)."""
     if not r.producers:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from sbpstream.records.header import HEADER_STRUCT, BatchHeader
 from sbpstream.store import producers
 from sbpstream.store.format import Entry, EntryError, EntryKind, decode_entry
-from sbpstream.store.index import Stream, pack_loc, read_checkpoint, unpack_loc
+from sbpstream.store.index import StoredStream, pack_loc, read_checkpoint, unpack_loc
 from sbpstream.store.segment import Segment
 from sbpstream.store.state import StoreState
 
@@ -67,7 +67,7 @@ def _load_checkpoint(state: StoreState) -> tuple[int, int]:
 
 
 def _validate_checkpoint(
-    state: StoreState, seg_id: int, position: int, streams: dict[int, Stream]
+    state: StoreState, seg_id: int, position: int, streams: dict[int, StoredStream]
 ) -> None:
     segments = state.log.segments
     seg = segments.get(seg_id)

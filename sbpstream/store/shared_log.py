@@ -16,7 +16,7 @@ from pathlib import Path
 from sbpstream.protocol.errors import StorageError, StorageFullError
 from sbpstream.records.header import HEADER_STRUCT, BatchHeader
 from sbpstream.store.format import ENTRY_HEADER_SIZE, EntryKind, encode_entry
-from sbpstream.store.index import Range, Stream, pack_loc, unpack_loc
+from sbpstream.store.index import StoredRange, StoredStream, pack_loc, unpack_loc
 from sbpstream.store.limits import MAX_SEGMENT_ID
 from sbpstream.store.segment import Segment, fsync_dir, parse_segment_name
 from sbpstream.store.sync import Syncer
@@ -143,7 +143,7 @@ class SharedLog:
 
     # ------------------------------------------------------------------ live bytes, garbage
 
-    def release_rows(self, r: Range, lo: int, hi: int) -> None:
+    def release_rows(self, r: StoredRange, lo: int, hi: int) -> None:
         """Rows [lo, hi) of ``r`` are no longer live: their bytes become garbage."""
         for loc, size in zip(r.cols[lo * 4 + 1 : hi * 4 : 4], r.cols[lo * 4 + 2 : hi * 4 : 4],
                              strict=True):
@@ -151,7 +151,7 @@ class SharedLog:
             if seg is not None:
                 seg.live_bytes -= size
 
-    def recount_live(self, streams: Iterable[Stream]) -> None:
+    def recount_live(self, streams: Iterable[StoredStream]) -> None:
         for seg in self.segments.values():
             seg.live_bytes = 0
         for s in streams:

@@ -16,7 +16,7 @@ from typing import Final
 from sbpstream.protocol.errors import RangeNotFoundError, StreamDeletedError
 from sbpstream.store import producers
 from sbpstream.store.format import EntryKind
-from sbpstream.store.index import Range, Stream, write_checkpoint
+from sbpstream.store.index import StoredRange, StoredStream, write_checkpoint
 from sbpstream.store.shared_log import SharedLog
 
 CHECKPOINT_FILE: Final = "index.ckpt"
@@ -26,7 +26,7 @@ class StoreState:
     def __init__(self, directory: Path, log: SharedLog) -> None:
         self.directory = directory
         self.log = log
-        self.streams: dict[int, Stream] = {}
+        self.streams: dict[int, StoredStream] = {}
         self.recovery_findings: list[str] = []
 
     @property
@@ -35,7 +35,7 @@ class StoreState:
 
     # ------------------------------------------------------------------ lookups
 
-    def stream(self, stream_id: int) -> Stream:
+    def stream(self, stream_id: int) -> StoredStream:
         s = self.streams.get(stream_id)
         if s is None:
             raise RangeNotFoundError(f"stream {stream_id} has no range on this node")
@@ -43,7 +43,7 @@ class StoreState:
             raise StreamDeletedError(f"stream {stream_id} was deleted")
         return s
 
-    def range(self, stream_id: int, range_index: int) -> Range:
+    def range(self, stream_id: int, range_index: int) -> StoredRange:
         r = self.stream(stream_id).get(range_index)
         if r is None:
             raise RangeNotFoundError(f"range {stream_id}/{range_index} is not on this node")
@@ -82,17 +82,17 @@ class StoreState:
         elif kind is EntryKind.RETENTION:
             s.retention_ms = arg
 
-    def apply_create(self, stream_id: int, range_index: int, start_offset: int) -> Range:
+    def apply_create(self, stream_id: int, range_index: int, start_offset: int) -> StoredRange:
         s = self.streams.get(stream_id)
         if s is None:
-            s = self.streams[stream_id] = Stream(stream_id)
+            s = self.streams[stream_id] = StoredStream(stream_id)
         r = s.get(range_index)
         if r is None and not s.deleted:
-            r = Range(stream_id, range_index, start_offset)
+            r = StoredRange(stream_id, range_index, start_offset)
             s.add(r)
-        return r if r is not None else Range(stream_id, range_index, start_offset)
+        return r if r is not None else StoredRange(stream_id, range_index, start_offset)
 
-    def apply_seal(self, r: Range, end_offset: int) -> None:
+    def apply_seal(self, r: StoredRange, end_offset: int) -> None:
         r.sealed = True
         if end_offset < 0 or r.end_offset >= 0:
             return
@@ -105,13 +105,13 @@ class StoreState:
             r.next_offset = end_offset
             producers.rebuild(r, end_offset, self.log.header_at)
 
-    def apply_trim(self, s: Stream, offset: int) -> None:
+    def apply_trim(self, s: StoredStream, offset: int) -> None:
         s.start_offset = max(s.start_offset, offset)
         for r in s.ranges:
             self.drop_trimmed(s, r)
         self.normalize(s)
 
-    def drop_trimmed(self, s: Stream, r: Range) -> None:
+    def drop_trimmed(self, s: StoredStream, r: StoredRange) -> None:
         """Drop the range's batches wholly below the stream's trim point."""
         n = 0
         while n < len(r) and r.batch_next(n) <= s.start_offset:
@@ -121,7 +121,7 @@ class StoreState:
             r.drop_head(n)
 
     @staticmethod
-    def normalize(s: Stream) -> None:
+    def normalize(s: StoredStream) -> None:
         """Drop ranges that lie wholly below the stream's trim point."""
         s.ranges = [
             r for r in s.ranges
@@ -131,7 +131,7 @@ class StoreState:
     def apply_delete(self, stream_id: int) -> None:
         s = self.streams.get(stream_id)
         if s is None:
-            s = self.streams[stream_id] = Stream(stream_id)
+            s = self.streams[stream_id] = StoredStream(stream_id)
         for r in s.ranges:
             self.log.release_rows(r, 0, len(r))
         s.ranges = []

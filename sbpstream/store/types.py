@@ -87,7 +87,7 @@ class AppendOutcome:
     duplicate: bool = False
 
 
-class ProducerState(NamedTuple):
+class StoredProducerState(NamedTuple):
     producer_id: int
     epoch: int
     last_sequence: int
