@@ -17,7 +17,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from sbpstream.auth.config import SecurityConfig, TlsConfig
+from sbpstream.auth.config import DEFAULT_TOKEN_TTL_S, SecurityConfig, TlsConfig
 from sbpstream.client import AsyncClient
 from sbpstream.client.types import DEFAULT_PM, PM_ENV
 from sbpstream.net.loop import run
@@ -53,16 +53,23 @@ SecretFileOption = Annotated[str, typer.Option(
 AllowRemoteOption = Annotated[bool, typer.Option(
     "--allow-remote-unauthenticated",
     help="Protected mode off: serve clients beyond loopback with auth off.")]
+TlsRequireClientCertOption = Annotated[bool, typer.Option(
+    "--tls-require-client-cert",
+    help="Mutual TLS: refuse clients without a certificate from --tls-ca.")]
+TokenTtlOption = Annotated[int, typer.Option(
+    "--token-ttl-s", min=1, help="Lifetime of the tokens the PM issues.")]
 AllowInsecureAuthOption = Annotated[bool, typer.Option(
     "--allow-insecure-auth",
     help="Serve --auth without TLS on an address beyond loopback (logins and tokens in clear).")]
 
 
 def security_config(tls_cert: str, tls_key: str, tls_ca: str, auth: bool, secret_file: str,
-                    allow_remote_unauthenticated: bool,
-                    allow_insecure_auth: bool = False) -> SecurityConfig:
-    return SecurityConfig(TlsConfig(tls_cert, tls_key, tls_ca), auth=auth,
-                          secret_file=secret_file,
+                    allow_remote_unauthenticated: bool, allow_insecure_auth: bool = False,
+                    require_client_cert: bool = False,
+                    token_ttl_s: int = DEFAULT_TOKEN_TTL_S) -> SecurityConfig:
+    """A server's security settings from its flags (docs/security.md)."""
+    return SecurityConfig(TlsConfig(tls_cert, tls_key, tls_ca, require_client_cert), auth=auth,
+                          secret_file=secret_file, token_ttl_s=token_ttl_s,
                           allow_remote_unauthenticated=allow_remote_unauthenticated,
                           allow_insecure_auth=allow_insecure_auth)
 

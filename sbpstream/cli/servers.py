@@ -7,22 +7,33 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import typer
 
+from sbpstream.auth.config import DEFAULT_TOKEN_TTL_S
 from sbpstream.cli.app import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     CliError,
-    PmOption,
     _said,
     _valid_pm,
     app,
     err_console,
     fail,
+    main,
+)
+from sbpstream.cli.launch import (
+    ConfigOption,
+    LogFormatOption,
+    LogLevelOption,
+    ServerCommand,
+    check_log_options,
+    setup_logging,
+    unblock_signals,
 )
 from sbpstream.cli.security import (
     AllowInsecureAuthOption,
@@ -32,6 +43,8 @@ from sbpstream.cli.security import (
     TlsCaOption,
     TlsCertOption,
     TlsKeyOption,
+    TlsRequireClientCertOption,
+    TokenTtlOption,
     print_admin_credentials,
     secure_certs,
     security_config,
@@ -40,10 +53,25 @@ from sbpstream.client.types import (
     DEFAULT_PM,
     PM_ENV,
 )
-from sbpstream.net.loop import run
+from sbpstream.net.loop import run_server
+from sbpstream.pm.config import (
+    DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_METADATA,
+    DEFAULT_NODE_TIMEOUT_MS,
+    DEFAULT_PM_PORT,
+)
 from sbpstream.protocol.errors import (
     SbpError,
 )
+
+DEFAULT_DN_PORT: Final = 10911
+"""A data node's port when none is given: docs/cli.md and docs/operations.md use it, and
+`up --dn-port` starts its first data node there."""
+DEFAULT_KAFKA_PORT: Final = 9092
+"""Kafka's own default port, so a Kafka client's bootstrap.servers=HOST works unchanged."""
+FSYNC_POLICIES: Final = ("always", "interval", "none")
+"""The values of --fsync (sbpstream.store.FsyncPolicy, not imported: it loads the store)."""
+
 
 # ----------------------------------------------------------------------------------- servers
 
@@ -59,7 +87,8 @@ def up(
     pm_port: Annotated[int, typer.Option("--pm-port", help="Port of the placement manager.")
                        ] = 12378,
     dn_port: Annotated[int, typer.Option(
-        "--dn-port", help="Port of the first data node; the others take the next ones.")] = 10911,
+        "--dn-port", help="Port of the first data node; the others take the next ones.")
+                       ] = DEFAULT_DN_PORT,
     host: Annotated[str, typer.Option("--host", help="Address every server listens on.")
                     ] = "127.0.0.1",
     fsync: Annotated[str, typer.Option(
@@ -87,7 +116,7 @@ def up(
     """
     from sbpstream.cluster import LocalCluster, Supervisor
 
-    if fsync not in ("always", "interval", "none"):
+    if fsync not in FSYNC_POLICIES:
         fail(f"--fsync {fsync!r}: expected always, interval or none", EXIT_USAGE)
     directory = directory.absolute()  # printed paths work from any directory
     cluster = LocalCluster(
@@ -203,78 +232,86 @@ def _print_banner(cluster: Any, console: str = "", scheme: str = "http") -> None
     sys.stdout.flush()
 
 
-@app.command("pm")
+MetricsPortOption = Annotated[int, typer.Option(
+    "--metrics-port", help="Serve the admin HTTP port (Prometheus /metrics, /v1 JSON, web "
+    "console) here (-1: off, 0: any).")]
+PublicMetricsOption = Annotated[bool, typer.Option(
+    "--public-metrics", help="With --auth, serve /metrics without credentials (else a scrape "
+    "needs a Bearer token or Basic).")]
+
+@app.command("pm", cls=ServerCommand)
 def pm_server(
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")
-                    ] = 12378,
+                    ] = DEFAULT_PM_PORT,
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     metadata: Annotated[str, typer.Option(
         "--metadata", help="Metadata store: sqlite:PATH, or etcd://HOST:PORT[,HOST:PORT...]"
         "[/PREFIX][?lease_ttl_s=3] for several PMs with one leader (docs/etcd.md)."
-    )] = "sqlite:./data/pm/metadata.sqlite3",
+    )] = DEFAULT_METADATA,
     advertise: Annotated[str, typer.Option(
         "--advertise", help="HOST:PORT others use to reach this PM.")] = "",
     heartbeat_interval_ms: Annotated[int, typer.Option(
-        "--heartbeat-interval-ms", help="Expected data node heartbeat period.")] = 1000,
+        "--heartbeat-interval-ms", help="Expected data node heartbeat period; the liveness "
+        "check runs at this period.")] = DEFAULT_HEARTBEAT_INTERVAL_MS,
     node_timeout_ms: Annotated[int, typer.Option(
         "--node-timeout-ms", help="A data node silent this long is dead; its ranges move.")
-                               ] = 5000,
-    metrics_port: Annotated[int, typer.Option(
-        "--metrics-port", help="Serve Prometheus /metrics over HTTP here (-1: off, 0: any).")
-                            ] = -1,
-    public_metrics: Annotated[bool, typer.Option(
-        "--public-metrics", help="With --auth, serve /metrics without credentials.")] = False,
-    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
-                         ] = "INFO",
+                               ] = DEFAULT_NODE_TIMEOUT_MS,
+    metrics_port: MetricsPortOption = -1,
+    public_metrics: PublicMetricsOption = False,
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "kv",
     tls_cert: TlsCertOption = "",
     tls_key: TlsKeyOption = "",
     tls_ca: TlsCaOption = "",
+    tls_require_client_cert: TlsRequireClientCertOption = False,
     auth: AuthOption = False,
     secret_file: SecretFileOption = "",
+    token_ttl_s: TokenTtlOption = DEFAULT_TOKEN_TTL_S,
     allow_remote_unauthenticated: AllowRemoteOption = False,
     allow_insecure_auth: AllowInsecureAuthOption = False,
+    config: ConfigOption = "",
 ) -> None:
-    """Run one placement manager (metadata, placement, liveness) in the foreground."""
+    """Run one placement manager (metadata, placement, liveness) in the foreground.
 
+    Also `python -m sbpstream.pm`. SIGINT/SIGTERM shut it down cleanly (in-flight requests
+    drain, soft state is flushed, the metadata file is closed)."""
     from sbpstream.pm.config import PmConfig, sqlite_path
     from sbpstream.pm.server import run_pm
     from sbpstream.private_files import private_dir
 
+    _start_server(log_level, log_format)
     security = security_config(tls_cert, tls_key, tls_ca, auth, secret_file,
-                               allow_remote_unauthenticated, allow_insecure_auth)
-    config = PmConfig(metadata=metadata, port=port, host=host, advertise=advertise,
-                      heartbeat_interval_ms=heartbeat_interval_ms,
-                      node_timeout_ms=node_timeout_ms, metrics_port=metrics_port,
-                      public_metrics=public_metrics, security=security)
+                               allow_remote_unauthenticated, allow_insecure_auth,
+                               tls_require_client_cert, token_ttl_s)
+    cfg = PmConfig(metadata=metadata, port=port, host=host, advertise=advertise,
+                   heartbeat_interval_ms=heartbeat_interval_ms, node_timeout_ms=node_timeout_ms,
+                   metrics_port=metrics_port, public_metrics=public_metrics, security=security)
     try:
-        config.validate()
+        cfg.validate()
         security.validate(host)
         if not metadata.startswith("etcd://"):
             private_dir(sqlite_path(metadata).parent)
     except (ValueError, OSError) as exc:
         fail(str(exc), EXIT_USAGE)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run_pm(config, stop)
+        await run_pm(cfg, stop)
 
-    try:
-        run(serve())
-    except (OSError, SbpError, ValueError) as exc:
-        fail(f"placement manager failed: {exc}")
+    _serve(serve(), "placement manager", "sbpstream.pm")
 
 
-@app.command("datanode")
+@app.command("datanode", cls=ServerCommand)
 def datanode_server(
-    directory: Annotated[Path, typer.Option("--dir", help="Data directory of this node.")],
-    pm: PmOption = DEFAULT_PM,
+    directory: Annotated[Path, typer.Option("--dir", help="Data directory of this node.",
+                                            show_default=False)],
+    pm: Annotated[str, typer.Option(
+        "--pm", help="Placement manager address(es), HOST:PORT[,HOST:PORT...].")] = DEFAULT_PM,
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")
-                    ] = 10911,
+                    ] = DEFAULT_DN_PORT,
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     advertise: Annotated[str, typer.Option(
         "--advertise", help="HOST:PORT clients use (default HOST:PORT as bound).")] = "",
@@ -286,53 +323,64 @@ def datanode_server(
         "--fsync", help="When appends are made durable: always, interval or none.")] = "always",
     fsync_interval_ms: Annotated[int, typer.Option(
         "--fsync-interval-ms", help="Period of --fsync interval.")] = 10,
-    metrics_port: Annotated[int, typer.Option(
-        "--metrics-port", help="Serve Prometheus /metrics over HTTP here (-1: off, 0: any).")
-                            ] = -1,
-    public_metrics: Annotated[bool, typer.Option(
-        "--public-metrics", help="With --auth, serve /metrics without credentials.")] = False,
-    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
-                         ] = "INFO",
+    retention_interval_ms: Annotated[int | None, typer.Option(
+        "--retention-interval-ms", min=1, show_default=False,
+        help="How often retention runs and stream configs are refreshed (default: "
+        "DEFAULT_RETENTION_INTERVAL_MS of sbpstream/datanode/limits.py).")] = None,
+    compaction_interval_ms: Annotated[int | None, typer.Option(
+        "--compaction-interval-ms", min=1, show_default=False,
+        help="How often compaction looks for segments to reclaim (default: "
+        "DEFAULT_COMPACTION_INTERVAL_MS of sbpstream/datanode/limits.py).")] = None,
+    metrics_port: MetricsPortOption = -1,
+    public_metrics: PublicMetricsOption = False,
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "kv",
     tls_cert: TlsCertOption = "",
     tls_key: TlsKeyOption = "",
     tls_ca: TlsCaOption = "",
+    tls_require_client_cert: TlsRequireClientCertOption = False,
     auth: AuthOption = False,
     secret_file: SecretFileOption = "",
+    token_ttl_s: TokenTtlOption = DEFAULT_TOKEN_TTL_S,
     allow_remote_unauthenticated: AllowRemoteOption = False,
     allow_insecure_auth: AllowInsecureAuthOption = False,
+    config: ConfigOption = "",
 ) -> None:
-    """Run one data node (stores and serves record batches) in the foreground."""
+    """Run one data node (stores and serves record batches) in the foreground.
 
+    Also `python -m sbpstream.datanode`. SIGINT/SIGTERM stop it cleanly."""
     from sbpstream.datanode.config import DataNodeConfig
     from sbpstream.datanode.node import run_datanode
     from sbpstream.store import FsyncPolicy
 
+    _start_server(log_level, log_format)
+    intervals = {k: v for k, v in (("retention_interval_ms", retention_interval_ms),
+                                   ("compaction_interval_ms", compaction_interval_ms))
+                 if v is not None}
     try:
-        config = DataNodeConfig(
+        cfg = DataNodeConfig(
             directory=directory, port=port, host=host, pm=DataNodeConfig.parse_pm_list(pm),
             advertise=advertise, heartbeat_interval_ms=heartbeat_interval_ms,
             metrics_interval_ms=metrics_interval_ms, fsync=FsyncPolicy(fsync),
-            fsync_interval_ms=fsync_interval_ms, metrics_port=metrics_port,
+            fsync_interval_ms=fsync_interval_ms, metrics_port=metrics_port, **intervals,
             public_metrics=public_metrics,
             security=security_config(tls_cert, tls_key, tls_ca, auth, secret_file,
-                                     allow_remote_unauthenticated, allow_insecure_auth),
+                                     allow_remote_unauthenticated, allow_insecure_auth,
+                                     tls_require_client_cert, token_ttl_s),
         )
-        config.security.validate(host)
+        cfg.security.validate(host)
     except ValueError as exc:
-        fail(str(exc), EXIT_USAGE)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
-    try:
-        run(run_datanode(config))
-    except (OSError, SbpError, ValueError) as exc:
-        fail(f"data node failed: {exc}")
+        fail(f"--fsync {fsync!r}: expected always, interval or none"
+             if fsync not in FSYNC_POLICIES else str(exc), EXIT_USAGE)
+    _serve(run_datanode(cfg), "data node", "sbpstream.datanode")
 
 
-@app.command("kafka-gateway")
+@app.command("kafka-gateway", cls=ServerCommand)
 def kafka_gateway(
-    pm: PmOption = DEFAULT_PM,
+    pm: Annotated[str, typer.Option(
+        "--pm", help="Placement manager address(es), HOST:PORT[,HOST:PORT...].")] = DEFAULT_PM,
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")
-                    ] = 9092,
+                    ] = DEFAULT_KAFKA_PORT,
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     advertise: Annotated[str, typer.Option(
         "--advertise", help="HOST:PORT Metadata tells clients (default HOST:PORT as bound).")
@@ -345,26 +393,27 @@ def kafka_gateway(
     auto_create: Annotated[bool, typer.Option(
         "--auto-create/--no-auto-create", help="Create unknown topics a client asks for.")
                            ] = True,
-    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
-                         ] = "INFO",
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "kv",
     listener: Annotated[str, typer.Option(
         "--listener", help="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (docs/kafka.md).")
                         ] = "PLAINTEXT",
-    tls_cert: Annotated[str, typer.Option("--tls-cert", help="PEM certificate (SSL listeners).")
-                        ] = "",
+    tls_cert: Annotated[str, typer.Option(
+        "--tls-cert", help="PEM certificate chain (SSL, SASL_SSL listeners).")] = "",
     tls_key: Annotated[str, typer.Option("--tls-key", help="PEM key of --tls-cert.")] = "",
     tls_ca: Annotated[str, typer.Option(
-        "--tls-ca", help="PEM CA verifying the PM and data nodes.")] = "",
+        "--tls-ca", help="PEM CA verifying the PM and data nodes (TLS to the cluster).")] = "",
     allow_sasl_plaintext: Annotated[bool, typer.Option(
-        "--allow-sasl-plaintext", help="Allow SASL_PLAINTEXT beyond loopback.")] = False,
+        "--allow-sasl-plaintext", help="Allow SASL_PLAINTEXT on an address beyond loopback.")
+                                    ] = False,
+    config: ConfigOption = "",
 ) -> None:
     """Run a Kafka wire-protocol gateway: Kafka clients produce and consume through it
-    (topic T partition N = stream T.N; docs/kafka.md)."""
+    (topic T partition N = stream T.N; docs/kafka.md). Also `python -m sbpstream.kafka`."""
     from sbpstream.kafka.gateway import KafkaGateway, run_gateway
 
+    _start_server(log_level, log_format)
     _valid_pm(pm)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     try:
         gw = KafkaGateway(pm, host=host, port=port, advertised=advertise or None,
                           auto_create=auto_create, default_partitions=partitions,
@@ -383,9 +432,30 @@ def kafka_gateway(
         with contextlib.suppress(asyncio.CancelledError):
             await run_gateway(gw)
 
+    _serve(serve(), "kafka gateway", "sbpstream.kafka")
+
+
+def _start_server(log_level: str, log_format: str) -> None:
+    """First steps of every server command: signals deliverable, the one log set-up."""
+    unblock_signals()
+    problem = check_log_options(log_level, log_format)
+    if problem is not None:
+        fail(problem, EXIT_USAGE)
+    setup_logging(log_level, log_format)
+
+
+def _serve(main: Coroutine[Any, Any, None], what: str, logger: str) -> None:
+    """Run a server until it stops; a failure at start (a port in use, the metadata store
+    unreachable) is one log line and one error line, exit status 1."""
     try:
-        run(serve())
-    except (OSError, SbpError, ValueError) as exc:
-        fail(f"kafka gateway failed: {exc}")
+        run_server(main)
+    except KeyboardInterrupt:
+        pass
+    except (OSError, SbpError, ValueError, RuntimeError) as exc:
+        logging.getLogger(logger).error("event=server_failed error=%r", str(exc))
+        fail(f"{what} failed: {exc}")
 
 
+def server_main(command: str, argv: list[str] | None = None) -> None:
+    """``python -m sbpstream.pm|datanode|kafka``: the same command as ``sbpstream COMMAND``."""
+    main([command, *(sys.argv[1:] if argv is None else argv)])
