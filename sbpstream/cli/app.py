@@ -14,8 +14,8 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, NoReturn, TypeVar, cast
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Annotated, Any, Final, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -31,13 +31,14 @@ from sbpstream.client.types import (
     codec_of,
     pm_addresses,
 )
-from sbpstream.introspect.wire import Introspection
+from sbpstream.introspect.wire import CALL_TIMEOUT_S, Introspection
 from sbpstream.net.loop import run
 from sbpstream.protocol.errors import (
     ClientErrorCode,
     ErrorCode,
     SbpError,
 )
+from sbpstream.protocol.messages import DescribeStreamsRequest, DescribeStreamsResponse
 from sbpstream.protocol.names import name_problem
 
 T = TypeVar("T")
@@ -48,7 +49,11 @@ EXIT_INTERRUPTED = 130
 READ_CHUNK_BYTES = 1 << 16  # stdin is read in chunks; the lines of a chunk go in one call
 
 err_console = Console(stderr=True, highlight=False)
-out_console = Console(highlight=False)
+NON_TTY_WIDTH: Final = 10_000
+"""Output width when stdout is not a terminal (and $COLUMNS is not set): tables as wide as their
+content (rich would cut them at 80 columns), so a pipe or a file gets whole rows."""
+out_console = Console(highlight=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ
+                      else NON_TTY_WIDTH)
 
 app = typer.Typer(
     name="sbpstream",
@@ -60,20 +65,42 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-PmOption = Annotated[
-    str,
-    typer.Option(
-        "--pm",
-        envvar=PM_ENV,
-        help=f"Placement manager address(es), HOST:PORT[,HOST:PORT...] (env {PM_ENV}).",
-        show_envvar=False,
-    ),
-]
-TimeoutOption = Annotated[
-    int,
-    typer.Option("--timeout-ms", help="Give up retrying an operation after this many ms."),
-]
-DEFAULT_TIMEOUT_MS = 15_000
+DEFAULT_TIMEOUT_MS: Final = 15_000
+"""How long a client command retries (an unreachable PM, a node restarting) before it gives up:
+long enough to ride out a PM failover or a data node restart under `up`."""
+UNSET: Final = -1
+"""A per-command --timeout-ms not given: the global one (or the command's default) applies."""
+
+GLOBAL: dict[str, Any] = {"pm": "", "timeout_ms": None}
+"""The global options of this invocation (set by the root callback, before any command's own
+options are read): a command's --pm / --timeout-ms, when not given, fall back to these."""
+
+
+def _pm_here(value: str) -> str:
+    """A command's --pm: its own when given, else the global --pm ($SBPSTREAM_PM, default)."""
+    return value or GLOBAL["pm"] or os.environ.get(PM_ENV) or DEFAULT_PM
+
+
+def timeout_or(default_ms: int) -> Callable[[int], int]:
+    """A command's --timeout-ms: its own when given, else the global one, else ``default_ms``."""
+
+    def resolve(value: int) -> int:
+        if value != UNSET:
+            return value
+        given = GLOBAL["timeout_ms"]
+        return default_ms if given is None else int(given)
+
+    return resolve
+
+
+PmOption = Annotated[str, typer.Option(
+    "--pm", callback=_pm_here, show_default=False,
+    help="Placement manager address(es), HOST:PORT[,HOST:PORT...] (default: the global --pm, "
+    f"${PM_ENV}, {DEFAULT_PM}).")]
+TimeoutOption = Annotated[int, typer.Option(
+    "--timeout-ms", callback=timeout_or(DEFAULT_TIMEOUT_MS), show_default=False,
+    help=f"Give up retrying after this many ms (default: the global --timeout-ms, "
+    f"{DEFAULT_TIMEOUT_MS}).")]
 
 
 class CliError(Exception):
@@ -259,7 +286,16 @@ def _root(
                                             "in this file (env SBPSTREAM_TOKEN_FILE).")] = "",
     tls_ca: Annotated[str, typer.Option("--tls-ca", help="Connect over TLS, verifying servers "
                                         "against this CA (env SBPSTREAM_TLS_CA).")] = "",
+    pm: Annotated[str, typer.Option(
+        "--pm", envvar=PM_ENV, show_envvar=False,
+        help=f"Placement manager address(es), HOST:PORT[,HOST:PORT...] (env {PM_ENV}); every "
+        "client command also takes it after its name.")] = DEFAULT_PM,
+    timeout_ms: Annotated[int | None, typer.Option(
+        "--timeout-ms", min=1, show_default=False,
+        help=f"Give up retrying after this many ms (default {DEFAULT_TIMEOUT_MS}; every client "
+        "command also takes it after its name).")] = None,
 ) -> None:
+    GLOBAL.update(pm=pm, timeout_ms=timeout_ms)
     # handed to the SDK through its environment variables (docs/security.md)
     for name, value in (("SBPSTREAM_USER", user), ("SBPSTREAM_PASSWORD", password),
                         ("SBPSTREAM_TOKEN_FILE", token_file), ("SBPSTREAM_TLS_CA", tls_ca)):
@@ -285,8 +321,9 @@ class ClientIntrospection(Introspection):
     """INFO, STATS, CONNECTIONS and WHOAMI on the connection ``client`` keeps to ``address``
     (TLS, authenticated); the client closes it."""
 
-    def __init__(self, client: AsyncClient, address: str) -> None:
-        super().__init__(address)
+    def __init__(self, client: AsyncClient, address: str,
+                 timeout_s: float = CALL_TIMEOUT_S) -> None:
+        super().__init__(address, timeout_s)
         self.client = client
 
     async def __aenter__(self) -> ClientIntrospection:
@@ -297,6 +334,30 @@ class ClientIntrospection(Introspection):
 
     async def __aexit__(self, *exc: object) -> None:
         self._conn = None
+
+
+async def pm_leader(client: AsyncClient) -> str:
+    """The PM leader's address, found by the SDK's PM caller: every --pm address in turn, a
+    follower's PM_NOT_LEADER redirect followed, retried until the client's deadline. The
+    question is a DESCRIBE_STREAMS of one stream (cheap; the gate filters it, never refuses)."""
+    await client._pm_call(DescribeStreamsRequest(timeout_ms=client.request_timeout_ms, limit=1),
+                          DescribeStreamsResponse)
+    return client._leader or client.pm_addresses[0]
+
+
+async def stream_names(client: AsyncClient, ids: Sequence[int]) -> dict[int, str]:
+    """Stream id -> name for those of ``ids`` that have one ({} when the PM cannot say): one
+    DESCRIBE_STREAMS through the SDK's PM caller; unknown or hidden ids are left out."""
+    if not ids:
+        return {}
+    try:
+        resp = await client._pm_call(
+            DescribeStreamsRequest(timeout_ms=client.request_timeout_ms, stream_ids=tuple(ids)),
+            DescribeStreamsResponse)
+    except SbpError:
+        return {}
+    return {r.stream.stream_id: r.stream.name for r in resp.items
+            if r.status.ok and r.stream is not None and r.stream.name}
 
 
 def _run(pm: str, timeout_ms: int, body: Callable[[AsyncClient], Coroutine[Any, Any, T]]) -> T:

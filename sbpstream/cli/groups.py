@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from sbpstream.cli.app import (
-    DEFAULT_TIMEOUT_MS,
     EXIT_USAGE,
+    UNSET,
     CliError,
     PmOption,
     TimeoutOption,
@@ -21,7 +21,6 @@ from sbpstream.cli.app import (
     out_console,
 )
 from sbpstream.client.types import (
-    DEFAULT_PM,
     StartPosition,
 )
 
@@ -40,7 +39,7 @@ T = TypeVar("T")
 
 
 @group_app.command("list")
-def group_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS
+def group_list(pm: PmOption = "", timeout_ms: TimeoutOption = UNSET
                ) -> None:
     """Print every consumer group with live members or committed offsets, one a line."""
     names = _run(pm, timeout_ms, lambda c: c.list_groups())
@@ -50,8 +49,8 @@ def group_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TI
 @group_app.command("describe")
 def group_describe(
     group: Annotated[str, typer.Argument(help="The group.", show_default=False)],
-    pm: PmOption = DEFAULT_PM,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    pm: PmOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Per stream: committed offset, end offset, lag and the member reading it; then the
     members (as kafka-consumer-groups --describe)."""
@@ -80,8 +79,8 @@ def group_reset_offsets(
     streams: Annotated[list[str] | None, typer.Option(
         "--stream", help="Stream name or id (repeatable; default: every stream the group has "
         "committed).", show_default=False)] = None,
-    pm: PmOption = DEFAULT_PM,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    pm: PmOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Move a stopped group's committed offsets; prints stream and new offset per line."""
     pos: StartPosition
@@ -102,8 +101,8 @@ def group_reset_offsets(
 @group_app.command("delete")
 def group_delete(
     group: Annotated[str, typer.Argument(help="The group.", show_default=False)],
-    pm: PmOption = DEFAULT_PM,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    pm: PmOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Forget a stopped group and its committed offsets."""
     _run(pm, timeout_ms, lambda c: c.delete_group(group))

@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 
 from sbpstream.cli.app import (
-    DEFAULT_TIMEOUT_MS,
     EXIT_USAGE,
+    UNSET,
     PmOption,
     TimeoutOption,
     _run,
@@ -18,9 +18,6 @@ from sbpstream.cli.app import (
     out_console,
 )
 from sbpstream.client import AsyncClient
-from sbpstream.client.types import (
-    DEFAULT_PM,
-)
 from sbpstream.protocol.errors import (
     SbpError,
 )
@@ -75,7 +72,7 @@ def _rate(n: int | None) -> str:
 
 @quota_app.command("set")
 def quota_set(
-    pm: PmOption = DEFAULT_PM,
+    pm: PmOption = "",
     user: QUserOption = None,
     client_id: QClientOption = None,
     stream: QStreamOption = None,
@@ -87,7 +84,7 @@ def quota_set(
         "--fetch-bytes-per-s", help="Bytes/s it may fetch.")] = None,
     requests_per_s: Annotated[int | None, typer.Option(
         "--requests-per-s", help="APPEND and FETCH requests/s.")] = None,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Create or replace a quota (each data node enforces it for its own traffic). Which one
     applies, per rate: --user with --client-id, then --user, then --client-id, then --default."""
@@ -107,7 +104,7 @@ def quota_set(
 
 
 @quota_app.command("list")
-def quota_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+def quota_list(pm: PmOption = "", timeout_ms: TimeoutOption = UNSET,
                ) -> None:
     """Every quota the PM stores (- = not limited by this quota)."""
     quotas = _run(pm, timeout_ms, lambda c: c.list_quotas())
@@ -120,12 +117,12 @@ def quota_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TI
 
 @quota_app.command("delete")
 def quota_delete(
-    pm: PmOption = DEFAULT_PM,
+    pm: PmOption = "",
     user: QUserOption = None,
     client_id: QClientOption = None,
     stream: QStreamOption = None,
     default: QDefaultOption = False,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Delete a quota."""
     kind, name, principal = _entity(client_id, stream, default, user)
@@ -135,11 +132,11 @@ def quota_delete(
 
 @quota_app.command("counters")
 def quota_counters(
-    pm: PmOption = DEFAULT_PM,
+    pm: PmOption = "",
     node: Annotated[list[str] | None, typer.Option(
         "--node", help="A data node HOST:PORT (repeatable); default: every node holding a "
         "range of some stream.")] = None,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """The live Throttr-style counters of the data nodes: quota left in the window and the
     TTL left (Throttr's QUERY)."""

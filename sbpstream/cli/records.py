@@ -14,9 +14,9 @@ import typer
 
 from sbpstream.cli.app import (
     _CLIENT,
-    DEFAULT_TIMEOUT_MS,
     EXIT_USAGE,
     READ_CHUNK_BYTES,
+    UNSET,
     CliError,
     LiveCount,
     PmOption,
@@ -34,7 +34,6 @@ from sbpstream.client import Client
 from sbpstream.client._sync_support import RecordFuture
 from sbpstream.client.producer import Offsets
 from sbpstream.client.types import (
-    DEFAULT_PM,
     ConsumedRecord,
     StartPosition,
     codec_of,
@@ -72,7 +71,7 @@ def _stdin_lines(chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[list[bytes]]:
 def produce(
     stream: Annotated[str, typer.Option("--stream", help="Stream name or id to append to.",
                                         show_default=False)],
-    pm: PmOption = DEFAULT_PM,
+    pm: PmOption = "",
     key: Annotated[str | None, typer.Option("--key", help="Key of every record (UTF-8).")
                    ] = None,
     key_separator: Annotated[str | None, typer.Option(
@@ -82,7 +81,7 @@ def produce(
         "--compression", help="Batch compression: none, zstd or lz4.")] = "none",
     linger_ms: Annotated[float, typer.Option(
         "--linger-ms", help="How long a batch waits for more records.")] = 5.0,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Append each line of stdin as one record (value = the line without its newline).
 
@@ -195,7 +194,7 @@ def _parse_from(value: str) -> StartPosition:
 def consume(
     stream: Annotated[str, typer.Option("--stream", help="Stream name or id to read.",
                                         show_default=False)],
-    pm: PmOption = DEFAULT_PM,
+    pm: PmOption = "",
     start: Annotated[str, typer.Option(
         "--from", help="Where to start: earliest, latest or an offset.")] = "earliest",
     count: Annotated[int | None, typer.Option(
@@ -218,7 +217,7 @@ def consume(
         "--group", help="Read as a member of this consumer group: resume at its committed "
         "offset (--from only when it has none) and commit what was written.",
         show_default=False)] = None,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Write one record per line to stdout: its value as raw bytes, or JSON with --format json.
 

@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from sbpstream.cli.app import (
-    DEFAULT_TIMEOUT_MS,
     EXIT_USAGE,
+    UNSET,
     ClientIntrospection,
     PmOption,
     TimeoutOption,
@@ -20,10 +20,10 @@ from sbpstream.cli.app import (
     err_console,
     fail,
     out_console,
+    pm_leader,
 )
 from sbpstream.client import AsyncClient, Range, Stream
 from sbpstream.client.types import (
-    DEFAULT_PM,
     DEFAULT_RETENTION_MS,
 )
 from sbpstream.protocol.errors import (
@@ -52,13 +52,13 @@ def stream_create(
         help="Names of the streams to create, one stream each (unique; 1-249 characters of "
         "a-z A-Z 0-9 . _ -, not all digits). Without names: --count unnamed streams.",
         show_default=False)] = None,
-    pm: PmOption = DEFAULT_PM,
+    pm: PmOption = "",
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="Replicas per range.")] = 1,
     retention_ms: Annotated[int, typer.Option(
         "--retention-ms", min=1, help="How long records are kept.")] = DEFAULT_RETENTION_MS,
     count: Annotated[int, typer.Option("--count", min=1, help="How many streams to create.")
                      ] = 1,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Create streams; print the new ids, one per line."""
     for name in names or ():
@@ -96,7 +96,7 @@ async def _stored_bytes(c: AsyncClient, ids: list[int]) -> dict[int, int]:
     """Stream id -> bytes stored (each range once), from the PM's STATS; {} when unavailable."""
     out: dict[int, int] = {}
     try:
-        async with ClientIntrospection(c, c.pm_addresses[0]) as i:
+        async with ClientIntrospection(c, await pm_leader(c)) as i:
             for at in range(0, len(ids), STORED_BYTES_CHUNK):
                 _, body = await i.stats(ids[at:at + STORED_BYTES_CHUNK])
                 for row in body.get("streams", ()):
@@ -110,8 +110,8 @@ async def _stored_bytes(c: AsyncClient, ids: list[int]) -> dict[int, int]:
 def stream_describe(
     stream_ids: Annotated[list[str], typer.Argument(help="Stream names or ids.",
                                                     show_default=False)],
-    pm: PmOption = DEFAULT_PM,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    pm: PmOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Describe streams: replicas, retention, start and end offsets.
 
@@ -150,7 +150,7 @@ def stream_describe(
 
 
 @stream_app.command("list")
-def stream_list(pm: PmOption = DEFAULT_PM, timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS) -> None:
+def stream_list(pm: PmOption = "", timeout_ms: TimeoutOption = UNSET) -> None:
     """List every stream: start and end offsets (end: the next offset to be written), records,
     bytes stored (each range counted once, from the data nodes' STATS), name."""
 
@@ -178,8 +178,8 @@ def stream_update(
     replicas: Annotated[int | None, typer.Option(
         "--replicas", min=1, help="New replica count of the ranges.", show_default=False)
                         ] = None,
-    pm: PmOption = DEFAULT_PM,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    pm: PmOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Change a stream's retention and/or replica count; print its new description."""
     if retention_ms is None and replicas is None:
@@ -196,8 +196,8 @@ def stream_update(
 def stream_delete(
     stream_ids: Annotated[list[str], typer.Argument(help="Stream names or ids.",
                                                     show_default=False)],
-    pm: PmOption = DEFAULT_PM,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    pm: PmOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Delete streams (their records become unreadable at once)."""
     _run(pm, timeout_ms, lambda c: c.delete_streams(stream_ids))
@@ -209,8 +209,8 @@ def stream_trim(
     stream_id: Annotated[str, typer.Argument(help="Stream name or id.", show_default=False)],
     offset: Annotated[int, typer.Argument(help="New start offset: earlier records are dropped.",
                                           show_default=False)],
-    pm: PmOption = DEFAULT_PM,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    pm: PmOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Trim a stream: drop the records before OFFSET."""
     s = _run(pm, timeout_ms, lambda c: c.trim_stream(stream_id, offset))
@@ -220,8 +220,8 @@ def stream_trim(
 @stream_app.command("ranges")
 def stream_ranges(
     stream_id: Annotated[str, typer.Argument(help="Stream name or id.", show_default=False)],
-    pm: PmOption = DEFAULT_PM,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    pm: PmOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Show a stream's ranges: offsets, state and replicas (primary marked *).
 

@@ -7,16 +7,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sbpstream.cli.app import (
-    DEFAULT_TIMEOUT_MS,
     EXIT_ERROR,
     EXIT_USAGE,
+    UNSET,
     PmOption,
     TimeoutOption,
     _compression,
@@ -26,11 +26,11 @@ from sbpstream.cli.app import (
     fail,
     interrupted,
     out_console,
+    timeout_or,
 )
 from sbpstream.client import AsyncClient
 from sbpstream.client.aclient import compile_stream_pattern
 from sbpstream.client.types import (
-    DEFAULT_PM,
     codec_of,
 )
 from sbpstream.protocol.errors import (
@@ -43,9 +43,17 @@ from sbpstream.tools.loadgen import PhaseResult, consume_load, produce_load
 T = TypeVar("T")
 
 
+BENCH_TIMEOUT_MS: Final = 60_000
+"""bench moves more data than one command: a slow machine gets a minute before it gives up."""
+BenchTimeoutOption = Annotated[int, typer.Option(
+    "--timeout-ms", callback=timeout_or(BENCH_TIMEOUT_MS), show_default=False,
+    help=f"Give up retrying after this many ms (default: the global --timeout-ms, "
+    f"{BENCH_TIMEOUT_MS}).")]
+
+
 @app.command()
 def bench(
-    pm: PmOption = DEFAULT_PM,
+    pm: PmOption = "",
     records: Annotated[int, typer.Option("--records", min=1, help="Records to produce.")
                        ] = 100_000,
     size: Annotated[int, typer.Option("--size", min=0, help="Bytes per record value.")] = 100,
@@ -57,7 +65,7 @@ def bench(
         "--compression", help="none, zstd or lz4.")] = "none",
     keep: Annotated[bool, typer.Option(
         "--keep", help="Keep the streams it creates (deleted at the end otherwise).")] = False,
-    timeout_ms: TimeoutOption = 60_000,
+    timeout_ms: BenchTimeoutOption = UNSET,
 ) -> None:
     """Produce then consume load through the SDK; print records/s, MB/s and latencies.
 
@@ -125,7 +133,7 @@ def pipeline(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="Checkpoint directory.")],
     trigger: Annotated[str, typer.Option(
         "--trigger", help="available-now or processing-time=SECONDS.")] = "available-now",
-    pm: PmOption = DEFAULT_PM,
+    pm: PmOption = "",
     starting_offsets: Annotated[str, typer.Option(
         "--starting-offsets", help='earliest, latest or JSON {"<stream>": offset}.')
     ] = "earliest",
@@ -216,8 +224,8 @@ def _stop_queries(spark: Any) -> None:
 
 @app.command("check")
 def check(
-    pm: PmOption = DEFAULT_PM,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    pm: PmOption = "",
+    timeout_ms: TimeoutOption = UNSET,
     repair: Annotated[bool, typer.Option(
         "--repair", help="Send each replica found short, unsealed or missing its range "
         "(SYNC_RANGES): it copies what it lacks from another replica.")] = False,
