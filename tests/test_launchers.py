@@ -41,9 +41,9 @@ def _help(path: list[str]) -> str:
 
 def _doc_lines() -> list[tuple[str, str]]:
     """(file:line, text) of every docs line naming a command: ``\\`` continuations and, in a
-    code block, indented lines of more options (``[--x``, ``--x``) joined; a table of flags (rows starting with
-    ``| `--flag``) becomes one line per row prefixed with the commands the paragraph just
-    before it names (``Flags, on `sbpstream pm`, `sbpstream datanode`: ...``)."""
+    code block, indented lines of more options (``[--x``, ``--x``) joined; a table of flags
+    (rows starting with ``| `--flag``) becomes one line per row prefixed with the commands the
+    paragraph just before it names (``Flags, on `sbpstream pm`, `sbpstream datanode`: ...``)."""
     out: list[tuple[str, str]] = []
     for doc in DOCS:
         lines = doc.read_text().splitlines()
