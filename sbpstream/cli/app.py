@@ -1,7 +1,10 @@
-"""The ``sbpstream`` command line: run a cluster or its servers, manage streams, move records.
+"""The ``sbpstream`` application: the root command with its global options, and the helpers
+every command family shares (one client, one-line errors, the wait reporter).
 
-Every client command takes ``--pm HOST:PORT[,HOST:PORT...]`` (or ``$SBPSTREAM_PM``; default
-``127.0.0.1:12378``). Expected failures (unreachable PM, unknown stream, bad offset, bad
+Global options (before the command): ``--pm HOST:PORT[,HOST:PORT...]`` (or ``$SBPSTREAM_PM``;
+default ``127.0.0.1:12378``), ``--timeout-ms``, ``--user``, ``--password``, ``--token-file``,
+``--tls-ca``; every client command also takes ``--pm`` and ``--timeout-ms`` after its name (its
+own wins). Expected failures (unreachable PM, unknown stream, bad offset, bad
 arguments) are reported as one line on stderr with a non-zero exit status, never a traceback.
 """
 
