@@ -25,9 +25,9 @@ from pathlib import Path
 
 from bench.common import median_spread
 from sbpstream.client import AsyncClient
-from sbpstream.client.loadgen import produce_load
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.loop import run
+from sbpstream.tools.loadgen import produce_load
 
 FAILOVER_BOUND_S = 60.0  # a failover not done within this is reported as a failure
 

@@ -36,10 +36,10 @@ from typing import Any
 
 from bench.peers import redis_parser
 from sbpstream.client import AsyncClient
-from sbpstream.client.loadgen import consume_load, produce_load
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.loop import run
 from sbpstream.net.ports import free_port
+from sbpstream.tools.loadgen import consume_load, produce_load
 
 REDIS_PIPELINE = 1000  # XADDs per round trip
 REDIS_PAGE = 10_000  # entries per XRANGE

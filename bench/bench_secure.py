@@ -29,9 +29,9 @@ from sbpstream.auth.bootstrap import bootstrap_admin
 from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.config import CA_FILE
 from sbpstream.client import AsyncClient
-from sbpstream.client.loadgen import consume_load, produce_load
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.loop import run
+from sbpstream.tools.loadgen import consume_load, produce_load
 
 SIZE = 1024
 TARGET_COST = 0.25

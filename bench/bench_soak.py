@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sbpstream.client.aclient import AsyncClient
-from sbpstream.client.check import check_cluster
 from sbpstream.cluster import LocalCluster
 from sbpstream.protocol.errors import SbpError
+from sbpstream.tools.check import check_cluster
 
 
 @dataclass

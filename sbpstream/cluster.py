@@ -390,7 +390,9 @@ def restart_backoff_s(deaths: int) -> float:
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """SIGINT/SIGTERM held back while a child is being started, so that Ctrl-C cannot land
-    between the fork and the bookkeeping that lets a stop find the child (then delivered)."""
+    between the fork and the bookkeeping that lets a stop find the child (then delivered).
+    The child inherits the blocked mask across exec; every server unblocks it first thing
+    (sbpstream.cli.launch.unblock_signals), so a restarted one still stops on SIGTERM."""
     held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from sbpstream.client import check
 from sbpstream.protocol.messages import (
     DataNode,
     DescribeRangeResult,
@@ -22,6 +21,7 @@ from sbpstream.protocol.messages import (
     Status,
     Stream,
 )
+from sbpstream.tools import check
 
 END = 200
 BATCH = 10

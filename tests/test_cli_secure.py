@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from waiting import eventually
 
-from sbpstream.cli_security import ACL_EXAMPLE_HEADER
+from sbpstream.cli.security import ACL_EXAMPLE_HEADER
 from sbpstream.net.ports import free_port
 
 pytestmark = pytest.mark.timeout(300)

@@ -18,8 +18,8 @@ from cluster_helpers import node_at, read_range
 from waiting import eventually_async
 
 from sbpstream.client import AsyncClient
-from sbpstream.client.check import check_cluster
 from sbpstream.cluster import LocalCluster
+from sbpstream.tools.check import check_cluster
 
 pytestmark = pytest.mark.adversity
 

@@ -241,3 +241,46 @@ def test_supervisor_restarts_with_backoff_and_leaves_stopped_nodes_alone(tmp_pat
     sup.poll()
     sup.poll()
     assert "pm" not in started
+
+
+STOP_BOUND_S = 30.0
+"""Hang guard for a graceful stop (a server drains in well under a second; before the fix a
+restarted one ignored SIGTERM for ever, so this bound is what would fail)."""
+
+
+def _blocked(pid: int) -> int:
+    """The signal mask blocked in process ``pid`` (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return int(line.split()[1], 16)
+    raise AssertionError("no SigBlk line")
+
+
+def test_a_server_restarted_by_the_supervisor_stops_on_sigterm(tmp_path: Path) -> None:
+    """The supervisor starts a restarted server with SIGINT/SIGTERM held back (so a Ctrl-C
+    cannot land mid-start); the server must not keep them blocked."""
+    cluster = LocalCluster(tmp_path, datanodes=1)
+    cluster.start()
+    try:
+        sup = Supervisor(cluster, lambda line: None)
+        dn = cluster.datanodes[0]
+        assert dn.proc is not None
+        old = dn.proc.pid
+        dn.proc.kill()
+
+        def restarted() -> int | None:
+            sup.poll()
+            p = dn.proc
+            return p.pid if p is not None and p.pid != old and ping(dn.address) else None
+
+        pid = eventually(restarted, timeout=RESTART_S, what="the data node restarted")
+        held = {signal.SIGINT, signal.SIGTERM} & {
+            signal.Signals(n) for n in range(1, 32) if _blocked(pid) >> (n - 1) & 1}
+        assert not held, f"the restarted server blocks {held}"
+        proc = dn.proc
+        assert proc is not None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(STOP_BOUND_S) == 0  # a graceful exit, not a SIGKILL
+        dn.proc = None
+    finally:
+        cluster.stop()

@@ -9,6 +9,6 @@
 - :mod:`.gate` the server side: who may send what on a connection, per item for batches.
 - :mod:`.pmauth` the PM's AUTHENTICATE, MANAGE_USERS and MANAGE_ACLS handlers.
 - :mod:`.client` the client side: log in, present a token, renew it before it expires.
-- :mod:`.setup` a server's security from its settings; :mod:`.cli_args` the server flags;
+- :mod:`.setup` a server's security from its settings (its flags: sbpstream/cli/security.py);
   :mod:`.bootstrap` the first admin, made with the cluster secret.
 """

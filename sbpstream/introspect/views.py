@@ -6,6 +6,7 @@ break, the output.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,15 +43,25 @@ def info_view(body: JSON) -> Group:
     return Group(head, ops)
 
 
+def when(epoch_ms: int | None) -> str:
+    """An epoch-milliseconds time as local ``YYYY-MM-DD HH:MM:SS`` ("" for none/0)."""
+    if not epoch_ms:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_ms / 1000))
+
+
 def stats_view(body: JSON) -> Table:
-    rows = [[s["stream_id"], s["records_appended"], s["per_minute"]["records_appended"],
+    """Per-stream traffic; a row's ``name`` (added by the CLI when the stream has one) shown."""
+    rows = [[s["stream_id"], s.get("name") or "", s["records_appended"],
+             s["per_minute"]["records_appended"],
              s["bytes_appended"], s["per_minute"]["bytes_appended"], s["records_fetched"],
              s["per_minute"]["records_fetched"], s["start_offset"], s["next_offset"],
              s["ranges"] if isinstance(s["ranges"], int) else len(s["ranges"]),
-             s["last_append_ms"] or ""]
+             when(s["last_append_ms"])]
             for s in body["streams"]]
-    return _table("streams", ["stream", "records in", "/min", "bytes in", "/min", "records out",
-                              "/min", "start", "next", "ranges", "last append (ms)"], rows)
+    return _table("streams", ["stream", "name", "records in", "/min", "bytes in", "/min",
+                              "records out",
+                              "/min", "start", "next", "ranges", "last append"], rows)
 
 
 def connection_rows(conns: Sequence[JSON]) -> list[list[Any]]:
@@ -85,8 +96,9 @@ def nodes_view(body: JSON) -> Group:
                                   "writable", "primary", "append/s", "disk in B/s",
                                   "disk free", "memory"], rows)
     under = _table(f"under-replicated ranges ({len(body['under_replicated'])})",
-                   ["stream", "range", "replicas", "live", "wanted"],
-                   [[u["stream_id"], u["range_index"], u["replicas"], u["live_replicas"],
+                   ["stream", "name", "range", "replicas", "live", "wanted"],
+                   [[u["stream_id"], u.get("name") or "", u["range_index"], u["replicas"],
+                     u["live_replicas"],
                      u["replica_nums"]] for u in body["under_replicated"]])
     clients = _table(f"clients ({len(body['clients'])})", CONNECTION_HEADERS,
                      connection_rows(body["clients"]))

@@ -1,4 +1,5 @@
-"""PM configuration: one frozen dataclass, shared by ``python -m sbpstream.pm`` and the CLI."""
+"""PM configuration: one frozen dataclass, built by ``sbpstream pm`` (= ``python -m sbpstream.pm``).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from sbpstream.pm.backends import sqlite_path as sqlite_path  # the CLI's import
 
 DEFAULT_PM_PORT: Final = 12378
 """design.md section 8: everything that names the PM defaults to 127.0.0.1:12378."""
+
+DEFAULT_METADATA: Final = "sqlite:./data/pm/metadata.sqlite3"
+"""Where `sbpstream pm` keeps its metadata when not told: under ./data like `sbpstream up`."""
 
 DEFAULT_HEARTBEAT_INTERVAL_MS: Final = 1000
 DEFAULT_NODE_TIMEOUT_MS: Final = 5000

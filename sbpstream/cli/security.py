@@ -17,9 +17,9 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from sbpstream.auth.config import SecurityConfig, TlsConfig
+from sbpstream.auth.config import DEFAULT_TOKEN_TTL_S, SecurityConfig, TlsConfig
+from sbpstream.cli.app import UNSET, PmOption, TimeoutOption
 from sbpstream.client import AsyncClient
-from sbpstream.client.types import DEFAULT_PM, PM_ENV
 from sbpstream.net.loop import run
 from sbpstream.protocol.errors import SbpError
 
@@ -35,8 +35,6 @@ user_app = typer.Typer(help="Add, list and delete users (needs admin).", no_args
 acl_app = typer.Typer(help="Add, list and delete ACL rules (needs admin).",
                       no_args_is_help=True, rich_markup_mode=None)
 
-PmOption = Annotated[str, typer.Option("--pm", envvar=PM_ENV, show_envvar=False,
-                                       help=f"Placement manager address(es) (env {PM_ENV}).")]
 SecretOption = Annotated[str, typer.Option(
     "--secret-file", help="Act with the cluster secret instead of a user (makes the first "
     "admin); needs --tls-ca when the cluster runs TLS.")]
@@ -53,16 +51,23 @@ SecretFileOption = Annotated[str, typer.Option(
 AllowRemoteOption = Annotated[bool, typer.Option(
     "--allow-remote-unauthenticated",
     help="Protected mode off: serve clients beyond loopback with auth off.")]
+TlsRequireClientCertOption = Annotated[bool, typer.Option(
+    "--tls-require-client-cert",
+    help="Mutual TLS: refuse clients without a certificate from --tls-ca.")]
+TokenTtlOption = Annotated[int, typer.Option(
+    "--token-ttl-s", min=1, help="Lifetime of the tokens the PM issues.")]
 AllowInsecureAuthOption = Annotated[bool, typer.Option(
     "--allow-insecure-auth",
     help="Serve --auth without TLS on an address beyond loopback (logins and tokens in clear).")]
 
 
 def security_config(tls_cert: str, tls_key: str, tls_ca: str, auth: bool, secret_file: str,
-                    allow_remote_unauthenticated: bool,
-                    allow_insecure_auth: bool = False) -> SecurityConfig:
-    return SecurityConfig(TlsConfig(tls_cert, tls_key, tls_ca), auth=auth,
-                          secret_file=secret_file,
+                    allow_remote_unauthenticated: bool, allow_insecure_auth: bool = False,
+                    require_client_cert: bool = False,
+                    token_ttl_s: int = DEFAULT_TOKEN_TTL_S) -> SecurityConfig:
+    """A server's security settings from its flags (docs/security.md)."""
+    return SecurityConfig(TlsConfig(tls_cert, tls_key, tls_ca, require_client_cert), auth=auth,
+                          secret_file=secret_file, token_ttl_s=token_ttl_s,
                           allow_remote_unauthenticated=allow_remote_unauthenticated,
                           allow_insecure_auth=allow_insecure_auth)
 
@@ -73,12 +78,13 @@ def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _admin_run(pm: str, secret_file: str,
+def _admin_run(pm: str, timeout_ms: int, secret_file: str,
                body: Callable[[AsyncClient], Coroutine[Any, Any, T]]) -> T:
     """``body(client)`` as the configured user, or as the cluster (``--secret-file``)."""
 
     async def main(token_file: str) -> T:
-        client = AsyncClient(pm, retry_deadline_ms=10_000, request_timeout_ms=10_000,
+        client = AsyncClient(pm, retry_deadline_ms=timeout_ms,
+                             request_timeout_ms=min(10_000, max(1000, timeout_ms)),
                              token_file=token_file)
         async with client:
             return await body(client)
@@ -124,25 +130,28 @@ def user_add(
     password: Annotated[str, typer.Option(
         "--user-password", help="The new user's password (default: a random one, printed).")
                         ] = "",
-    pm: PmOption = DEFAULT_PM, secret_file: SecretOption = "",
+    pm: PmOption = "", secret_file: SecretOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Add a user (or set its password). Grant it operations with `acl add`."""
     pw = password or secrets.token_urlsafe(18)
-    _admin_run(pm, secret_file, lambda c: c.add_user(name, pw))
+    _admin_run(pm, timeout_ms, secret_file, lambda c: c.add_user(name, pw))
     print(f"user {name} added" + ("" if password else f"; password: {pw}"))
 
 
 @user_app.command("list")
-def user_list(pm: PmOption = DEFAULT_PM, secret_file: SecretOption = "") -> None:
-    for u in _admin_run(pm, secret_file, lambda c: c.list_users()):
+def user_list(pm: PmOption = "", secret_file: SecretOption = "",
+              timeout_ms: TimeoutOption = UNSET) -> None:
+    for u in _admin_run(pm, timeout_ms, secret_file, lambda c: c.list_users()):
         print(u)
 
 
 @user_app.command("delete")
 def user_delete(name: Annotated[str, typer.Argument(help="User name.")],
-                pm: PmOption = DEFAULT_PM, secret_file: SecretOption = "") -> None:
+                pm: PmOption = "", secret_file: SecretOption = "",
+             timeout_ms: TimeoutOption = UNSET) -> None:
     """Delete a user and every ACL rule naming it."""
-    _admin_run(pm, secret_file, lambda c: c.delete_user(name))
+    _admin_run(pm, timeout_ms, secret_file, lambda c: c.delete_user(name))
     print(f"user {name} deleted")
 
 
@@ -155,17 +164,19 @@ def acl_add(
     operations: Annotated[str, typer.Argument(
         help="create,delete,update,trim,describe,append,fetch,admin, or all.")],
     resource: Annotated[str, typer.Argument(help="*, stream:ID or prefix:TEXT.")],
-    pm: PmOption = DEFAULT_PM, secret_file: SecretOption = "",
+    pm: PmOption = "", secret_file: SecretOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Grant operations on a resource (takes effect at the user's next token)."""
-    _admin_run(pm, secret_file, lambda c: c.add_acl(principal, operations, resource))
+    _admin_run(pm, timeout_ms, secret_file, lambda c: c.add_acl(principal, operations, resource))
     print(f"granted {operations} on {resource} to {principal}")
 
 
 @acl_app.command("list")
 def acl_list(principal: Annotated[str, typer.Argument(help="Only this user's rules.")] = "",
-             pm: PmOption = DEFAULT_PM, secret_file: SecretOption = "") -> None:
-    for p, ops, res in _admin_run(pm, secret_file, lambda c: c.list_acls(principal)):
+             pm: PmOption = "", secret_file: SecretOption = "",
+             timeout_ms: TimeoutOption = UNSET) -> None:
+    for p, ops, res in _admin_run(pm, timeout_ms, secret_file, lambda c: c.list_acls(principal)):
         print(f"{p}\t{ops}\t{res}")
 
 
@@ -174,10 +185,11 @@ def acl_delete(
     principal: Annotated[str, typer.Argument(help="User name.")],
     resource: Annotated[str, typer.Argument(help="*, stream:ID or prefix:TEXT.")],
     operations: Annotated[str, typer.Option("--ops", help="Only these operations.")] = "all",
-    pm: PmOption = DEFAULT_PM, secret_file: SecretOption = "",
+    pm: PmOption = "", secret_file: SecretOption = "",
+    timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Take operations (default: all) on a resource away from a user."""
-    _admin_run(pm, secret_file, lambda c: c.delete_acl(principal, resource, operations))
+    _admin_run(pm, timeout_ms, secret_file, lambda c: c.delete_acl(principal, resource, operations))
     print(f"revoked {operations} on {resource} from {principal}")
 
 
