@@ -135,7 +135,7 @@ def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     raise typer.Exit(code)
 
 
-_said = {"interrupted": False}
+said_on_command_line = {"interrupted": False}
 
 
 def interrupted(message: str = "sbpstream: interrupted") -> NoReturn:
@@ -143,7 +143,7 @@ def interrupted(message: str = "sbpstream: interrupted") -> NoReturn:
     if sys.stderr.isatty():
         sys.stderr.write("\r\x1b[K")
     err_console.print(message, markup=False)
-    _said["interrupted"] = True
+    said_on_command_line["interrupted"] = True
     raise typer.Exit(EXIT_INTERRUPTED)
 
 
@@ -306,14 +306,14 @@ def _root(
             os.environ[name] = value
 
 
-def _client(pm: str, timeout_ms: int) -> AsyncClient:
+def make_client(pm: str, timeout_ms: int) -> AsyncClient:
     """The one client every command uses: --pm, and the credentials and CA given before the
     command (or by $SBPSTREAM_USER, _PASSWORD, _TOKEN_FILE, _TLS_CA)."""
     waiting.use_pm(pm)
     try:
         return AsyncClient(pm, retry_deadline_ms=timeout_ms,
                            request_timeout_ms=min(10_000, max(1000, timeout_ms)),
-                           client_id=_CLIENT["id"])
+                           client_id=CLIENT_ID["id"])
     except TlsFileError as exc:
         fail(str(exc), EXIT_USAGE)
     except ValueError as exc:
@@ -332,7 +332,7 @@ class ClientIntrospection(Introspection):
     async def __aenter__(self) -> ClientIntrospection:
         # the client's pool: TLS and credentials, no client-id HEARTBEAT (WHOAMI counts only
         # what the command asked)
-        self._conn = await self.client._pool.get(self.address)
+        self._conn = await self.client.connection(self.address)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -343,9 +343,9 @@ async def pm_leader(client: AsyncClient) -> str:
     """The PM leader's address, found by the SDK's PM caller: every --pm address in turn, a
     follower's PM_NOT_LEADER redirect followed, retried until the client's deadline. The
     question is a DESCRIBE_STREAMS of one stream (cheap; the gate filters it, never refuses)."""
-    await client._pm_call(DescribeStreamsRequest(timeout_ms=client.request_timeout_ms, limit=1),
+    await client.pm_request(DescribeStreamsRequest(timeout_ms=client.request_timeout_ms, limit=1),
                           DescribeStreamsResponse)
-    return client._leader or client.pm_addresses[0]
+    return client.pm_leader or client.pm_addresses[0]
 
 
 async def stream_names(client: AsyncClient, ids: Sequence[int]) -> dict[int, str]:
@@ -354,7 +354,7 @@ async def stream_names(client: AsyncClient, ids: Sequence[int]) -> dict[int, str
     if not ids:
         return {}
     try:
-        resp = await client._pm_call(
+        resp = await client.pm_request(
             DescribeStreamsRequest(timeout_ms=client.request_timeout_ms, stream_ids=tuple(ids)),
             DescribeStreamsResponse)
     except SbpError:
@@ -363,9 +363,10 @@ async def stream_names(client: AsyncClient, ids: Sequence[int]) -> dict[int, str
             if r.status.ok and r.stream is not None and r.stream.name}
 
 
-def _run(pm: str, timeout_ms: int, body: Callable[[AsyncClient], Coroutine[Any, Any, T]]) -> T:
+def run_command(pm: str, timeout_ms: int,
+                body: Callable[[AsyncClient], Coroutine[Any, Any, T]]) -> T:
     """Run ``body(client)`` on a fresh event loop; expected errors become one line."""
-    client = _client(pm, timeout_ms)
+    client = make_client(pm, timeout_ms)
 
     async def main() -> T:
         async with client:
@@ -381,7 +382,7 @@ def _run(pm: str, timeout_ms: int, body: Callable[[AsyncClient], Coroutine[Any, 
 
 
 CLIENT_ID_ENV = "SBPSTREAM_CLIENT_ID"
-_CLIENT = {"id": os.environ.get(CLIENT_ID_ENV, "")}
+CLIENT_ID = {"id": os.environ.get(CLIENT_ID_ENV, "")}
 """The client id every client command sends (``--client-id ID`` anywhere on the command line
 of a command other than ``quota``, or $SBPSTREAM_CLIENT_ID): the data nodes apply its quotas."""
 
@@ -399,16 +400,16 @@ def _take_client_id(argv: list[str]) -> list[str]:
             value = next(it, None)
             if value is None:
                 fail("--client-id needs a value", EXIT_USAGE)
-            _CLIENT["id"] = value
+            CLIENT_ID["id"] = value
         elif a.startswith("--client-id="):
-            _CLIENT["id"] = a.split("=", 1)[1]
+            CLIENT_ID["id"] = a.split("=", 1)[1]
         else:
             out.append(a)
     return out
 
 
 
-def _valid_pm(pm: str) -> None:
+def valid_pm(pm: str) -> None:
     waiting.use_pm(pm)
     try:
         pm_addresses(pm)
@@ -420,7 +421,7 @@ def _valid_pm(pm: str) -> None:
 # ------------------------------------------------------------------------------------- main
 
 
-def _stream_ref(text: str) -> int | str:
+def stream_ref(text: str) -> int | str:
     """``--stream NAME|ID``: digits are an id, anything else a name (checked here, one line)."""
     problem = None if text.strip().isdigit() else name_problem(text)
     if problem is not None:
@@ -428,7 +429,7 @@ def _stream_ref(text: str) -> int | str:
     return text
 
 
-def _compression(name: str) -> Compression:
+def compression_of(name: str) -> Compression:
     try:
         codec_of(name)
     except ValueError as exc:
@@ -452,7 +453,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = sys.argv[1:] if argv is None else argv
         rv = app(args=_take_client_id(list(args)), prog_name="sbpstream", standalone_mode=False)
-    except TlsFileError as exc:  # from a client built outside _client (produce, consume)
+    except TlsFileError as exc:  # from a client built outside make_client (produce, consume)
         err_console.print(f"sbpstream: error: {one_line(str(exc))}", markup=False,
                           soft_wrap=True)
         sys.exit(EXIT_USAGE)
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         rv = EXIT_INTERRUPTED
     except typer.Exit as exc:
         rv = exc.exit_code
-    if rv == EXIT_INTERRUPTED and not _said["interrupted"]:
+    if rv == EXIT_INTERRUPTED and not said_on_command_line["interrupted"]:
         # click turns a KeyboardInterrupt inside a command into exit status 130, silently
         with contextlib.suppress(KeyboardInterrupt):
             err_console.print("sbpstream: interrupted")

@@ -14,11 +14,11 @@ from sbpstream.cli.app import (
     CliError,
     PmOption,
     TimeoutOption,
-    _run,
-    _stream_ref,
     app,
     fail,
     out_console,
+    run_command,
+    stream_ref,
 )
 from sbpstream.client.types import (
     StartPosition,
@@ -42,7 +42,7 @@ T = TypeVar("T")
 def group_list(pm: PmOption = "", timeout_ms: TimeoutOption = UNSET
                ) -> None:
     """Print every consumer group with live members or committed offsets, one a line."""
-    names = _run(pm, timeout_ms, lambda c: c.list_groups())
+    names = run_command(pm, timeout_ms, lambda c: c.list_groups())
     sys.stdout.write("".join(f"{n}\n" for n in names))
 
 
@@ -54,7 +54,7 @@ def group_describe(
 ) -> None:
     """Per stream: committed offset, end offset, lag and the member reading it; then the
     members (as kafka-consumer-groups --describe)."""
-    info = _run(pm, timeout_ms, lambda c: c.describe_group(group))
+    info = run_command(pm, timeout_ms, lambda c: c.describe_group(group))
     out_console.print(f"group {info.group}: {info.state}, generation {info.generation}, "
                       f"{len(info.members)} members")
     t = Table("stream", "committed", "end_offset", "lag", "member")
@@ -91,10 +91,10 @@ def group_reset_offsets(
     else:
         fail(f"--to {to!r}: expected earliest, latest or an offset", EXIT_USAGE)
     try:
-        refs: list[int | str] = [_stream_ref(s) for s in streams or []]
+        refs: list[int | str] = [stream_ref(s) for s in streams or []]
     except CliError as exc:
         fail(str(exc), EXIT_USAGE)
-    new = _run(pm, timeout_ms, lambda c: c.reset_offsets(group, pos, refs))
+    new = run_command(pm, timeout_ms, lambda c: c.reset_offsets(group, pos, refs))
     sys.stdout.write("".join(f"{sid}\t{off}\n" for sid, off in sorted(new.items())))
 
 
@@ -105,6 +105,6 @@ def group_delete(
     timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Forget a stopped group and its committed offsets."""
-    _run(pm, timeout_ms, lambda c: c.delete_group(group))
+    run_command(pm, timeout_ms, lambda c: c.delete_group(group))
 
 

@@ -21,10 +21,10 @@ from sbpstream.cli.app import (
     ClientIntrospection,
     PmOption,
     TimeoutOption,
-    _client,
     app,
     explain,
     fail,
+    make_client,
     out_console,
     pm_leader,
     stream_names,
@@ -45,12 +45,12 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the figures as J
 def _introspect(pm: str, node: str, timeout_ms: int,
                 body: Callable[[ClientIntrospection, AsyncClient], Coroutine[Any, Any, T]]) -> T:
     """Run ``body(introspection, client)`` against ``--node`` or the PM leader, on a connection
-    of the command's client (``_client``: TLS and credentials as every other command)."""
+    of the command's client (``make_client``: TLS and credentials as every other command)."""
     try:
         pm_addresses(pm)
     except ValueError as exc:
         fail(f"--pm: {exc}", EXIT_USAGE)
-    client = _client(pm, timeout_ms)
+    client = make_client(pm, timeout_ms)
     where = {"address": node or pm}
 
     async def main() -> T:

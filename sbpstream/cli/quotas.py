@@ -12,10 +12,10 @@ from sbpstream.cli.app import (
     UNSET,
     PmOption,
     TimeoutOption,
-    _run,
     app,
     fail,
     out_console,
+    run_command,
 )
 from sbpstream.client import AsyncClient
 from sbpstream.protocol.errors import (
@@ -97,7 +97,7 @@ def quota_set(
         validate_quota(spec)
     except SbpError as exc:
         fail(exc.message, EXIT_USAGE)
-    q = _run(pm, timeout_ms, lambda c: c.set_quota(spec))
+    q = run_command(pm, timeout_ms, lambda c: c.set_quota(spec))
     out_console.print(f"quota {q.key}: produce {_rate(q.produce_bytes_per_s)} B/s, fetch "
                       f"{_rate(q.fetch_bytes_per_s)} B/s, requests {_rate(q.requests_per_s)}/s",
                       markup=False)
@@ -107,7 +107,7 @@ def quota_set(
 def quota_list(pm: PmOption = "", timeout_ms: TimeoutOption = UNSET,
                ) -> None:
     """Every quota the PM stores (- = not limited by this quota)."""
-    quotas = _run(pm, timeout_ms, lambda c: c.list_quotas())
+    quotas = run_command(pm, timeout_ms, lambda c: c.list_quotas())
     t = Table("QUOTA", "PRODUCE B/S", "FETCH B/S", "REQUESTS/S", box=None)
     for q in quotas:
         t.add_row(q.key, _rate(q.produce_bytes_per_s), _rate(q.fetch_bytes_per_s),
@@ -126,7 +126,7 @@ def quota_delete(
 ) -> None:
     """Delete a quota."""
     kind, name, principal = _entity(client_id, stream, default, user)
-    q = _run(pm, timeout_ms, lambda c: c.delete_quota(kind, name, principal))
+    q = run_command(pm, timeout_ms, lambda c: c.delete_quota(kind, name, principal))
     out_console.print(f"deleted quota {q.key}", markup=False)
 
 
@@ -145,7 +145,7 @@ def quota_counters(
         return [(a, await c.quota_counters(a)) for a in nodes]
 
     t = Table("NODE", "COUNTER", "QUOTA LEFT", "TTL LEFT", box=None)
-    for addr, resp in _run(pm, timeout_ms, body):
+    for addr, resp in run_command(pm, timeout_ms, body):
         for k in resp.counters:
             unit = TtlType(k.ttl_type).name.lower() if k.ttl_type in range(1, 7) else "?"
             t.add_row(addr, k.key, f"{k.quota:,}", f"{k.ttl} {unit}")

@@ -13,7 +13,7 @@ from typing import Annotated, Any, BinaryIO, NoReturn, TypeVar
 import typer
 
 from sbpstream.cli.app import (
-    _CLIENT,
+    CLIENT_ID,
     EXIT_USAGE,
     READ_CHUNK_BYTES,
     UNSET,
@@ -21,14 +21,14 @@ from sbpstream.cli.app import (
     LiveCount,
     PmOption,
     TimeoutOption,
-    _compression,
-    _stream_ref,
-    _valid_pm,
     app,
+    compression_of,
     err_console,
     explain,
     fail,
     interrupted,
+    stream_ref,
+    valid_pm,
 )
 from sbpstream.client import Client
 from sbpstream.client._sync_support import RecordFuture
@@ -100,12 +100,12 @@ def produce(
     if key_separator == "":
         fail("--key-separator must not be empty", EXIT_USAGE)
     sep = key_separator.encode() if key_separator is not None else None
-    _valid_pm(pm)
+    valid_pm(pm)
     try:
-        with Client(pm, retry_deadline_ms=timeout_ms, client_id=_CLIENT["id"]) as c:
-            sid = c.resolve_stream(_stream_ref(stream))
+        with Client(pm, retry_deadline_ms=timeout_ms, client_id=CLIENT_ID["id"]) as c:
+            sid = c.resolve_stream(stream_ref(stream))
             c.describe_stream(sid)  # a clear error before reading any input
-            p = c.producer(compression=_compression(compression), linger_ms=linger_ms)
+            p = c.producer(compression=compression_of(compression), linger_ms=linger_ms)
             batches: list[concurrent.futures.Future[Offsets]] = []
             singles: list[RecordFuture] = []
             live = LiveCount("produced")
@@ -231,11 +231,11 @@ def consume(
     if output_format not in ("raw", "json"):
         fail(f"--format {output_format!r}: expected raw or json", EXIT_USAGE)
     line_of = _record_formatter(output_format, print_timestamp, print_offset, print_key)
-    _valid_pm(pm)
+    valid_pm(pm)
     out = sys.stdout.buffer
     try:
         with Client(pm, retry_deadline_ms=timeout_ms) as c:
-            sid = c.resolve_stream(_stream_ref(stream))
+            sid = c.resolve_stream(stream_ref(stream))
             end = None
             if not follow:
                 end = c.end_offset(sid)

@@ -19,12 +19,12 @@ from sbpstream.cli.app import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     CliError,
-    _said,
-    _valid_pm,
     app,
     err_console,
     fail,
     main,
+    said_on_command_line,
+    valid_pm,
 )
 from sbpstream.cli.launch import (
     ConfigOption,
@@ -161,7 +161,7 @@ def up(
             err_console.print("sbpstream: interrupted; stopping the cluster ...", end="")
             _shut_down(cluster)
             err_console.print(" stopped.", markup=False)
-            _said["interrupted"] = True
+            said_on_command_line["interrupted"] = True
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
@@ -413,7 +413,7 @@ def kafka_gateway(
     from sbpstream.kafka.gateway import KafkaGateway, run_gateway
 
     _start_server(log_level, log_format)
-    _valid_pm(pm)
+    valid_pm(pm)
     try:
         gw = KafkaGateway(pm, host=host, port=port, advertised=advertise or None,
                           auto_create=auto_create, default_partitions=partitions,

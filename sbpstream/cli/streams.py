@@ -15,12 +15,12 @@ from sbpstream.cli.app import (
     ClientIntrospection,
     PmOption,
     TimeoutOption,
-    _run,
     app,
     err_console,
     fail,
     out_console,
     pm_leader,
+    run_command,
 )
 from sbpstream.client import AsyncClient, Range, Stream
 from sbpstream.client.types import (
@@ -65,7 +65,7 @@ def stream_create(
         problem = name_problem(name)
         if problem is not None:
             fail(problem, EXIT_USAGE)
-    ids = _run(pm, timeout_ms, lambda c: c.create_streams(
+    ids = run_command(pm, timeout_ms, lambda c: c.create_streams(
         count, replica_nums=replicas, retention_ms=retention_ms, names=names or ()))
     sys.stdout.write("".join(f"{i}\n" for i in ids))
 
@@ -131,7 +131,7 @@ def stream_describe(
     async def body(c: AsyncClient) -> list[tuple[Stream, int] | str]:
         return list(await asyncio.gather(*(one(c, sid) for sid in stream_ids)))
 
-    results = _run(pm, timeout_ms, body)
+    results = run_command(pm, timeout_ms, body)
     missing = [(sid, r) for sid, r in zip(stream_ids, results, strict=True) if isinstance(r, str)]
     if len(missing) == len(stream_ids):
         fail("; ".join(f"stream {sid} {state}" for sid, state in missing))
@@ -165,7 +165,7 @@ def stream_list(pm: PmOption = "", timeout_ms: TimeoutOption = UNSET) -> None:
         rows = list(await asyncio.gather(*(end_of(c, s) for s in streams)))
         return rows, await _stored_bytes(c, [s.stream_id for s in streams])
 
-    rows, stored = _run(pm, timeout_ms, body)
+    rows, stored = run_command(pm, timeout_ms, body)
     out_console.print(_streams_table(rows, stored))
 
 
@@ -184,7 +184,7 @@ def stream_update(
     """Change a stream's retention and/or replica count; print its new description."""
     if retention_ms is None and replicas is None:
         fail("nothing to change: give --retention-ms and/or --replicas", EXIT_USAGE)
-    s = _run(pm, timeout_ms, lambda c: c.update_stream(
+    s = run_command(pm, timeout_ms, lambda c: c.update_stream(
         stream_id, replica_nums=replicas, retention_ms=retention_ms))
     t = Table("stream", "replicas", "retention_ms", "start_offset")
     t.add_row(str(s.stream_id), str(s.replica_nums), str(s.retention_period_ms),
@@ -200,7 +200,7 @@ def stream_delete(
     timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Delete streams (their records become unreadable at once)."""
-    _run(pm, timeout_ms, lambda c: c.delete_streams(stream_ids))
+    run_command(pm, timeout_ms, lambda c: c.delete_streams(stream_ids))
     err_console.print(f"deleted {len(stream_ids)} stream(s)")
 
 
@@ -213,7 +213,7 @@ def stream_trim(
     timeout_ms: TimeoutOption = UNSET,
 ) -> None:
     """Trim a stream: drop the records before OFFSET."""
-    s = _run(pm, timeout_ms, lambda c: c.trim_stream(stream_id, offset))
+    s = run_command(pm, timeout_ms, lambda c: c.trim_stream(stream_id, offset))
     err_console.print(f"stream {s.stream_id} now starts at {s.start_offset}")
 
 
@@ -238,7 +238,7 @@ def stream_ranges(
                                   "'next' may be stale", markup=False)
         return ranges
 
-    ranges: list[Range] = _run(pm, timeout_ms, body)
+    ranges: list[Range] = run_command(pm, timeout_ms, body)
     t = Table("range", "start", "end", "next", "state", "replicas")
     for r in ranges:
         reps = ", ".join(f"{'*' if n.is_primary else ''}{n.data_node.node_id}@"

@@ -19,13 +19,13 @@ from sbpstream.cli.app import (
     UNSET,
     PmOption,
     TimeoutOption,
-    _compression,
-    _run,
     app,
+    compression_of,
     err_console,
     fail,
     interrupted,
     out_console,
+    run_command,
     timeout_or,
 )
 from sbpstream.client import AsyncClient
@@ -105,12 +105,12 @@ def bench(
                 return cb
 
             prod = await produce_load(c, sids, records, size, progress=advance(ptask, [t0]),
-                                      compression=_compression(compression))
+                                      compression=compression_of(compression))
             bar.start_task(ctask)
             cons = await consume_load(c, sids, progress=advance(ctask, [time.perf_counter()]))
         return prod, cons
 
-    prod, cons = _run(pm, timeout_ms, body)
+    prod, cons = run_command(pm, timeout_ms, body)
     t = Table("phase", "records", "records/s", "MB/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms",
               title=f"{records} records x {size} B over {streams} stream(s), "
                     f"{replicas} replica(s)")
@@ -238,7 +238,7 @@ def check(
     """
     from sbpstream.tools.check import check_cluster
 
-    report = _run(pm, timeout_ms, lambda c: check_cluster(c, repair=repair, stream_ids=stream))
+    report = run_command(pm, timeout_ms, lambda c: check_cluster(c, repair=repair, stream_ids=stream))
     for p in report.problems:
         print(p)
     for line in report.repaired:

@@ -61,6 +61,7 @@ ASYNC_ONLY: dict[str, str] = {
     "push_batch": "the consumer's hook for its subscriber (client/push.py), on the event loop",
     "resolve_starts": "the consumer's hook for its subscriber (client/push.py)",
     "range_for_stream": "the consumer's hook for its subscriber (client/push.py)",
+    "act_as": "a server acting for one caller with that caller's token (the Kafka gateway)",
     "pm_request": "protocol messages in and out, for tools running on an event loop (the "
                   "CLI's introspection); sync code uses the typed methods",
 }

@@ -36,7 +36,7 @@ from sbpstream.client.types import (
     Stream,
     pm_addresses,
 )
-from sbpstream.net.client import Connection, ConnectionPool
+from sbpstream.net.client import Authenticator, Connection, ConnectionPool
 from sbpstream.net.pmcaller import PmCaller
 from sbpstream.protocol.errors import (
     ErrorCode,
@@ -438,6 +438,14 @@ class AsyncClient:
         self._start_heartbeats()
         cls = RESPONSES[Opcode(request.OPCODE)] if response_cls is None else response_cls
         return await self._pm.call(request, cls)
+
+    def act_as(self, authenticator: Authenticator | None) -> None:
+        """Authenticate this client's new connections with ``authenticator`` instead of its own
+        credentials (None: no authentication at all, not even the environment's). For a
+        server acting for one caller with that caller's token (the Kafka gateway's sessions);
+        call it before the first request."""
+        self.credentials = None
+        self._pool.authenticator = authenticator
 
     async def connection(self, address: str) -> Connection:
         """This client's pooled connection to ``address`` (its TLS and credentials; no

@@ -68,8 +68,7 @@ def plain_client(pm: str | None, tls_ca: str) -> AsyncClient:
     """An SBP client with no credentials at all (not even the environment's): the gateway's own
     on a cluster without auth, where it acts for nobody in particular."""
     c = AsyncClient(pm, retry_deadline_ms=RETRY_DEADLINE_MS, tls_ca=tls_ca)
-    c.credentials = None
-    c._pool.authenticator = None  # no identity but the Kafka connection's
+    c.act_as(None)  # no identity but the Kafka connection's
     return c
 
 
@@ -82,7 +81,7 @@ class Session:
         self.auth = SessionAuth(token, expires_ms)
         self.perms = Permissions(peek_claims(token).acls)
         self.client = plain_client(pm, tls_ca)
-        self.client._pool.authenticator = self.auth
+        self.client.act_as(self.auth)
         self._producer: AsyncProducer | None = None
 
     @property
