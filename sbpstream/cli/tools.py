@@ -238,7 +238,8 @@ def check(
     """
     from sbpstream.tools.check import check_cluster
 
-    report = run_command(pm, timeout_ms, lambda c: check_cluster(c, repair=repair, stream_ids=stream))
+    report = run_command(pm, timeout_ms,
+                         lambda c: check_cluster(c, repair=repair, stream_ids=stream))
     for p in report.problems:
         print(p)
     for line in report.repaired:
