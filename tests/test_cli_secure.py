@@ -3,12 +3,14 @@ prints, run from another working directory (real processes, the installed `sbpst
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
 import ssl
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -101,8 +103,15 @@ def test_printed_paths_are_absolute_and_admin_urls_https(up: SecureUp) -> None:
     assert urls and all(u.startswith("https://") for u in urls), text
     assert "http://" not in text, text
     ctx = ssl.create_default_context(cafile=str(ca))
-    with urllib.request.urlopen(urls[0], context=ctx, timeout=30) as resp:  # it answers https
+    # it answers https, and /metrics wants the scrape credential (the admin's, as printed)
+    basic = base64.b64encode(
+        f"{up.env['SBPSTREAM_USER']}:{up.env['SBPSTREAM_PASSWORD']}".encode()).decode()
+    req = urllib.request.Request(urls[0], headers={"Authorization": f"Basic {basic}"})
+    with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
         assert resp.status == 200
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urls[0], context=ctx, timeout=30)
+    assert refused.value.code == 401
 
 
 def test_every_introspection_command_works_with_the_printed_exports(up: SecureUp) -> None:
