@@ -28,9 +28,8 @@ from waiting import eventually, eventually_async
 from sbpstream.auth import tokens
 from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import Credentials
-from sbpstream.auth.config import CA_FILE, TlsConfig
+from sbpstream.auth.config import CA_FILE
 from sbpstream.auth.gate import CONN_CLAIMS, PM_NODE_ONLY, ServerAuth
-from sbpstream.auth.tls import client_context, server_context
 from sbpstream.client import AsyncClient
 from sbpstream.net.client import CREDENTIALS_HINT, Connection
 from sbpstream.net.server import (
@@ -40,6 +39,7 @@ from sbpstream.net.server import (
     Responder,
     Server,
 )
+from sbpstream.net.tls import TlsConfig, client_context, server_context
 from sbpstream.protocol.errors import (
     AuthenticationFailedError,
     AuthenticationRequiredError,

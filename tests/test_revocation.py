@@ -21,11 +21,11 @@ from sbpstream.auth.acl import AclRule, parse_ops
 from sbpstream.auth.bootstrap import bootstrap_admin
 from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import scram_login
-from sbpstream.auth.config import CA_FILE, SECRET_FILE, TlsConfig, read_secret
-from sbpstream.auth.tls import client_context
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, read_secret
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.client import Connection, ResponseStream
+from sbpstream.net.tls import TlsConfig, client_context
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import ErrorCode, SbpError
 from sbpstream.protocol.opcodes import Opcode

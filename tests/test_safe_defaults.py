@@ -30,7 +30,7 @@ from sbpstream.auth import scram
 from sbpstream.auth.bootstrap import bootstrap_admin
 from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import InsecureCredentialsWarning, scram_login, warn_if_clear
-from sbpstream.auth.config import CA_FILE, SECRET_FILE, SERVER_KEY, TlsConfig
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, SERVER_KEY
 from sbpstream.auth.logins import (
     LOGIN_DELAY_BASE_S,
     LOGIN_DELAY_MAX_S,
@@ -39,11 +39,11 @@ from sbpstream.auth.logins import (
     LoginThrottle,
     login_delay_s,
 )
-from sbpstream.auth.tls import TlsFileError, client_context
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster, ping, secure_args
 from sbpstream.net.client import Connection
 from sbpstream.net.ports import free_port
+from sbpstream.net.tls import TlsConfig, TlsFileError, client_context
 from sbpstream.private_files import open_private, private_dir
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import AuthenticationFailedError

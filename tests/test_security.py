@@ -23,13 +23,13 @@ from sbpstream.auth import tokens
 from sbpstream.auth.bootstrap import bootstrap_admin
 from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import scram_login
-from sbpstream.auth.config import CA_FILE, SECRET_FILE, TlsConfig, read_secret
-from sbpstream.auth.tls import client_context
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, read_secret
 from sbpstream.client import AsyncClient
 from sbpstream.client.groups import GroupAdmin
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.client import Connection
 from sbpstream.net.server import PROTECTED_MODE_MESSAGE, Server
+from sbpstream.net.tls import TlsConfig, client_context
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     AuthenticationFailedError,
