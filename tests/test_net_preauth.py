@@ -22,11 +22,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import PmProcess
+from cluster_helpers import PmProcess, dev_certs
 from waiting import eventually, eventually_async
 
 from sbpstream.auth import tokens
-from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import Credentials
 from sbpstream.auth.config import CA_FILE, TlsConfig
 from sbpstream.auth.gate import CONN_CLAIMS, PM_NODE_ONLY, ServerAuth
@@ -75,9 +74,7 @@ def _no_sdk_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d: Path = tmp_path_factory.mktemp("certs")
-    init_dev_certs(d)
-    return d
+    return dev_certs(tmp_path_factory)
 
 
 def _server_tls(certs: Path) -> TlsConfig:
