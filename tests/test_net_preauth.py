@@ -334,16 +334,16 @@ run(main())
 @pytest.fixture
 def gated_process() -> Iterator[tuple[subprocess.Popen[str], int]]:
     """The gated server (default caps, a long auth deadline) in its own process."""
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER_SCRIPT, SECRET.hex()],
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.strip().isdigit(), f"server did not start: {line!r}"
-        yield proc, int(line)
-    finally:
-        proc.kill()
-        proc.wait(10)
+    with subprocess.Popen([sys.executable, "-c", _SERVER_SCRIPT, SECRET.hex()],
+                          stdout=subprocess.PIPE, text=True, env=dict(os.environ)) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.strip().isdigit(), f"server did not start: {line!r}"
+            yield proc, int(line)
+        finally:
+            proc.kill()
+            proc.wait(10)  # leaving the with closes its stdout pipe
 
 
 def _open_idle(port: int, n: int, sources: int) -> list[socket.socket]:
