@@ -100,16 +100,16 @@ def test_auth_without_tls_starts_on_loopback_or_when_allowed(
         tmp_path: Path, certs: Path, host: str, extra: list[str]) -> None:
     port = free_port()
     cmd = _launchers(tmp_path, port)["sbpstream pm"]
-    proc = subprocess.Popen([*cmd, "--host", host, "--auth", "--secret-file",
-                             str(certs / SECRET_FILE), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        eventually(lambda: proc.poll() is not None or ping(f"127.0.0.1:{port}"), timeout=60,
-                   what="the PM answering PING")
-        assert proc.poll() is None, proc.communicate()[1]
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with subprocess.Popen([*cmd, "--host", host, "--auth", "--secret-file",
+                           str(certs / SECRET_FILE), *extra],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        try:
+            eventually(lambda: proc.poll() is not None or ping(f"127.0.0.1:{port}"),
+                       timeout=60, what="the PM answering PING")
+            assert proc.poll() is None, proc.communicate()[1]
+        finally:
+            proc.terminate()
+            proc.wait(30)  # leaving the with closes its stderr pipe
 
 
 # ------------------------------------------------------------------ file modes
