@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DATA   ?= data
 PYTEST_ARGS ?=
 
-.PHONY: run test install sysdeps lint typecheck unit tier bench clean dist
+.PHONY: run test install sysdeps lint typecheck unit tier suite bench clean dist
 
 $(STAMP): pyproject.toml setup.py $(wildcard sbpstream/*/*.pyx)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sbpstream needs Python >= 3.11"'
@@ -38,17 +38,25 @@ run: install
 
 lint: install
 	$(BIN)/ruff check sbpstream tests bench pyspark_sbpstream.py
+
+typecheck: install
 	$(BIN)/mypy sbpstream pyspark_sbpstream.py
 
+# the unit tier only: in-process tests, no sockets, processes or files (tests/conftest.py sorts
+# every test into one tier from what it uses)
 unit: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m unit $(PYTEST_ARGS)
 
-# one tier of the suite: make tier TIER=unit (seconds), integration, adversity or spark
+# one tier of the suite: make tier TIER=unit, integration, adversity or spark
 TIER ?= unit
 tier: install
 	$(BIN)/python -m pytest -q -m $(TIER) $(PYTEST_ARGS)
 
-test: install sysdeps lint unit
+# the whole pytest suite, every tier
+suite: install sysdeps
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test: install sysdeps lint typecheck suite
 
 bench: install sysdeps
 	$(BIN)/python -m bench.run_all

@@ -2,19 +2,65 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Final
 
+import pytest
 from waiting import eventually
 
+from sbpstream.auth.bootstrap import bootstrap_admin
+from sbpstream.auth.certs import init_dev_certs
+from sbpstream.auth.config import CA_FILE
+from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster, Node
 from sbpstream.net.client import Connection
 from sbpstream.net.ports import free_port
+from sbpstream.net.tls import TlsConfig, client_context
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse, Range
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import iter_all_records
+
+SECURE_ADMIN: Final = ("admin", "admin-pw")
+"""The administrator :func:`secure_cluster` bootstraps (user, password)."""
+CLIENT_RETRY_DEADLINE_MS: Final = 20_000
+"""How long a secure test client retries (a loaded machine: slow TLS handshakes, elections)."""
+
+
+def dev_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Development certificates (CA, server, client, token secret) in a fresh directory."""
+    d: Path = tmp_path_factory.mktemp("certs")
+    init_dev_certs(d)
+    return d
+
+
+@contextmanager
+def secure_cluster(directory: Path, certs: Path, **kwargs: Any) -> Iterator[LocalCluster]:
+    """A :class:`LocalCluster` with TLS and authentication from ``certs``, its administrator
+    (:data:`SECURE_ADMIN`) bootstrapped; stopped on exit."""
+    with LocalCluster(directory, secure=certs, **kwargs) as c:
+        asyncio.run(bootstrap_admin(c.pm_address, certs, *SECURE_ADMIN))
+        yield c
+
+
+def secure_client(cluster: LocalCluster, certs: Path, user: str = SECURE_ADMIN[0],
+                  password: str = SECURE_ADMIN[1], **kwargs: Any) -> AsyncClient:
+    """An SDK client of a secure cluster, logging in as ``user`` (the administrator unless
+    told); ``kwargs`` go to :class:`AsyncClient`."""
+    kwargs.setdefault("retry_deadline_ms", CLIENT_RETRY_DEADLINE_MS)
+    return AsyncClient(cluster.pm_address, user=user, password=password,
+                       tls_ca=str(certs / CA_FILE), **kwargs)
+
+
+async def tls_connection(address: str, certs: Path) -> Connection:
+    """A TLS connection to ``address`` that has not authenticated."""
+    return await Connection.open(address, ssl_context=client_context(TlsConfig(
+        ca=str(certs / CA_FILE))))
 
 
 def node_at(cluster: LocalCluster, address: str) -> Node:

@@ -19,6 +19,19 @@ signals also everything its fixtures (recursively) and the helper classes of the
 refer to. A tier marker written on a test by hand wins. A ``unit`` test that nevertheless opens
 a socket or starts a process fails at once (see :func:`_unit_tests_stay_pure`), so the
 classifier cannot silently put a networked test in the fast tier.
+
+``make unit`` runs the unit tier, ``make tier TIER=...`` one tier, ``make suite`` all of them.
+
+Warnings are errors (pyproject.toml), ``ResourceWarning`` included: a test closes what it opens
+(sockets, transports, files, a subprocess's pipes: ``with subprocess.Popen(...)``). To find
+where an unclosed resource was made, run the module with ``PYTHONTRACEMALLOC=20``.
+
+Helpers shared by test modules live once, in support modules here (import them, do not copy):
+``waiting`` (bounded waits: ``eventually``, ``eventually_async``), ``raw_sbp`` (create, append
+and fetch over one SBP connection), ``raw_peer`` (hand-built frames, a blocking socket peer),
+``cluster_helpers`` (PM processes, reading a range from a replica, secure clusters and clients),
+``metadata_backends`` (the SQLite and etcd metadata stores behind one ``backend`` fixture),
+``etcd_fixture``, ``tcp_proxy`` (the fault proxy).
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ its golden line no longer matches. Add new samples rather than editing old ones.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flatbuffers
 
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import ErrorCode
@@ -144,3 +148,17 @@ SAMPLES: list[m.Message] = [
     m.ResetOffsetsRequest(1_000, "billing", (m.OffsetCommitItem(42, 1_200, "batch 9"),)),
     m.ResetOffsetsResponse(ERR, (m.OffsetCommitResult(42, ERR),)),
 ]
+
+
+def write_vectors(put: Callable[[Any, Sequence[Any]], int], before: str,
+                  vectors: Sequence[Sequence[Any]]) -> bytes:
+    """The buffer ``put`` (a fast path or the builder's way) writes ``vectors`` into, after a
+    string ``before`` (to vary alignment); the fast-path tests compare the two byte for byte."""
+    b = flatbuffers.Builder(16)  # small: the fast path must grow the buffer as the builder does
+    if before:
+        b.CreateString(before)
+    last = 0
+    for items in vectors:
+        last = put(b, items)
+    b.Finish(last)
+    return bytes(b.Output())

@@ -72,3 +72,15 @@ def cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
     _require_java()
     with LocalCluster(tmp_path_factory.mktemp("spark-cluster"), datanodes=2) as c:
         yield c
+
+
+def drop_last_commit(ck: Path) -> int:
+    """Delete the last commit of a streaming checkpoint (and its .crc), as a crash between a
+    batch's write and its commit leaves it; returns that batch id."""
+    commits = sorted((ck / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+    last = commits[-1]
+    last.unlink()
+    crc = last.parent / f".{last.name}.crc"
+    if crc.exists():
+        crc.unlink()
+    return int(last.name)

@@ -29,13 +29,14 @@ from sbpstream.auth import tokens
 from sbpstream.auth.bootstrap import bootstrap_admin
 from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import Credentials
-from sbpstream.auth.config import CA_FILE, SECRET_FILE, TlsConfig, read_secret
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, read_secret
 from sbpstream.auth.gate import ServerAuth
 from sbpstream.auth.http import WWW_AUTHENTICATE, HttpAuth, HttpDenied
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.admin import HttpRequest, protected_refusal
 from sbpstream.net.ports import free_port
+from sbpstream.net.tls import TlsConfig
 
 pytestmark = pytest.mark.timeout(300)
 

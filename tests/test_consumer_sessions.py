@@ -10,12 +10,12 @@ state (subscriptions, sessions, updates) instead of guessing from timings.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import pytest
 import test_subscribe
 from test_subscribe import subs
+from waiting import eventually_async
 
 from sbpstream.client import AsyncClient, AsyncConsumer
 from sbpstream.client import consumer as consumer_mod
@@ -55,13 +55,16 @@ class Reader:
         return [r.value for r in self.got.get(sid, [])]
 
     async def until(self, cond: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not cond():
+        """Wait for ``cond``; a consumer that ended (or failed) first fails at once."""
+
+        def ready() -> bool:
             if self.task.done():
                 self.task.result()
                 raise AssertionError(f"the consumer ended before {what}")
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.got}"
-            await asyncio.sleep(0.01)
+            return cond()
+
+        await eventually_async(ready, timeout=TIMEOUT_S, interval=0.01,
+                               what=lambda: f"{what} (got {self.got})")
 
     async def close(self) -> None:
         await self.cons.close()
@@ -233,14 +236,16 @@ async def test_partial_polls_ack_what_they_take_and_the_window_keeps_moving(
         got: dict[int, list[bytes]] = {a: [], b: []}
         sizes: set[int] = set()
         try:
-            deadline = time.monotonic() + TIMEOUT_S
-            while len(got[a]) + len(got[b]) < 600:
-                assert time.monotonic() < deadline, f"stalled at {len(got[a])}, {len(got[b])}"
+            async def took_all() -> bool:
                 recs = await cons.poll(max_records=7, timeout_ms=200)
                 assert len(recs) <= 7
                 sizes.add(len(recs))
                 for rec in recs:
                     got[rec.stream_id].append(rec.value)
+                return len(got[a]) + len(got[b]) >= 600
+
+            await eventually_async(took_all, timeout=TIMEOUT_S, interval=0, what=lambda: (
+                f"all 600 records (stalled at {len(got[a])}, {len(got[b])})"))
             assert got[a] == want(a, "p", 300) and got[b] == want(b, "p", 300)
             assert 7 in sizes  # more than 7 were buffered at times: the partial take ran
             assert await cons.poll(timeout_ms=100) == []

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from raw_sbp import append, create_streams, decode_fetch, fetch, primary, values
 from waiting import eventually_async
 
 from sbpstream.cluster import LocalCluster
@@ -20,11 +21,7 @@ from sbpstream.protocol.messages import (
     AppendItem,
     AppendRequest,
     AppendResponse,
-    AppendResult,
     ClientRole,
-    CreateStreamItem,
-    CreateStreamsRequest,
-    CreateStreamsResponse,
     DeleteStreamsRequest,
     DeleteStreamsResponse,
     DescribeRangeItem,
@@ -55,7 +52,7 @@ from sbpstream.protocol.messages import (
     DataNode as DataNodeMsg,
 )
 from sbpstream.protocol.opcodes import Opcode
-from sbpstream.records import Record, build_batch, iter_records, read_header
+from sbpstream.records import Record, build_batch, read_header
 from sbpstream.store import StoreStats
 
 TIMEOUT_S = 10.0  # every in-test wait is bounded by this
@@ -76,16 +73,9 @@ def batch(n: int, tag: str = "r", size: int = 16) -> bytes:
 
 async def create_stream(pm: str, retention_period_ms: int = 0) -> tuple[int, Range]:
     """A new single-replica stream; returns its id and its first range (with placement)."""
+    (sid,) = await create_streams(pm, retention_period_ms=retention_period_ms)
     conn = await Connection.open(pm)
     try:
-        f = await conn.request_one(Opcode.CREATE_STREAMS, CreateStreamsRequest(
-            timeout_ms=5000, items=(CreateStreamItem(
-                replica_nums=1, retention_period_ms=retention_period_ms),)).encode(),
-            timeout_s=TIMEOUT_S)
-        res = CreateStreamsResponse.decode(f.header).items[0]
-        assert res.status.ok, res.status
-        assert res.stream is not None
-        sid = res.stream.stream_id
         f = await conn.request_one(Opcode.LIST_RANGES, ListRangesRequest(
             timeout_ms=5000, items=(StreamOwner(sid),)).encode(), timeout_s=TIMEOUT_S)
         ranges = ListRangesResponse.decode(f.header).items[0].ranges
@@ -94,50 +84,8 @@ async def create_stream(pm: str, retention_period_ms: int = 0) -> tuple[int, Ran
         await conn.aclose()
 
 
-def primary(r: Range) -> str:
-    return next(rn.data_node.advertise_addr for rn in r.replica_nodes if rn.is_primary)
-
-
-async def append(conn: Connection, items: list[tuple[int, bytes]],
-                 ) -> tuple[list[Frame], dict[int, AppendResult]]:
-    req = AppendRequest(timeout_ms=5000, items=tuple(
-        AppendItem(stream_id=sid, request_index=i, batch_length=len(b))
-        for i, (sid, b) in enumerate(items)))
-    frames = await conn.request(Opcode.APPEND, req.encode(), [b for _, b in items],
-                                timeout_s=TIMEOUT_S)
-    results = {r.request_index: r for f in frames for r in AppendResponse.decode(f.header).items}
-    assert sorted(results) == list(range(len(items)))
-    return frames, results
-
-
-async def fetch(conn: Connection, sid: int, offset: int, *, max_wait_ms: int = 0,
-                min_bytes: int = 0, max_bytes: int = 1 << 20,
-                ) -> tuple[list[Frame], list[FetchResult], list[bytes]]:
-    req = FetchRequest(max_wait_ms=max_wait_ms, min_bytes=min_bytes, items=(
-        FetchItem(stream_id=sid, request_index=0, fetch_offset=offset,
-                  batch_max_bytes=max_bytes),))
-    frames = await conn.request(Opcode.FETCH, req.encode(), timeout_s=TIMEOUT_S)
-    results, batches = decode_fetch(frames)
-    return frames, results, batches
-
-
 async def collect(stream: ResponseStream) -> list[Frame]:
     return [f async for f in stream]
-
-
-def decode_fetch(frames: list[Frame]) -> tuple[list[FetchResult], list[bytes]]:
-    results: list[FetchResult] = []
-    batches: list[bytes] = []
-    for f in frames:
-        pos = 0
-        payload = bytes(f.payload)
-        for r in FetchResponse.decode(f.header).items:
-            results.append(r)
-            if r.batch_length:
-                batches.append(payload[pos : pos + r.batch_length])
-                pos += r.batch_length
-        assert pos == len(payload)
-    return results, batches
 
 
 async def parked_fetch(conn: Connection, sid: int, available: list[bytes]) -> ResponseStream:
@@ -152,10 +100,6 @@ async def parked_fetch(conn: Connection, sid: int, available: list[bytes]) -> Re
     first = await stream.__anext__()
     assert not first.is_end and len(first.payload) == need - 1
     return stream
-
-
-def values(batches: list[bytes]) -> list[bytes]:
-    return [bytes(rec.value or b"") for b in batches for rec in iter_records(b)]
 
 
 async def test_append_fetch_round_trip(cluster: LocalCluster) -> None:
@@ -222,7 +166,7 @@ async def test_fetch_streams_several_frames(cluster: LocalCluster) -> None:
         big = [batch(10, f"b{i}", size=30_000) for i in range(12)]  # ~300 KB each, ~3.6 MB
         for i in range(0, len(big), 4):
             _, res = await append(conn, [(sid, b) for b in big[i : i + 4]])
-            assert all(r.status.ok for r in res.values())
+            assert all(r.status.ok for r in res)
         frames, _, batches = await fetch(conn, sid, 0, max_bytes=64 << 20)
         assert len(frames) >= 3  # ~1 MiB frames
         assert all(not f.is_end for f in frames[:-1]) and frames[-1].is_end

@@ -3,21 +3,15 @@ node process. None of them takes the server down."""
 
 from __future__ import annotations
 
-import socket
 import struct
-import zlib
 from collections.abc import Iterator
 
 import pytest
+from raw_peer import RawPeer, raw_frame, system_error_code
 
 from sbpstream.cluster import LocalCluster
 from sbpstream.protocol.errors import ErrorCode
-from sbpstream.protocol.frame import (
-    FLAGS_SYSTEM_ERROR,
-    Frame,
-    FrameDecoder,
-    encode_frame,
-)
+from sbpstream.protocol.frame import encode_frame
 from sbpstream.protocol.messages import (
     AppendItem,
     AppendRequest,
@@ -26,12 +20,9 @@ from sbpstream.protocol.messages import (
     CreateStreamsRequest,
     CreateStreamsResponse,
     GoAway,
-    SystemErrorResponse,
 )
 from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import Record, build_batch
-
-SOCKET_TIMEOUT_S = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -41,139 +32,78 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-class Raw:
-    """A plain blocking socket: write any bytes, read decoded frames (bounded waits)."""
-
-    def __init__(self, address: str) -> None:
-        host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S)
-        self.decoder = FrameDecoder()
-        self.eof = False
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def frames(self, n: int) -> list[Frame]:
-        out: list[Frame] = []
-        while len(out) < n:
-            for ev in self.decoder.events():
-                assert isinstance(ev, Frame), ev
-                out.append(ev)
-            if len(out) >= n:
-                break
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                self.eof = True
-                break
-            self.decoder.feed(chunk)
-        return out
-
-    def read_until_eof(self) -> list[Frame]:
-        out: list[Frame] = []
-        while True:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                self.eof = True
-                return out
-            self.decoder.feed(chunk)
-            out.extend(ev for ev in self.decoder.events() if isinstance(ev, Frame))
-
-    def ping_ok(self, request_id: int = 99) -> bool:
-        self.send(encode_frame(Opcode.PING, request_id, 0, b"", b"hi"))
-        f = self.frames(1)
-        return bool(f) and f[0].opcode == Opcode.PING and f[0].request_id == request_id
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
-def raw(cluster: LocalCluster) -> Iterator[Raw]:
-    r = Raw(cluster.datanodes[0].address)
+def raw(cluster: LocalCluster) -> Iterator[RawPeer]:
+    r = RawPeer(cluster.datanodes[0].address)
     yield r
     r.close()
 
 
-def system_error(f: Frame) -> int:
-    assert f.flags == FLAGS_SYSTEM_ERROR
-    return SystemErrorResponse.decode(f.header).status.code
-
-
-def raw_frame(opcode: int, request_id: int, header: bytes = b"", payload: bytes = b"", *,
-              magic: int = 23, fmt: int = 1, crc: int | None = None,
-              frame_length: int | None = None, header_length: int | None = None) -> bytes:
-    fl = 16 + len(header) + len(payload) if frame_length is None else frame_length
-    hl = len(header) if header_length is None else header_length
-    c = (zlib.crc32(payload) if payload else 0) if crc is None else crc
-    return (struct.pack(">IBHBIB", fl, magic, opcode, 0, request_id, fmt) + hl.to_bytes(3, "big")
-            + header + payload + struct.pack(">I", c))
-
-
-def test_ping_vector(raw: Raw) -> None:
+def test_ping_vector(raw: RawPeer) -> None:
     raw.send(bytes.fromhex("00000010170001000000000101000000" "00000000"))
     f = raw.frames(1)[0]
     assert (f.opcode, f.flags, f.request_id) == (Opcode.PING, 0x03, 1)
 
 
-def test_bad_magic_is_discarded(raw: Raw) -> None:
+def test_bad_magic_is_discarded(raw: RawPeer) -> None:
     raw.send(raw_frame(Opcode.PING, 5, magic=42))
     assert raw.ping_ok()  # the only answer is the PONG of the good frame
 
 
-def test_unknown_opcode_is_discarded(raw: Raw) -> None:
+def test_unknown_opcode_is_discarded(raw: RawPeer) -> None:
     raw.send(raw_frame(0x7777, 5, b"", b"junk"))
     assert raw.ping_ok()
 
 
-def test_crc_mismatch_gets_system_error(raw: Raw) -> None:
+def test_crc_mismatch_gets_system_error_code(raw: RawPeer) -> None:
     raw.send(raw_frame(Opcode.APPEND, 6, b"", b"payload", crc=1234))
     f = raw.frames(1)[0]
-    assert f.request_id == 6 and system_error(f) == ErrorCode.CHECKSUM_MISMATCH
+    assert f.request_id == 6 and system_error_code(f) == ErrorCode.CHECKSUM_MISMATCH
     assert raw.ping_ok()
 
 
-def test_bad_header_format_gets_system_error(raw: Raw) -> None:
-    raw.send(raw_frame(Opcode.FETCH, 7, b"\x01\x02", fmt=2))
+def test_bad_header_format_gets_system_error_code(raw: RawPeer) -> None:
+    raw.send(raw_frame(Opcode.FETCH, 7, b"\x01\x02", header_format=2))
     f = raw.frames(1)[0]
-    assert f.request_id == 7 and system_error(f) == ErrorCode.BAD_HEADER
+    assert f.request_id == 7 and system_error_code(f) == ErrorCode.BAD_HEADER
     assert raw.ping_ok()
 
 
-def test_undecodable_header_gets_system_error(raw: Raw) -> None:
+def test_undecodable_header_gets_system_error_code(raw: RawPeer) -> None:
     for rid, op in ((8, Opcode.APPEND), (9, Opcode.FETCH), (10, Opcode.SEAL_RANGES),
                     (11, Opcode.SYNC_RANGES), (12, Opcode.DESCRIBE_RANGES),
                     (13, Opcode.TRIM_STREAMS), (14, Opcode.DELETE_STREAMS)):
         raw.send(raw_frame(op, rid, b"\xff\xff\xff\x7f" + b"\x00" * 5))
         f = raw.frames(1)[0]
-        assert f.request_id == rid and system_error(f) == ErrorCode.BAD_HEADER, op
+        assert f.request_id == rid and system_error_code(f) == ErrorCode.BAD_HEADER, op
     assert raw.ping_ok()
 
 
-def test_frame_length_over_bound_goaway_and_close(raw: Raw) -> None:
+def test_frame_length_over_bound_goaway_and_close(raw: RawPeer) -> None:
     raw.send(struct.pack(">I", (16 << 20) + 1) + b"\x17")
-    frames = raw.read_until_eof()
+    frames = raw.read_to_eof()
     assert raw.eof and [f.opcode for f in frames] == [Opcode.GOAWAY]
     assert GoAway.decode(frames[0].header).code == ErrorCode.INVALID_REQUEST
 
 
-def test_header_length_beyond_frame_goaway_and_close(raw: Raw) -> None:
+def test_header_length_beyond_frame_goaway_and_close(raw: RawPeer) -> None:
     raw.send(raw_frame(Opcode.APPEND, 3, b"", b"", header_length=100))
-    frames = raw.read_until_eof()
+    frames = raw.read_to_eof()
     assert raw.eof and [f.opcode for f in frames] == [Opcode.GOAWAY]
 
 
-def test_known_opcode_not_served_is_unsupported(raw: Raw) -> None:
+def test_known_opcode_not_served_is_unsupported(raw: RawPeer) -> None:
     hdr = CreateStreamsRequest(items=(CreateStreamItem(replica_nums=1),)).encode()
     for rid, op in ((15, Opcode.CREATE_STREAMS), (16, Opcode.LIST_RANGES),
                     (17, Opcode.ALLOCATE_ID), (18, Opcode.REPORT_METRICS)):
         raw.send(raw_frame(op, rid, hdr))
         f = raw.frames(1)[0]
-        assert f.request_id == rid and system_error(f) == ErrorCode.UNSUPPORTED_OPERATION
+        assert f.request_id == rid and system_error_code(f) == ErrorCode.UNSUPPORTED_OPERATION
     assert raw.ping_ok()
 
 
 def _create_stream(pm: str) -> int:
-    r = Raw(pm)
+    r = RawPeer(pm)
     try:
         hdr = CreateStreamsRequest(timeout_ms=5000,
                                    items=(CreateStreamItem(replica_nums=1),)).encode()
@@ -185,7 +115,7 @@ def _create_stream(pm: str) -> int:
         r.close()
 
 
-def test_corrupt_batch_fails_only_its_item(cluster: LocalCluster, raw: Raw) -> None:
+def test_corrupt_batch_fails_only_its_item(cluster: LocalCluster, raw: RawPeer) -> None:
     sid = _create_stream(cluster.pm_address)
     good = build_batch([Record(value=b"good")])
     bad = bytearray(build_batch([Record(value=b"bad!")]))
@@ -208,7 +138,7 @@ def test_corrupt_batch_fails_only_its_item(cluster: LocalCluster, raw: Raw) -> N
     assert [results[i].base_offset for i in (0, 2, 4)] == [0, 1, 2]
 
 
-def test_batch_lengths_must_add_up(cluster: LocalCluster, raw: Raw) -> None:
+def test_batch_lengths_must_add_up(cluster: LocalCluster, raw: RawPeer) -> None:
     sid = _create_stream(cluster.pm_address)
     good = build_batch([Record(value=b"x")])
     for rid, lengths in ((21, [len(good) + 1]), (22, [len(good) - 1]), (23, [0]), (24, [-5])):
@@ -217,21 +147,21 @@ def test_batch_lengths_must_add_up(cluster: LocalCluster, raw: Raw) -> None:
             for i, n in enumerate(lengths))).encode()
         raw.send(encode_frame(Opcode.APPEND, rid, 0, hdr, good))
         f = raw.frames(1)[0]
-        assert f.request_id == rid and system_error(f) == ErrorCode.INVALID_REQUEST
+        assert f.request_id == rid and system_error_code(f) == ErrorCode.INVALID_REQUEST
     assert raw.ping_ok()
 
 
-def test_too_many_items_is_refused(cluster: LocalCluster, raw: Raw) -> None:
+def test_too_many_items_is_refused(cluster: LocalCluster, raw: RawPeer) -> None:
     hdr = AppendRequest(items=tuple(
         AppendItem(stream_id=1, request_index=i, batch_length=1) for i in range(5000))).encode()
     raw.send(encode_frame(Opcode.APPEND, 25, 0, hdr, b"\x00" * 5000))
     f = raw.frames(1)[0]
-    assert system_error(f) == ErrorCode.LIMIT_EXCEEDED
+    assert system_error_code(f) == ErrorCode.LIMIT_EXCEEDED
     assert raw.ping_ok()
 
 
 def test_server_survives_everything(cluster: LocalCluster) -> None:
-    r = Raw(cluster.datanodes[0].address)
+    r = RawPeer(cluster.datanodes[0].address)
     try:
         assert r.ping_ok()
         assert cluster.datanodes[0].running

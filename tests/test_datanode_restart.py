@@ -12,6 +12,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from raw_sbp import append_one, fetch
 from waiting import eventually_async
 
 from sbpstream.datanode import node as node_mod
@@ -23,7 +24,6 @@ from sbpstream.pm.config import PmConfig
 from sbpstream.pm.server import PmServer
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import ErrorCode
-from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import Record, build_batch
 
 TIMEOUT_S = 10.0
@@ -36,22 +36,6 @@ def batch(n: int) -> bytes:
 async def call(conn: Connection, req: m.Message, cls: type[m.Message]) -> m.Message:
     f = await conn.request_one(req.OPCODE, req.encode(), timeout_s=TIMEOUT_S)
     return cls.decode(f.header)
-
-
-async def append(conn: Connection, sid: int, data: bytes, range_index: int = -1) -> m.AppendResult:
-    req = m.AppendRequest(timeout_ms=5000, items=(m.AppendItem(
-        stream_id=sid, request_index=0, batch_length=len(data), range_index=range_index),))
-    frames = await conn.request(Opcode.APPEND, req.encode(), [data], timeout_s=TIMEOUT_S)
-    (res,) = [r for f in frames for r in m.AppendResponse.decode(f.header).items]
-    return res
-
-
-async def fetch(conn: Connection, sid: int) -> tuple[m.FetchResult, int]:
-    req = m.FetchRequest(max_wait_ms=0, items=(m.FetchItem(
-        stream_id=sid, request_index=0, fetch_offset=0, batch_max_bytes=1 << 20),))
-    frames = await conn.request(Opcode.FETCH, req.encode(), timeout_s=TIMEOUT_S)
-    results = [r for f in frames for r in m.FetchResponse.decode(f.header).items]
-    return results[0], sum(1 for r in results if r.batch_length)
 
 
 async def test_background_reconcile_applies_the_pms_decisions_first(
@@ -72,7 +56,7 @@ async def test_background_reconcile_applies_the_pms_decisions_first(
         sealed, deleted, kept = (it.stream.stream_id for it in r.items if it.stream)
         node = await Connection.open(dn.address)
         for sid in (sealed, deleted, kept):
-            assert (await append(node, sid, batch(2))).status.ok
+            assert (await append_one(node, sid, batch(2))).status.ok
         await node.aclose()
         await dn.close()
 
@@ -97,25 +81,25 @@ async def test_background_reconcile_applies_the_pms_decisions_first(
         assert not dn.reconciled.is_set()
         node = await Connection.open(dn.address)
         try:
-            res = await append(node, sealed, batch(1), range_index=0)
+            res = await append_one(node, sealed, batch(1), range_index=0)
             assert res.status.code == ErrorCode.RANGE_SEALED
-            res = await append(node, sealed, batch(1))  # the last range: the PM's new one
+            res = await append_one(node, sealed, batch(1))  # the last range: the PM's new one
             assert res.status.ok and res.base_offset == 2
-            res = await append(node, deleted, batch(1))
+            res = await append_one(node, deleted, batch(1))
             assert res.status.code == ErrorCode.STREAM_DELETED
-            got, batches = await fetch(node, kept)  # not confirmed yet: nothing readable
-            assert got.status.ok and batches == 0 and got.high_watermark == -1
+            _, (got, *_), batches = await fetch(node, kept)  # not confirmed yet: nothing readable
+            assert got.status.ok and not batches and got.high_watermark == -1
             release.set()
             await asyncio.wait_for(dn.reconciled.wait(), TIMEOUT_S)
 
             async def readable() -> bool:
-                return (await fetch(node, kept))[1] == 1
+                return len((await fetch(node, kept))[2]) == 1
 
             await eventually_async(readable, timeout=TIMEOUT_S, what="kept readable")
-            res = await append(node, kept, batch(1))
+            res = await append_one(node, kept, batch(1))
             assert res.status.ok and res.base_offset == 2
-            got, batches = await fetch(node, sealed)  # range 0 up to the PM's end, range 1
-            assert got.status.ok and batches == 2
+            _, (got, *_), batches = await fetch(node, sealed)  # range 0 up to the PM's end, range 1
+            assert got.status.ok and len(batches) == 2
         finally:
             await node.aclose()
     finally:

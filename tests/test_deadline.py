@@ -18,14 +18,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cluster_helpers import node_at, read_range
+from raw_sbp import append_one
 from waiting import eventually_async
 
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster, Node
 from sbpstream.net.client import Connection
 from sbpstream.protocol.errors import ErrorCode
-from sbpstream.protocol.messages import AppendItem, AppendRequest, AppendResponse, AppendResult
-from sbpstream.protocol.opcodes import Opcode
+from sbpstream.protocol.messages import AppendResult
 from sbpstream.records import build_batch
 from sbpstream.records.builder import Record
 
@@ -51,11 +51,8 @@ def cluster_of(tmp_path: Path, datanodes: int) -> LocalCluster:
 
 
 async def append(conn: Connection, sid: int, batch: bytes, timeout_ms: int) -> AppendResult:
-    req = AppendRequest(timeout_ms=timeout_ms, items=(AppendItem(
-        stream_id=sid, request_index=0, batch_length=len(batch), range_index=0),))
-    f = await conn.request_one(Opcode.APPEND, req.encode(), batch, timeout_s=BOUND_S)
-    (item,) = AppendResponse.decode(f.header).items
-    return item
+    return await append_one(conn, sid, batch, timeout_ms=timeout_ms, range_index=0,
+                            timeout_s=BOUND_S)
 
 
 async def test_short_timeout_append_times_out_and_its_retry_is_not_acknowledged(

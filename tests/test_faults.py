@@ -9,22 +9,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from raw_sbp import append_one, fetch, values
 from tcp_proxy import Fault, TcpProxy
 
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.client import Connection
 from sbpstream.protocol.errors import ConnectionClosedError, ErrorCode, SbpError
-from sbpstream.protocol.messages import (
-    AppendItem,
-    AppendRequest,
-    AppendResponse,
-    FetchItem,
-    FetchRequest,
-    FetchResponse,
-)
-from sbpstream.protocol.opcodes import Opcode
-from sbpstream.records import Record, build_batch, iter_records
+from sbpstream.records import Record, build_batch
 
 TIMEOUT_S = 15.0
 """Bound of every request here (hang guard, far above the delays injected)."""
@@ -66,27 +58,16 @@ def big_batch(tag: bytes) -> bytes:
 
 
 async def append(conn: Connection, sid: int, batch: bytes) -> int:
-    req = AppendRequest(timeout_ms=5000, items=(
-        AppendItem(stream_id=sid, request_index=0, batch_length=len(batch)),))
-    f = await conn.request_one(Opcode.APPEND, req.encode(), batch, timeout_s=TIMEOUT_S)
-    (item,) = AppendResponse.decode(f.header).items
+    """The batch's base offset; a refused append raises its error."""
+    item = await append_one(conn, sid, batch, timeout_s=TIMEOUT_S)
     if not item.status.ok:
         raise item.status.error()
     return item.base_offset
 
 
 async def fetch_values(conn: Connection, sid: int) -> list[bytes]:
-    req = FetchRequest(max_wait_ms=0, min_bytes=0, items=(FetchItem(
-        stream_id=sid, request_index=0, fetch_offset=0, batch_max_bytes=1 << 20),))
-    out: list[bytes] = []
-    for f in await conn.request(Opcode.FETCH, req.encode(), timeout_s=TIMEOUT_S):
-        pos, payload = 0, bytes(f.payload)
-        for r in FetchResponse.decode(f.header).items:
-            if r.batch_length:
-                out += [bytes(rec.value or b"")
-                        for rec in iter_records(payload[pos : pos + r.batch_length])]
-                pos += r.batch_length
-    return out
+    _, _, batches = await fetch(conn, sid, timeout_s=TIMEOUT_S)
+    return values(batches)
 
 
 async def still_serves(cluster: LocalCluster, bystander: Connection, sid: int) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from test_pm_etcd_conformance import R1, Backend, backend, created, delete1, etcd_server
+from metadata_backends import R1, Backend, backend, created, etcd_server
+from test_pm_etcd_conformance import delete1
 
 from sbpstream.pm.metadata import NewStream, OffsetMeta
 from sbpstream.pm.sqlite_meta import SqliteMetadataStore

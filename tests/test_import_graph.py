@@ -12,6 +12,7 @@ To widen the check, add a package prefix to ACYCLIC (``"sbpstream"`` for the who
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "sbpstream"
 
-ACYCLIC = ["sbpstream.client"]
+ACYCLIC = ["sbpstream"]
 """Package prefixes whose modules must not import each other in a circle."""
 
 
@@ -31,6 +32,12 @@ def _module_name(path: Path) -> str:
 def _all_modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))
             if "fbs" not in p.relative_to(ROOT).parts}
+
+
+@functools.cache
+def _extensions() -> frozenset[str]:
+    """Compiled modules (``_speedups.pyx`` and the like), by dotted name."""
+    return frozenset(_module_name(p.with_suffix(".py")) for p in PACKAGE.rglob("*.pyx"))
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
@@ -48,6 +55,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 base = ".".join([*anchor, *([base] if base else [])])
             for a in node.names:
                 sub = f"{base}.{a.name}"
+                if sub in _extensions():
+                    continue  # a compiled module (Cython): it imports nothing of ours
                 out.add(sub if sub in known else base)
     return {m for m in out if m in known and m != name}
 
@@ -105,3 +114,33 @@ def test_no_import_cycle(prefix: str) -> None:
     assert edges, f"no modules under {prefix}"
     cycle = find_cycle(edges)
     assert cycle is None, "import circle: " + " -> ".join(cycle or ())
+
+
+LAYERS: dict[str, int] = {
+    "sbpstream": 0, "protocol": 0, "private_files": 0, "console": 0, "records": 1,
+    "net": 2, "auth": 3, "quota": 4, "store": 4, "introspect": 5,
+    "client": 6, "datanode": 6, "pm": 6, "cluster": 6,
+    "kafka": 7, "spark": 7, "tools": 7,
+    "cli": 8,
+}
+"""Each top-level package's layer (docs/architecture.md, "Layers"): a module imports only from
+its own package or a lower layer. ``__main__`` modules are entry points (``python -m
+sbpstream.pm`` runs the CLI's command), outside the layers."""
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_package_has_a_layer() -> None:
+    missing = {_top(m) for m in graph("sbpstream")} - set(LAYERS)
+    assert not missing, f"give these packages a layer in LAYERS: {sorted(missing)}"
+
+
+def test_no_import_points_up() -> None:
+    up = [f"{m} -> {d} ({_top(m)} layer {LAYERS[_top(m)]}, {_top(d)} layer {LAYERS[_top(d)]})"
+          for m, deps in graph("sbpstream").items() if not m.endswith(".__main__")
+          for d in sorted(deps)
+          if _top(d) != _top(m) and LAYERS.get(_top(d), 99) >= LAYERS.get(_top(m), -1)]
+    assert not up, "imports pointing up or sideways:\n" + "\n".join(up)

@@ -23,12 +23,12 @@ from typing import Any
 import crc32c
 import lz4.frame
 import pytest
+from cluster_helpers import dev_certs
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from kafka import KafkaProducer
 from scramp import ScramClient
 
 from sbpstream.auth.bootstrap import bootstrap_admin
-from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.config import CA_FILE
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
@@ -55,9 +55,7 @@ TOKEN_TTL_S = 20
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d: Path = tmp_path_factory.mktemp("certs")
-    init_dev_certs(d)
-    return d
+    return dev_certs(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import random
 import struct
 from typing import Any
 
-import flatbuffers
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from message_samples import write_vectors as _write
 
 from sbpstream.protocol import fbtable, rangelist
 from sbpstream.protocol import messages as m
@@ -46,17 +46,6 @@ def _results(rnd: random.Random) -> tuple[m.ListRangesResult, ...]:
         m.ListRangesResult(rnd.choice(_I64), m.STATUS_OK,
                            tuple(_range(rnd) for _ in range(rnd.randrange(4))))
         for _ in range(rnd.randrange(1, 12)))
-
-
-def _write(put: Any, before: str, vectors: list[tuple[m.ListRangesResult, ...]]) -> bytes:
-    b = flatbuffers.Builder(16)  # small: the fast path must grow the buffer as the builder does
-    if before:
-        b.CreateString(before)
-    last = 0
-    for items in vectors:
-        last = put(b, items)
-    b.Finish(last)
-    return bytes(b.Output())
 
 
 def _fast(b: Any, items: Any) -> int:

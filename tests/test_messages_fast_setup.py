@@ -18,6 +18,7 @@ from typing import Any
 import flatbuffers
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from message_samples import write_vectors as _write
 
 from sbpstream.protocol import fbtable, rangelist
 from sbpstream.protocol import messages as m
@@ -52,18 +53,6 @@ def _results_builder(b: Any, items: Sequence[Any]) -> int:
 def _results_fast(b: Any, items: Sequence[Any]) -> int:
     return rangelist.put_stream_results(b, items, is_ok=m._status_omitted,
                                         fallback=_results_builder)
-
-
-def _write(put: Callable[[Any, Sequence[Any]], int], before: str,
-           vectors: list[list[Any]]) -> bytes:
-    b = flatbuffers.Builder(16)  # small: the fast path must grow the buffer as the builder does
-    if before:
-        b.CreateString(before)
-    last = 0
-    for items in vectors:
-        last = put(b, items)
-    b.Finish(last)
-    return bytes(b.Output())
 
 
 @settings(max_examples=300, deadline=None)

@@ -5,21 +5,20 @@ SQLite migration of old files, and the SDK's name resolution against a real clus
 from __future__ import annotations
 
 import asyncio
-import itertools
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aetcd import rpc
-from etcd_fixture import EtcdServer, require_etcd
+from etcd_fixture import EtcdServer
+from metadata_backends import R1, Backend, backend, etcd_server
 
 from sbpstream.client.aclient import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.pm.etcd import EtcdMetadataStore
 from sbpstream.pm.leader import LeaderElection
-from sbpstream.pm.metadata import CreatedStream, MetadataStore, NewStream, ReplicaMeta
+from sbpstream.pm.metadata import CreatedStream, NewStream
 from sbpstream.pm.sqlite_meta import SqliteMetadataStore
 from sbpstream.pm.sqlite_schema import SCHEMA_VERSION
 from sbpstream.protocol import messages as m
@@ -32,9 +31,9 @@ from sbpstream.protocol.errors import (
 )
 from sbpstream.protocol.names import MAX_STREAM_NAME_LEN, name_problem, parse_stream_ref
 
-R1 = (ReplicaMeta(1, True),)
+__all__ = ["backend", "etcd_server"]  # pytest fixtures, shared with other backend tests
+
 WAIT_S = 15.0
-_prefixes = itertools.count(1)
 
 
 def named(name: str) -> NewStream:
@@ -88,77 +87,11 @@ def test_frames_from_before_names_still_decode() -> None:
 
 
 # ------------------------------------------------------------------------------- both backends
-class _Sqlite:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.store: MetadataStore = SqliteMetadataStore(path)
-
-    async def open(self) -> None:
-        await self.store.open()
-
-    async def reopen(self) -> MetadataStore:
-        await self.store.close()
-        self.store = SqliteMetadataStore(self.path)
-        await self.store.open()
-        return self.store
-
-    async def close(self) -> None:
-        await self.store.close()
-
-
-class _Etcd:
-    """An etcd store that has won the election for its own prefix."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.etcd = EtcdMetadataStore(url)
-        self.store: MetadataStore = self.etcd
-        self.election: LeaderElection | None = None
-
-    async def open(self) -> None:
-        await self.etcd.open()
-        self.election = LeaderElection(self.etcd, "127.0.0.1:1")
-        self.election.start()
-        assert await self.election.wait_leader(WAIT_S), "no leadership on a fresh prefix"
-
-    async def reopen(self) -> MetadataStore:
-        await self.close()
-        self.etcd = EtcdMetadataStore(self.url)
-        self.store = self.etcd
-        await self.open()
-        return self.store
-
-    async def close(self) -> None:
-        if self.election is not None:
-            await self.election.stop()
-        await self.etcd.close()
-
-
-@pytest.fixture(scope="module")
-def etcd_server() -> Iterator[EtcdServer]:
-    require_etcd()
-    with EtcdServer() as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", "etcd"])
-async def backend(request: Any, tmp_path: Path) -> AsyncIterator[_Sqlite | _Etcd]:
-    b: _Sqlite | _Etcd
-    if request.param == "sqlite":
-        b = _Sqlite(tmp_path / "pm.sqlite")
-    else:
-        server: EtcdServer = request.getfixturevalue("etcd_server")
-        b = _Etcd(server.url(f"/names{next(_prefixes)}"))
-    await b.open()
-    yield b
-    await b.close()
-
-
 def outcome_types(outs: list[CreatedStream | SbpError]) -> list[str]:
     return [type(o).__name__ for o in outs]
 
 
-async def test_names_are_stored_unique_and_survive_reopen(backend: _Sqlite | _Etcd) -> None:
+async def test_names_are_stored_unique_and_survive_reopen(backend: Backend) -> None:
     store = backend.store
     outs = await store.create_streams(
         [named("orders"), NewStream(1, 0, R1), named("orders"), named("orders.eu")], 1)
@@ -176,7 +109,7 @@ async def test_names_are_stored_unique_and_survive_reopen(backend: _Sqlite | _Et
     assert await s2.get_stream_by_name("nope") is None
 
 
-async def test_prefix_listing_pages_by_id(backend: _Sqlite | _Etcd) -> None:
+async def test_prefix_listing_pages_by_id(backend: Backend) -> None:
     store = backend.store
     names = ["a.1", "b.1", "a.2", "a", "ab", "a.3"]
     await store.create_streams([named(n) for n in names] + [NewStream(1, 0, R1)], 1)
@@ -190,7 +123,7 @@ async def test_prefix_listing_pages_by_id(backend: _Sqlite | _Etcd) -> None:
     assert len(await store.list_streams_by_prefix("", 0, 100)) == 6  # every named stream
 
 
-async def test_delete_releases_the_name(backend: _Sqlite | _Etcd) -> None:
+async def test_delete_releases_the_name(backend: Backend) -> None:
     store = backend.store
     (c,) = await store.create_streams([named("tmp")], 1)
     assert isinstance(c, CreatedStream)
@@ -206,14 +139,14 @@ async def test_delete_releases_the_name(backend: _Sqlite | _Etcd) -> None:
     assert old is not None and old.deleted and old.name == "tmp"  # kept for history
 
 
-async def test_concurrent_creates_of_one_name(backend: _Sqlite | _Etcd) -> None:
+async def test_concurrent_creates_of_one_name(backend: Backend) -> None:
     store = backend.store
     outs = await asyncio.gather(*(store.create_streams([named("race")], 1) for _ in range(6)))
     kinds = sorted(type(o[0]).__name__ for o in outs)
     assert kinds == ["CreatedStream"] + ["InvalidStreamConfigError"] * 5
 
 
-async def test_bad_name_item_leaves_no_trace(backend: _Sqlite | _Etcd) -> None:
+async def test_bad_name_item_leaves_no_trace(backend: Backend) -> None:
     store = backend.store
     outs = await store.create_streams([named("ok"), named("bad name")], 1)
     assert outcome_types(outs) == ["CreatedStream", "InvalidStreamConfigError"]
@@ -222,7 +155,7 @@ async def test_bad_name_item_leaves_no_trace(backend: _Sqlite | _Etcd) -> None:
 
 # ------------------------------------------------------------------------------- failover
 async def test_names_stay_unique_across_failover(etcd_server: EtcdServer) -> None:
-    url = etcd_server.url(f"/names-fo{next(_prefixes)}") + "?lease_ttl_s=2"
+    url = etcd_server.url("/names-fo") + "?lease_ttl_s=2"
     a, b = EtcdMetadataStore(url), EtcdMetadataStore(url)
     ea, eb = LeaderElection(a, "127.0.0.1:1"), LeaderElection(b, "127.0.0.1:2")
     await a.open()

@@ -22,15 +22,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import PmProcess
+from cluster_helpers import PmProcess, dev_certs
 from waiting import eventually, eventually_async
 
 from sbpstream.auth import tokens
-from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import Credentials
-from sbpstream.auth.config import CA_FILE, TlsConfig
+from sbpstream.auth.config import CA_FILE
 from sbpstream.auth.gate import CONN_CLAIMS, PM_NODE_ONLY, ServerAuth
-from sbpstream.auth.tls import client_context, server_context
 from sbpstream.client import AsyncClient
 from sbpstream.net.client import CREDENTIALS_HINT, Connection
 from sbpstream.net.server import (
@@ -40,6 +38,7 @@ from sbpstream.net.server import (
     Responder,
     Server,
 )
+from sbpstream.net.tls import TlsConfig, client_context, server_context
 from sbpstream.protocol.errors import (
     AuthenticationFailedError,
     AuthenticationRequiredError,
@@ -75,9 +74,7 @@ def _no_sdk_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d: Path = tmp_path_factory.mktemp("certs")
-    init_dev_certs(d)
-    return d
+    return dev_certs(tmp_path_factory)
 
 
 def _server_tls(certs: Path) -> TlsConfig:
@@ -337,16 +334,16 @@ run(main())
 @pytest.fixture
 def gated_process() -> Iterator[tuple[subprocess.Popen[str], int]]:
     """The gated server (default caps, a long auth deadline) in its own process."""
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER_SCRIPT, SECRET.hex()],
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.strip().isdigit(), f"server did not start: {line!r}"
-        yield proc, int(line)
-    finally:
-        proc.kill()
-        proc.wait(10)
+    with subprocess.Popen([sys.executable, "-c", _SERVER_SCRIPT, SECRET.hex()],
+                          stdout=subprocess.PIPE, text=True, env=dict(os.environ)) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.strip().isdigit(), f"server did not start: {line!r}"
+            yield proc, int(line)
+        finally:
+            proc.kill()
+            proc.wait(10)  # leaving the with closes its stdout pipe
 
 
 def _open_idle(port: int, n: int, sources: int) -> list[socket.socket]:

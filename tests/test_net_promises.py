@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import struct
 import threading
-import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ import pytest
 from cluster_helpers import PmProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from raw_peer import RawPeer, raw_frame, system_error_code
 
 from sbpstream.net import client as client_module
 from sbpstream.net.client import Connection
@@ -58,79 +57,6 @@ from sbpstream.protocol.opcodes import KNOWN_OPCODES, Opcode
 
 WAIT_S = 10.0  # bound of every wait on the peer
 TOP_BIT = 1 << 31
-
-
-def raw_frame(
-    opcode: int,
-    request_id: int,
-    flags: int = 0,
-    header: bytes = b"",
-    payload: bytes = b"",
-    *,
-    magic: int = MAGIC,
-    header_format: int = 1,
-    header_length: int | None = None,
-    crc_ok: bool = True,
-) -> bytes:
-    """A frame built field by field, any field any value (encode_frame refuses bad ones)."""
-    hlen = len(header) if header_length is None else header_length
-    crc = zlib.crc32(payload) if payload else 0
-    if not crc_ok:
-        crc ^= 0x5A5A5A5A
-    fixed = struct.pack(
-        ">IBHBIB3s",
-        16 + len(header) + len(payload),
-        magic,
-        opcode,
-        flags,
-        request_id,
-        header_format,
-        hlen.to_bytes(3, "big"),
-    )
-    return fixed + header + payload + struct.pack(">I", crc)
-
-
-def status_code(frame: Frame) -> int:
-    assert frame.is_system_error, frame
-    return SystemErrorResponse.decode(frame.header).status.code
-
-
-class RawPeer:
-    """A blocking raw socket client: send bytes, half-close, read every frame until EOF."""
-
-    def __init__(self, address: str) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=WAIT_S)
-        self.decoder = FrameDecoder()
-        self.eof = False
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def half_close(self) -> None:
-        self.sock.shutdown(socket.SHUT_WR)
-
-    def read_until(self, done: Any) -> list[Frame]:
-        """Frames until ``done(frames)`` holds or EOF (each recv bounded by WAIT_S)."""
-        out: list[Frame] = []
-        while not done(out):
-            ev = self.decoder.next_event()
-            if ev is not None:
-                assert isinstance(ev, Frame), ev
-                out.append(ev)
-                continue
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                self.eof = True
-                break
-            self.decoder.feed(chunk)
-        return out
-
-    def read_to_eof(self) -> list[Frame]:
-        return self.read_until(lambda _frames: False)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def finals(frames: list[Frame]) -> dict[int, Frame]:
@@ -180,7 +106,7 @@ async def test_top_bit_request_id_gets_invalid_request_not_dispatched() -> None:
     answers = finals(frames)
     assert set(answers) == {*ids, 7}
     for rid in ids:
-        assert status_code(answers[rid]) == ErrorCode.INVALID_REQUEST
+        assert system_error_code(answers[rid]) == ErrorCode.INVALID_REQUEST
         assert "top bit" in SystemErrorResponse.decode(answers[rid].header).status.message
     assert bytes(answers[7].header) == b"ok"
     assert calls == [7]  # the top-bit APPEND was never dispatched
@@ -487,7 +413,7 @@ async def test_client_answers_top_bit_ping_with_invalid_request() -> None:
         fs.writer.write(raw_frame(Opcode.PING, TOP_BIT | 4) + raw_frame(Opcode.PING, 4))
         got = [await asyncio.wait_for(fs.requests.get(), WAIT_S) for _ in range(2)]
         by_id = {f.request_id: f for f in got}
-        assert status_code(by_id[TOP_BIT | 4]) == ErrorCode.INVALID_REQUEST
+        assert system_error_code(by_id[TOP_BIT | 4]) == ErrorCode.INVALID_REQUEST
         assert by_id[4].flags == FLAGS_RESPONSE_END
         await c.aclose()
 
@@ -517,9 +443,9 @@ async def test_real_pm_process_keeps_the_promises(tmp_path: Path) -> None:
         assert eof
         answers = finals(frames)
         assert set(answers) == {TOP_BIT | 1, 2, 3}
-        assert status_code(answers[TOP_BIT | 1]) == ErrorCode.INVALID_REQUEST
+        assert system_error_code(answers[TOP_BIT | 1]) == ErrorCode.INVALID_REQUEST
         assert not answers[2].is_system_error
-        assert status_code(answers[3]) == ErrorCode.BAD_HEADER
+        assert system_error_code(answers[3]) == ErrorCode.BAD_HEADER
         goaways = [f for f in frames if f.opcode == Opcode.GOAWAY]
         assert len(goaways) == 1 and GoAway.decode(goaways[0].header).last_stream_id == 3
         # and it still serves
@@ -635,7 +561,7 @@ def fuzz_frame(draw: st.DrawFn, request_id: int) -> bytes:
         kw["header_length"] = draw(st.integers(0, len(header) + len(payload) + 8))
     elif mutation == "opcode":
         opcode = draw(_opcodes)
-    return raw_frame(opcode, request_id, flags, header, payload, **kw)
+    return raw_frame(opcode, request_id, header, payload, flags=flags, **kw)
 
 
 @st.composite

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from metadata_backends import created
 
 from sbpstream.pm.metadata import (
     CreatedStream,
@@ -30,7 +31,7 @@ from sbpstream.pm.placement import (
 from sbpstream.pm.sqlite_meta import SqliteMetadataStore
 from sbpstream.pm.sqlite_schema import SCHEMA_VERSION
 from sbpstream.pm.staging import ALL_RANGES, Layer, StagedTxn
-from sbpstream.protocol.errors import MetadataError, NotEnoughDataNodesError, SbpError
+from sbpstream.protocol.errors import MetadataError, NotEnoughDataNodesError
 
 R1 = (ReplicaMeta(1, True),)
 
@@ -41,14 +42,6 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteMetadataStore]:
     await s.open()
     yield s
     await s.close()
-
-
-def created(outcomes: list[CreatedStream | SbpError]) -> list[CreatedStream]:
-    out = []
-    for o in outcomes:
-        assert isinstance(o, CreatedStream), o
-        out.append(o)
-    return out
 
 
 async def test_schema_versioned(store: SqliteMetadataStore, tmp_path: Path) -> None:

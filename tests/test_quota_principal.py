@@ -14,43 +14,35 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from cluster_helpers import SECURE_ADMIN, dev_certs, secure_client, secure_cluster
 from test_quota import RECORD, _applied, _cycle_rate, _produce_paced
 from waiting import eventually_async
 
-from sbpstream.auth.bootstrap import bootstrap_admin
-from sbpstream.auth.certs import init_dev_certs
-from sbpstream.auth.config import CA_FILE
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.quota.model import QuotaKind, QuotaSpec
 
 pytestmark = pytest.mark.timeout(240)
 
-ADMIN = ("admin", "admin-pw")
+ADMIN = SECURE_ADMIN
 USERS = {"alice": "alice-pw", "bob": "bob-pw"}
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d: Path = tmp_path_factory.mktemp("certs")
-    init_dev_certs(d)
-    return d
+    return dev_certs(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[LocalCluster]:
-    d: Path = tmp_path_factory.mktemp("quota-principal")
-    with LocalCluster(d, datanodes=1, heartbeat_interval_ms=200, node_timeout_ms=6000,
-                      secure=certs) as c:
-        asyncio.run(bootstrap_admin(c.pm_address, certs, *ADMIN))
+    with secure_cluster(tmp_path_factory.mktemp("quota-principal"), certs, datanodes=1,
+                        heartbeat_interval_ms=200, node_timeout_ms=6000) as c:
         yield c
 
 
 def _client(cluster: LocalCluster, certs: Path, user: str, client_id: str) -> AsyncClient:
     password = ADMIN[1] if user == ADMIN[0] else USERS[user]
-    return AsyncClient(cluster.pm_address, user=user, password=password,
-                       tls_ca=str(certs / CA_FILE), client_id=client_id,
-                       retry_deadline_ms=20_000)
+    return secure_client(cluster, certs, user, password, client_id=client_id)
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from cluster_helpers import SECURE_ADMIN, dev_certs, secure_client, secure_cluster, tls_connection
 
 from sbpstream.auth import tokens
 from sbpstream.auth.acl import AclRule, parse_ops
-from sbpstream.auth.bootstrap import bootstrap_admin
-from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import scram_login
-from sbpstream.auth.config import CA_FILE, SECRET_FILE, TlsConfig, read_secret
-from sbpstream.auth.tls import client_context
+from sbpstream.auth.config import SECRET_FILE, read_secret
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.client import Connection, ResponseStream
@@ -32,7 +30,7 @@ from sbpstream.protocol.opcodes import Opcode
 
 pytestmark = pytest.mark.timeout(240)
 
-ADMIN = ("admin", "admin-pw")
+ADMIN = SECURE_ADMIN
 AF = ErrorCode.AUTHORIZATION_FAILED
 WAIT_S = 30.0
 """Bound on every wait for a condition (the cluster is shared by other tests' processes)."""
@@ -40,30 +38,20 @@ WAIT_S = 30.0
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d: Path = tmp_path_factory.mktemp("certs")
-    init_dev_certs(d)
-    return d
+    return dev_certs(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[LocalCluster]:
-    d: Path = tmp_path_factory.mktemp("revocation")
-    with LocalCluster(d, datanodes=1, heartbeat_interval_ms=300, node_timeout_ms=3000,
-                      secure=certs) as c:
-        asyncio.run(bootstrap_admin(c.pm_address, certs, *ADMIN))
+    with secure_cluster(tmp_path_factory.mktemp("revocation"), certs, datanodes=1,
+                        heartbeat_interval_ms=300, node_timeout_ms=3000) as c:
         yield c
 
 
 @pytest.fixture
 async def admin(cluster: LocalCluster, certs: Path) -> AsyncIterator[AsyncClient]:
-    async with AsyncClient(cluster.pm_address, user=ADMIN[0], password=ADMIN[1],
-                           tls_ca=str(certs / CA_FILE), retry_deadline_ms=20_000) as c:
+    async with secure_client(cluster, certs) as c:
         yield c
-
-
-async def _raw(address: str, certs: Path) -> Connection:
-    return await Connection.open(address, ssl_context=client_context(TlsConfig(
-        ca=str(certs / CA_FILE))))
 
 
 async def _present(conn: Connection, token: str) -> None:
@@ -74,7 +62,7 @@ async def _present(conn: Connection, token: str) -> None:
 
 
 async def _login(cluster: LocalCluster, certs: Path, user: str, pw: str) -> str:
-    conn = await _raw(cluster.pm_address, certs)
+    conn = await tls_connection(cluster.pm_address, certs)
     try:
         return (await scram_login(conn, user, pw)).token
     finally:
@@ -123,7 +111,7 @@ async def test_subscription_ends_when_its_token_expires_unrenewed(
         cluster: LocalCluster, certs: Path, admin: AsyncClient) -> None:
     (sid,) = await admin.create_streams(names=["rv.expiry"], replica_nums=1)
     await _append(admin, sid, b"a")
-    conn = await _raw(await _primary(admin, sid), certs)
+    conn = await tls_connection(await _primary(admin, sid), certs)
     try:
         await _present(conn, _minted(certs, "eve", "fetch", "*", 3_000))
         rs = await conn.stream(Opcode.FETCH, _subscribe([sid]), timeout_s=WAIT_S)
@@ -143,7 +131,7 @@ async def test_fetch_session_stops_after_expiry(cluster: LocalCluster, certs: Pa
                                                 admin: AsyncClient) -> None:
     (sid,) = await admin.create_streams(names=["rv.session-expiry"], replica_nums=1)
     await _append(admin, sid, b"a")
-    conn = await _raw(await _primary(admin, sid), certs)
+    conn = await tls_connection(await _primary(admin, sid), certs)
     try:
         await _present(conn, _minted(certs, "eve", "fetch", "*", 2_000))
         (frame,) = await conn.request(Opcode.FETCH, m.FetchRequest(
@@ -176,7 +164,7 @@ async def test_renewal_after_acl_delete_ends_the_revoked_stream_only(
     await admin.add_user("carol", "carol-pw")
     await admin.add_acl("carol", "fetch", f"stream:{keep}")
     await admin.add_acl("carol", "fetch", f"stream:{lose}")
-    conn = await _raw(await _primary(admin, keep), certs)
+    conn = await tls_connection(await _primary(admin, keep), certs)
     try:
         await _present(conn, await _login(cluster, certs, "carol", "carol-pw"))
         rs = await conn.stream(Opcode.FETCH, _subscribe([keep, lose], session=True),
@@ -211,7 +199,7 @@ async def test_session_update_rechecks_the_whole_session(
                                                  replica_nums=1)
     for sid in (keep, lose, new):
         await _append(admin, sid, b"0")
-    conn = await _raw(await _primary(admin, keep), certs)
+    conn = await tls_connection(await _primary(admin, keep), certs)
     try:
         await _present(conn, _minted(certs, "dave", "fetch", "prefix:rv.s.", 600_000))
         (frame,) = await conn.request(Opcode.FETCH, m.FetchRequest(

@@ -30,7 +30,7 @@ from sbpstream.auth import scram
 from sbpstream.auth.bootstrap import bootstrap_admin
 from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import InsecureCredentialsWarning, scram_login, warn_if_clear
-from sbpstream.auth.config import CA_FILE, SECRET_FILE, SERVER_KEY, TlsConfig
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, SERVER_KEY
 from sbpstream.auth.logins import (
     LOGIN_DELAY_BASE_S,
     LOGIN_DELAY_MAX_S,
@@ -39,11 +39,11 @@ from sbpstream.auth.logins import (
     LoginThrottle,
     login_delay_s,
 )
-from sbpstream.auth.tls import TlsFileError, client_context
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster, ping, secure_args
 from sbpstream.net.client import Connection
 from sbpstream.net.ports import free_port
+from sbpstream.net.tls import TlsConfig, TlsFileError, client_context
 from sbpstream.private_files import open_private, private_dir
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import AuthenticationFailedError
@@ -100,16 +100,16 @@ def test_auth_without_tls_starts_on_loopback_or_when_allowed(
         tmp_path: Path, certs: Path, host: str, extra: list[str]) -> None:
     port = free_port()
     cmd = _launchers(tmp_path, port)["sbpstream pm"]
-    proc = subprocess.Popen([*cmd, "--host", host, "--auth", "--secret-file",
-                             str(certs / SECRET_FILE), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        eventually(lambda: proc.poll() is not None or ping(f"127.0.0.1:{port}"), timeout=60,
-                   what="the PM answering PING")
-        assert proc.poll() is None, proc.communicate()[1]
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with subprocess.Popen([*cmd, "--host", host, "--auth", "--secret-file",
+                           str(certs / SECRET_FILE), *extra],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        try:
+            eventually(lambda: proc.poll() is not None or ping(f"127.0.0.1:{port}"),
+                       timeout=60, what="the PM answering PING")
+            assert proc.poll() is None, proc.communicate()[1]
+        finally:
+            proc.terminate()
+            proc.wait(30)  # leaving the with closes its stderr pipe
 
 
 # ------------------------------------------------------------------ file modes

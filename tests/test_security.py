@@ -17,19 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_helpers import SECURE_ADMIN, dev_certs, secure_client, secure_cluster, tls_connection
 from message_samples import SAMPLES
 
 from sbpstream.auth import tokens
 from sbpstream.auth.bootstrap import bootstrap_admin
 from sbpstream.auth.certs import init_dev_certs
 from sbpstream.auth.client import scram_login
-from sbpstream.auth.config import CA_FILE, SECRET_FILE, TlsConfig, read_secret
-from sbpstream.auth.tls import client_context
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, read_secret
 from sbpstream.client import AsyncClient
 from sbpstream.client.groups import GroupAdmin
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.client import Connection
 from sbpstream.net.server import PROTECTED_MODE_MESSAGE, Server
+from sbpstream.net.tls import TlsConfig, client_context
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     AuthenticationFailedError,
@@ -42,41 +43,26 @@ from sbpstream.records import Record, build_batch
 
 pytestmark = pytest.mark.timeout(240)
 
-ADMIN = ("admin", "admin-pw")
+ADMIN = SECURE_ADMIN
 OPEN_OPCODES = {Opcode.PING, Opcode.GOAWAY, Opcode.AUTHENTICATE}
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d: Path = tmp_path_factory.mktemp("certs")
-    init_dev_certs(d)
-    return d
+    return dev_certs(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[LocalCluster]:
-    d: Path = tmp_path_factory.mktemp("secure")
-    with LocalCluster(d, datanodes=3, heartbeat_interval_ms=300, node_timeout_ms=3000,
-                      secure=certs) as c:
-        asyncio.run(bootstrap_admin(c.pm_address, certs, *ADMIN))
+    with secure_cluster(tmp_path_factory.mktemp("secure"), certs, datanodes=3,
+                        heartbeat_interval_ms=300, node_timeout_ms=3000) as c:
         yield c
-
-
-def _client(cluster: LocalCluster, certs: Path, user: str, password: str) -> AsyncClient:
-    return AsyncClient(cluster.pm_address, user=user, password=password,
-                       tls_ca=str(certs / CA_FILE), retry_deadline_ms=20_000)
 
 
 @pytest.fixture
 async def admin(cluster: LocalCluster, certs: Path) -> AsyncIterator[AsyncClient]:
-    async with _client(cluster, certs, *ADMIN) as c:
+    async with secure_client(cluster, certs, *ADMIN) as c:
         yield c
-
-
-async def _raw(address: str, certs: Path) -> Connection:
-    """A TLS connection that has not authenticated."""
-    return await Connection.open(address, ssl_context=client_context(TlsConfig(
-        ca=str(certs / CA_FILE))))
 
 
 async def _code(conn: Connection, op: int, header: bytes = b"", payload: bytes = b"") -> int:
@@ -130,7 +116,7 @@ def _fuzz_frames(rng: random.Random, n: int) -> list[tuple[int, bytes, bytes]]:
 
 async def _fuzz_one(address: str, certs: Path, frames: list[tuple[int, bytes, bytes]],
                     wrong_password: bool) -> None:
-    conn = await _raw(address, certs)
+    conn = await tls_connection(address, certs)
     try:
         if wrong_password:
             with pytest.raises(AuthenticationFailedError):
@@ -199,7 +185,7 @@ async def test_forged_and_expired_tokens_are_refused(cluster: LocalCluster,
                                tokens.derive_key(b"f" * 32))
     tampered = f"{head}.{admin_claims.split('.')[1]}.{mac}"  # other claims, a genuine mac
     for address in (cluster.pm_address, cluster.datanodes[0].address):
-        conn = await _raw(address, certs)
+        conn = await tls_connection(address, certs)
         try:
             for tok, code in ((forged_node, ErrorCode.AUTHENTICATION_FAILED),
                               (tampered, ErrorCode.AUTHENTICATION_FAILED),
@@ -243,7 +229,7 @@ async def test_acls_allow_and_deny_per_stream_and_prefix(cluster: LocalCluster, 
     await admin.add_acl("alice", "append,fetch", f"stream:{mine}")
     await admin.add_acl("alice", "describe", f"prefix:{anon}")  # digits: a name, never an id
     assert ("alice", "append,fetch", f"stream:{mine}") in await admin.list_acls("alice")
-    async with _client(cluster, certs, "alice", "alice-pw") as alice:
+    async with secure_client(cluster, certs, "alice", "alice-pw") as alice:
         us = await alice.create_stream("orders.us", replica_nums=2)  # created by its name
         for sid in (eu, us, mine):  # by name (a stream just created too), by id
             async with alice.producer(linger_ms=1) as p:
@@ -280,7 +266,7 @@ async def test_acls_allow_and_deny_per_stream_and_prefix(cluster: LocalCluster, 
         assert listed == {eu, us, mine}  # what alice may describe (append/fetch imply it)
         assert {s.stream_id for s in await alice.find_streams("orders.")} == {eu, us}
         assert await alice.find_streams("pay") == []
-    conn = await _raw(cluster.pm_address, certs)
+    conn = await tls_connection(cluster.pm_address, certs)
     try:
         await scram_login(conn, "alice", "alice-pw")
         # per item in one batch, the stream named after the ids included
@@ -299,9 +285,9 @@ async def test_acls_allow_and_deny_per_stream_and_prefix(cluster: LocalCluster, 
         assert await _code(conn, Opcode.ALLOCATE_ID, m.AllocateIdRequest().encode()) == af
     finally:
         await conn.aclose()
-    dn = await _raw(await _primary(admin, eu), certs)
+    dn = await tls_connection(await _primary(admin, eu), certs)
     try:
-        async with _client(cluster, certs, "alice", "alice-pw") as alice:
+        async with secure_client(cluster, certs, "alice", "alice-pw") as alice:
             tok = await alice.credentials.token() if alice.credentials else ""
         req = m.AuthenticateRequest("TOKEN", tok.encode()).encode()
         assert await _code(dn, Opcode.AUTHENTICATE, req) == 0
@@ -328,7 +314,7 @@ async def test_acls_allow_and_deny_per_stream_and_prefix(cluster: LocalCluster, 
     await admin.delete_user("alice")
     assert "alice" not in await admin.list_users()
     with pytest.raises(AuthenticationFailedError):
-        async with _client(cluster, certs, "alice", "alice-pw") as gone:
+        async with secure_client(cluster, certs, "alice", "alice-pw") as gone:
             await gone.list_streams()
 
 
@@ -337,7 +323,7 @@ def _node_id(cluster: LocalCluster, i: int) -> int:
 
 
 async def _as(address: str, certs: Path, token: str) -> Connection:
-    conn = await _raw(address, certs)
+    conn = await tls_connection(address, certs)
     req = m.AuthenticateRequest("TOKEN", token.encode()).encode()
     assert await _code(conn, Opcode.AUTHENTICATE, req) == 0
     return conn
@@ -410,7 +396,7 @@ async def test_group_and_quota_acls(cluster: LocalCluster, certs: Path,
     await admin.add_acl("bob", "fetch", "group:g-orders")
     await admin.add_acl("bob", "describe", "group-prefix:g-")
     try:
-        async with _client(cluster, certs, "bob", "bob-pw") as bob:
+        async with secure_client(cluster, certs, "bob", "bob-pw") as bob:
             cons = bob.consumer(["gq.orders.eu"], "earliest", group="g-orders",
                                 auto_commit=False, max_wait_ms=100)
             try:  # join, heartbeat, fetch (by name at the data node), commit, leave
@@ -450,7 +436,7 @@ async def test_group_and_quota_acls(cluster: LocalCluster, certs: Path,
             assert e.value.code == af
         await admin.list_quotas()
         await admin.add_acl("bob", "describe", "*")
-        async with _client(cluster, certs, "bob", "bob-pw") as bob:
+        async with secure_client(cluster, certs, "bob", "bob-pw") as bob:
             await bob.list_quotas()
     finally:
         await admin.delete_user("bob")
@@ -653,7 +639,7 @@ async def test_rereplication_under_tls_and_auth(tmp_path: Path, certs: Path) -> 
     with LocalCluster(tmp_path / "c", datanodes=4, heartbeat_interval_ms=200,
                       node_timeout_ms=1500, secure=certs) as cl:
         await bootstrap_admin(cl.pm_address, certs, *ADMIN)
-        async with _client(cl, certs, *ADMIN) as client:
+        async with secure_client(cl, certs, *ADMIN) as client:
             (sid,) = await client.create_streams(1, replica_nums=3)
             async with client.producer(linger_ms=2) as p:
                 futs = [await p.send(sid, b"v%06d" % i) for i in range(records)]

@@ -5,13 +5,14 @@ recovery, a connection's sessions dying with it, and the SDK consumer reading in
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
+from raw_sbp import append_ok, create_streams
+from waiting import eventually_async
 
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
@@ -20,22 +21,14 @@ from sbpstream.datanode.node import DataNodeServer
 from sbpstream.datanode.sessions import FetchSessionCache, Waker
 from sbpstream.net.client import Connection
 from sbpstream.protocol.errors import (
-    ErrorCode,
     FetchSessionIdNotFoundError,
     InvalidFetchSessionEpochError,
 )
 from sbpstream.protocol.messages import (
-    AppendItem,
-    AppendRequest,
-    AppendResponse,
-    CreateStreamItem,
-    CreateStreamsRequest,
-    CreateStreamsResponse,
     FetchItem,
     FetchRequest,
     FetchResponse,
 )
-from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records import Record, build_batch
 from sbpstream.store import FsyncPolicy
 
@@ -71,39 +64,9 @@ def sessions(node: DataNodeServer) -> FetchSessionCache:
     return node.fetch.sessions
 
 
-async def wait_for(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
-
-
-async def create_streams(pm: LocalCluster, n: int) -> list[int]:
-    conn = await Connection.open(pm.pm_address)
-    try:
-        for _ in range(100):  # the PM learns of the node with its first heartbeat
-            f = await conn.request_one(Opcode.CREATE_STREAMS, CreateStreamsRequest(
-                timeout_ms=5000, items=(CreateStreamItem(replica_nums=1),) * n).encode(),
-                timeout_s=TIMEOUT_S)
-            res = CreateStreamsResponse.decode(f.header).items
-            if res[0].status.code != ErrorCode.NOT_ENOUGH_DATA_NODES:
-                break
-            await asyncio.sleep(0.05)
-        out = []
-        for r in res:
-            assert r.status.ok and r.stream is not None, r.status
-            out.append(r.stream.stream_id)
-        return out
-    finally:
-        await conn.aclose()
-
-
 async def append(conn: Connection, sid: int, n: int, tag: str) -> None:
-    b = build_batch([Record(value=f"{tag}-{i}".encode()) for i in range(n)])
-    req = AppendRequest(timeout_ms=5000, items=(AppendItem(stream_id=sid, batch_length=len(b)),))
-    for f in await conn.request(Opcode.APPEND, req.encode(), [b], timeout_s=TIMEOUT_S):
-        for r in AppendResponse.decode(f.header).items:
-            assert r.status.ok, r.status
+    await append_ok(conn, sid, [build_batch([Record(value=f"{tag}-{i}".encode())
+                                             for i in range(n)])])
 
 
 async def fetch(conn: Connection, req: FetchRequest) -> tuple[int, dict[int, bytes],
@@ -131,7 +94,7 @@ def item(sid: int, offset: int) -> FetchItem:
 
 
 async def test_session_lifecycle_and_epoch_errors(pm: LocalCluster, node: DataNodeServer) -> None:
-    a, b, c = await create_streams(pm, 3)
+    a, b, c = await create_streams(pm.pm_address, 3)
     conn = await Connection.open(node.address)
     try:
         await append(conn, a, 3, "a")
@@ -176,7 +139,8 @@ async def test_session_lifecycle_and_epoch_errors(pm: LocalCluster, node: DataNo
         assert sid3 in sessions(node).sessions
     finally:
         await conn.aclose()
-    await wait_for(lambda: not sessions(node).sessions, "the session to die with its connection")
+    await eventually_async(lambda: not sessions(node).sessions,
+                           what="the session to die with its connection")
     # no session left a waker behind in a stream's waiter set
     assert not [w for info in node.ctx.table.streams.values() for w in info.waiters
                 if isinstance(w, Waker)]
@@ -184,7 +148,7 @@ async def test_session_lifecycle_and_epoch_errors(pm: LocalCluster, node: DataNo
 
 async def test_incremental_long_poll_wakes_on_a_commit(pm: LocalCluster,
                                                        node: DataNodeServer) -> None:
-    streams = await create_streams(pm, 50)
+    streams = await create_streams(pm.pm_address, 50)
     conn = await Connection.open(node.address)
     writer = await Connection.open(node.address)
     try:
@@ -193,7 +157,8 @@ async def test_incremental_long_poll_wakes_on_a_commit(pm: LocalCluster,
         assert len(view) == 50
         poll = asyncio.ensure_future(fetch(conn, FetchRequest(
             session_id=sid, session_epoch=1, max_wait_ms=5000, min_bytes=1)))
-        await wait_for(lambda: sessions(node).sessions[sid].busy, "the long poll to park")
+        await eventually_async(lambda: sessions(node).sessions[sid].busy,
+                               what="the long poll to park")
         await append(writer, streams[17], 1, "x")
         _, data, view = await asyncio.wait_for(poll, TIMEOUT_S)
         assert set(view) == {streams[17]} and data[streams[17]]
@@ -315,7 +280,7 @@ def test_incremental_matches_full_fetch_model(pm: LocalCluster) -> None:
     node = DataNodeServer(node_config(pm))
     loop.run_until_complete(node.start())
     try:
-        pool = loop.run_until_complete(create_streams(pm, 4))
+        pool = loop.run_until_complete(create_streams(pm.pm_address, 4))
         conn = loop.run_until_complete(Connection.open(node.address))
         writer = loop.run_until_complete(Connection.open(node.address))
 
@@ -355,7 +320,7 @@ def test_incremental_matches_full_fetch_model(pm: LocalCluster) -> None:
 
 async def test_consumer_pulls_in_one_session_per_node(pm: LocalCluster,
                                                       node: DataNodeServer) -> None:
-    streams = await create_streams(pm, 200)
+    streams = await create_streams(pm.pm_address, 200)
     async with AsyncClient(pm.pm_address) as client:
         conn = await Connection.open(node.address)
         try:
@@ -378,13 +343,14 @@ async def test_consumer_pulls_in_one_session_per_node(pm: LocalCluster,
             # the rounds after the records name the streams whose positions moved; then idle
             # rounds name none
             epoch = s.epoch
-            await wait_for(lambda: s.epoch >= epoch + 2, "two more rounds")
+            await eventually_async(lambda: s.epoch >= epoch + 2, what="two more rounds")
             epoch, requests = s.epoch, node.ctx.metrics.c.fetch_requests
             items = node.ctx.metrics.c.fetch_items
-            await wait_for(lambda: s.epoch >= epoch + 3, "three idle rounds")
+            await eventually_async(lambda: s.epoch >= epoch + 3, what="three idle rounds")
             assert node.ctx.metrics.c.fetch_requests - requests >= 3
             assert node.ctx.metrics.c.fetch_items == items  # idle: no stream named again
             assert await cons.poll(timeout_ms=0) == []
         finally:
             await cons.close()
-        await wait_for(lambda: not sessions(node).sessions, "the consumer to close its session")
+        await eventually_async(lambda: not sessions(node).sessions,
+                               what="the consumer to close its session")

@@ -12,7 +12,7 @@ moved to a secondary by an error learns the last commit from the idle primary's 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,10 +31,6 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path, datanodes=3, heartbeat_interval_ms=200,
                       node_timeout_ms=2000) as c:
         yield c
-
-
-async def wait_until(cond: Callable[[], bool], what: Callable[[], str]) -> None:
-    await eventually_async(cond, timeout=PROGRESS_TIMEOUT_S, what=what)
 
 
 async def primary(client: AsyncClient, sid: int) -> str:
@@ -109,37 +105,43 @@ async def test_session_survives_a_seal_and_a_failover(cluster: LocalCluster) -> 
             return None
 
         try:
-            await wait_until(lambda: len(got) >= 600, lambda: f"the consumer: {state()}")
+            await eventually_async(lambda: len(got) >= 600,
+                                   what=lambda: f"the consumer: {state()}",
+                                   timeout=PROGRESS_TIMEOUT_S)
             before = session_of(b)
             assert before is not None and before[0] == shared and before[1] > 0
             assert session_of(a) is not None and session_of(a)[:2] == before[:2]  # type: ignore[index]
             (r0,) = await client.list_ranges(a)
             await client.routing.seal(a, r0.range_index)
             n = len(got)
-            await wait_until(lambda: len(got) >= n + 600,
-                             lambda: f"reads after the seal: {state()}")
+            await eventually_async(lambda: len(got) >= n + 600,
+                                   what=lambda: f"reads after the seal: {state()}",
+                                   timeout=PROGRESS_TIMEOUT_S)
             mid = session_of(b)
             assert mid is not None and mid[:2] == before[:2] and mid[2] > before[2]
             assert session_of(a) != mid  # A left it for its next range
             # B goes idle (its writes would stall behind the kill and seal its range: a
             # failover of B itself); its session must outlive C's failover
             active.discard(b)
-            await wait_until(lambda: {k for k in acked if k[0] == b} <= {
-                (r.stream_id, r.offset) for r in got if r.stream_id == b}, state)
+            await eventually_async(lambda: {k for k in acked if k[0] == b} <= {
+                (r.stream_id, r.offset) for r in got if r.stream_id == b}, what=state,
+                timeout=PROGRESS_TIMEOUT_S)
             before = session_of(b)  # type: ignore[assignment]
             assert before is not None and before[:2] == mid[:2]
             node_at(cluster, other).kill()
             c_at = sum(1 for r in got if r.stream_id == c)
             # C goes on at its replica, and B's session is still the same one
-            await wait_until(lambda: sum(1 for r in got if r.stream_id == c) >= c_at + 300,
-                             lambda: f"C read after the kill: {state()}")
+            await eventually_async(lambda: sum(1 for r in got if r.stream_id == c) >= c_at + 300,
+                                   what=lambda: f"C read after the kill: {state()}",
+                                   timeout=PROGRESS_TIMEOUT_S)
             after = session_of(b)
             assert after is not None and after[:2] == before[:2], (before, after)
             assert after[2] > before[2]  # the same session, many incremental rounds later
             stop.set()
             await asyncio.wait_for(producer, PROGRESS_TIMEOUT_S)
-            await wait_until(lambda: set(acked) <= {(r.stream_id, r.offset) for r in got},
-                             lambda: f"every acknowledged record: {state()}")
+            await eventually_async(lambda: set(acked) <= {(r.stream_id, r.offset) for r in got},
+                                   what=lambda: f"every acknowledged record: {state()}",
+                                   timeout=PROGRESS_TIMEOUT_S)
         finally:
             stop.set()
             consumer.cancel()

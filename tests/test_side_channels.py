@@ -5,7 +5,6 @@ users. One secure LocalCluster (TLS, auth on, one data node) serves the module."
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import time
@@ -13,13 +12,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from cluster_helpers import SECURE_ADMIN, dev_certs, secure_client, secure_cluster, tls_connection
 
 from sbpstream.auth import cursor, tokens
-from sbpstream.auth.bootstrap import bootstrap_admin, bootstrap_token
-from sbpstream.auth.certs import init_dev_certs
+from sbpstream.auth.bootstrap import bootstrap_token
 from sbpstream.auth.client import scram_login
-from sbpstream.auth.config import CA_FILE, SECRET_FILE, TlsConfig, read_secret
-from sbpstream.auth.tls import client_context
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, read_secret
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.net.client import Connection
@@ -29,42 +27,32 @@ from sbpstream.protocol.opcodes import Opcode
 
 pytestmark = pytest.mark.timeout(240)
 
-ADMIN = ("admin", "admin-pw")
+ADMIN = SECURE_ADMIN
 AF = ErrorCode.AUTHORIZATION_FAILED
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d: Path = tmp_path_factory.mktemp("certs")
-    init_dev_certs(d)
-    return d
+    return dev_certs(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[LocalCluster]:
-    d: Path = tmp_path_factory.mktemp("side")
-    with LocalCluster(d, datanodes=1, heartbeat_interval_ms=300, node_timeout_ms=3000,
-                      secure=certs) as c:
-        asyncio.run(bootstrap_admin(c.pm_address, certs, *ADMIN))
+    with secure_cluster(tmp_path_factory.mktemp("side"), certs, datanodes=1,
+                        heartbeat_interval_ms=300, node_timeout_ms=3000) as c:
         yield c
 
 
 @pytest.fixture
 async def admin(cluster: LocalCluster, certs: Path) -> AsyncIterator[AsyncClient]:
-    async with AsyncClient(cluster.pm_address, user=ADMIN[0], password=ADMIN[1],
-                           tls_ca=str(certs / CA_FILE), retry_deadline_ms=20_000) as c:
+    async with secure_client(cluster, certs) as c:
         yield c
-
-
-async def _raw(address: str, certs: Path) -> Connection:
-    return await Connection.open(address, ssl_context=client_context(TlsConfig(
-        ca=str(certs / CA_FILE))))
 
 
 async def _as_user(address: str, cluster: LocalCluster, certs: Path, user: str,
                    pw: str) -> Connection:
     """A connection to ``address`` authenticated with ``user``'s token (SCRAM at the PM)."""
-    pm = await _raw(cluster.pm_address, certs)
+    pm = await tls_connection(cluster.pm_address, certs)
     try:
         token = (await scram_login(pm, user, pw)).token
     finally:
@@ -73,7 +61,7 @@ async def _as_user(address: str, cluster: LocalCluster, certs: Path, user: str,
 
 
 async def _present(address: str, certs: Path, token: str) -> Connection:
-    conn = await _raw(address, certs)
+    conn = await tls_connection(address, certs)
     frame = await conn.request_one(Opcode.AUTHENTICATE, m.AuthenticateRequest(
         "TOKEN", token.encode()).encode(), timeout_s=10)
     m.AuthenticateResponse.decode(frame.header).status.raise_for_error()

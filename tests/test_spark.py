@@ -14,7 +14,11 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from spark_fixtures import cluster_fixture, spark_session_fixture  # noqa: F401
+from spark_fixtures import (  # noqa: F401
+    cluster_fixture,
+    drop_last_commit,
+    spark_session_fixture,
+)
 from waiting import eventually
 
 from sbpstream.client import Client
@@ -273,16 +277,6 @@ def test_batch_write(spark: Any, cluster: LocalCluster, client: Client) -> None:
         ).mode("append").save()
 
 
-def _drop_last_commit(ck: Path) -> int:
-    commits = sorted((ck / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
-    last = commits[-1]
-    last.unlink()
-    crc = last.parent / f".{last.name}.crc"
-    if crc.exists():
-        crc.unlink()
-    return int(last.name)
-
-
 def test_stream_sink_replay_appends_nothing_twice(
     spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
 ) -> None:
@@ -307,18 +301,18 @@ def test_stream_sink_replay_appends_nothing_twice(
 
     run()
     assert client.end_offset(dst) == 300
-    replayed = _drop_last_commit(ck)  # Spark replays the last batch with the same batch id
+    replayed = drop_last_commit(ck)  # Spark replays the last batch with the same batch id
     run()
     assert client.end_offset(dst) == 300, f"batch {replayed} was appended twice"
 
     client._runner.run(client._async.routing.seal(dst, client.list_ranges(dst)[-1].range_index))
-    _drop_last_commit(ck)  # a replay across a seal of the target's range
+    drop_last_commit(ck)  # a replay across a seal of the target's range
     run()
     assert client.end_offset(dst) == 300
 
     for _ in range(3):  # a replay across several seals: older sealed ranges answer too
         client._runner.run(client._async.routing.seal(dst, client.list_ranges(dst)[-1].range_index))
-    _drop_last_commit(ck)
+    drop_last_commit(ck)
     run()
     assert client.end_offset(dst) == 300, "a replay after several seals appended again"
     values = sorted(r.value for r in reader(spark, cluster, [dst]).select("value").collect())

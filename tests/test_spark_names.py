@@ -15,7 +15,11 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from spark_fixtures import cluster_fixture, spark_session_fixture  # noqa: F401
+from spark_fixtures import (  # noqa: F401
+    cluster_fixture,
+    drop_last_commit,
+    spark_session_fixture,
+)
 from waiting import eventually
 
 from sbpstream.client import Client
@@ -45,16 +49,6 @@ def values(spark: Any, cluster: LocalCluster, stream: str) -> list[bytes]:
     df = spark.read.format("sbpstream").option("pm", cluster.pm_address).option(
         "streams", stream).load()
     return sorted(r.value for r in df.select("value").collect())
-
-
-def _drop_last_commit(ck: Path) -> int:
-    commits = sorted((ck / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
-    last = commits[-1]
-    last.unlink()
-    crc = last.parent / f".{last.name}.crc"
-    if crc.exists():
-        crc.unlink()
-    return int(last.name)
 
 
 def test_read_and_write_by_name(spark: Any, cluster: LocalCluster, client: Client) -> None:
@@ -129,7 +123,7 @@ def test_column_routing_is_exactly_once_across_a_replay(
 
     run()
     assert (client.end_offset(lid), client.end_offset(rid)) == (200, 200)
-    replayed = _drop_last_commit(ck)  # Spark replays the last batch with the same batch id
+    replayed = drop_last_commit(ck)  # Spark replays the last batch with the same batch id
     run()
     assert (client.end_offset(lid), client.end_offset(rid)) == (200, 200), (
         f"batch {replayed} was appended twice")

@@ -21,7 +21,7 @@ from sbpstream.records import (  # noqa: E402
     patch_base_offset,
 )
 from sbpstream.spark.offsets import (  # noqa: E402
-    RangeInfo,
+    PlannedRange,
     Span,
     next_offsets,
     offsets_from_json,
@@ -175,9 +175,9 @@ def test_next_offsets_latest_sentinel_and_limit() -> None:
 
 def test_spans_follow_ranges_and_split() -> None:
     ranges = [
-        RangeInfo(0, 0, 100, ("a:1",)),
-        RangeInfo(1, 100, 250, ("b:1", "a:1")),
-        RangeInfo(2, 250, -1, ("c:1",)),
+        PlannedRange(0, 0, 100, ("a:1",)),
+        PlannedRange(1, 100, 250, ("b:1", "a:1")),
+        PlannedRange(2, 250, -1, ("c:1",)),
     ]
     spans = spans_of_stream(7, ranges, 50, 300)
     assert spans == [
@@ -194,9 +194,9 @@ def test_spans_follow_ranges_and_split() -> None:
     assert all(p.size > 0 for p in parts)
     assert split_spans(spans, 2) == spans
     # ranges that do not follow each other are an error, never a gap or an overlap in the plan
-    for bad in ([ranges[0], RangeInfo(1, 120, 250, ("b:1",)), ranges[2]],
-                [ranges[0], RangeInfo(1, 90, 250, ("b:1",)), ranges[2]],
-                [RangeInfo(0, 0, -1, ("a:1",)), RangeInfo(1, 100, -1, ("b:1",))]):
+    for bad in ([ranges[0], PlannedRange(1, 120, 250, ("b:1",)), ranges[2]],
+                [ranges[0], PlannedRange(1, 90, 250, ("b:1",)), ranges[2]],
+                [PlannedRange(0, 0, -1, ("a:1",)), PlannedRange(1, 100, -1, ("b:1",))]):
         with pytest.raises(ValueError, match="stream 7: its ranges do not follow each other"):
             spans_of_stream(7, bad, 50, 300)
     tiny = [Span(1, 0, 0, 2, ())]

@@ -11,7 +11,7 @@ answered after the seal had stopped the range, so the subscriber read records th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,10 +30,6 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path, datanodes=4, heartbeat_interval_ms=200,
                       node_timeout_ms=2000) as c:
         yield c
-
-
-async def wait_until(cond: Callable[[], bool], what: Callable[[], str]) -> None:
-    await eventually_async(cond, timeout=PROGRESS_TIMEOUT_S, what=what)
 
 
 async def test_subscriber_across_seal_and_primary_kill(cluster: LocalCluster) -> None:
@@ -75,23 +71,28 @@ async def test_subscriber_across_seal_and_primary_kill(cluster: LocalCluster) ->
             return f"acked {len(acked)}, received {len(got)}{why}"
 
         try:
-            await wait_until(lambda: len(got) >= 1000, lambda: f"the subscriber: {state()}")
+            await eventually_async(lambda: len(got) >= 1000,
+                                   what=lambda: f"the subscriber: {state()}",
+                                   timeout=PROGRESS_TIMEOUT_S)
             (r0,) = await client.list_ranges(sid)
             await client.routing.seal(sid, r0.range_index)
             n = len(acked)
-            await wait_until(lambda: len(acked) >= n + 1000 and len(got) >= n + 500,
-                             lambda: f"writes and reads after the seal: {state()}")
+            await eventually_async(lambda: len(acked) >= n + 1000 and len(got) >= n + 500,
+                                   what=lambda: f"writes and reads after the seal: {state()}",
+                                   timeout=PROGRESS_TIMEOUT_S)
             cur = (await client.list_ranges(sid))[-1]
             prim = next(rn for rn in cur.replica_nodes if rn.is_primary)
             node_at(cluster, prim.data_node.advertise_addr).kill()
             n = len(acked)
-            await wait_until(lambda: len(acked) >= n + 1000,
-                             lambda: f"writes after killing the primary: {state()}")
+            await eventually_async(lambda: len(acked) >= n + 1000,
+                                   what=lambda: f"writes after killing the primary: {state()}",
+                                   timeout=PROGRESS_TIMEOUT_S)
             stop.set()
             await asyncio.wait_for(producer, PROGRESS_TIMEOUT_S)
             last = max(acked)
-            await wait_until(lambda: (bool(got) and got[-1].offset >= last) or consumer.done(),
-                             lambda: f"every acknowledged record: {state()}")
+            await eventually_async(
+                lambda: (bool(got) and got[-1].offset >= last) or consumer.done(),
+                what=lambda: f"every acknowledged record: {state()}", timeout=PROGRESS_TIMEOUT_S)
         finally:
             stop.set()
             consumer.cancel()

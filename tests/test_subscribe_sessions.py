@@ -14,18 +14,18 @@ import asyncio
 
 import pytest
 import test_subscribe
+from raw_sbp import append_ok
 from test_subscribe import (
     TIMEOUT_S,
     Received,
     ack,
-    append,
     batch,
     create_stream,
     receive_until,
     stats,
     subs,
-    wait_for,
 )
+from waiting import eventually_async
 
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode import subscribe as subscribe_mod
@@ -85,8 +85,8 @@ async def test_streams_are_added_and_dropped_on_the_live_subscription(
     a, b, c = [await create_stream(pm) for _ in range(3)]
 
     async def run(conn: Connection) -> None:
-        await append(conn, a, [batch(5, tag="a0")])
-        await append(conn, b, [batch(5, tag="b0")])
+        await append_ok(conn, a, [batch(5, tag="a0")])
+        await append_ok(conn, b, [batch(5, tag="b0")])
         rs, session, got = await open_session(conn, {a: 0})
         await receive_until(rs, got, lambda: bases(got, a) == [0])
         sub = subs(node).by_session[session]
@@ -99,9 +99,9 @@ async def test_streams_are_added_and_dropped_on_the_live_subscription(
         # drop a, add c: a's new records are not sent any more, c's are
         await change(conn, session, 2, {c: (0, 2)}, forget=(a,))
         assert set(sub.live) == {b, c} and stats(node).streams == 2
-        await append(conn, a, [batch(5, tag="a1")])
-        await append(conn, c, [batch(5, tag="c0")])
-        await append(conn, b, [batch(5, tag="b1")])
+        await append_ok(conn, a, [batch(5, tag="a1")])
+        await append_ok(conn, c, [batch(5, tag="c0")])
+        await append_ok(conn, b, [batch(5, tag="b1")])
         await receive_until(rs, got, lambda: bases(got, c) == [0] and bases(got, b) == [0, 5])
         assert bases(got, a) == [0], "a forgotten stream was still pushed"
         # a stream named again continues where the update says, under its new request_index
@@ -115,7 +115,8 @@ async def test_streams_are_added_and_dropped_on_the_live_subscription(
         async with asyncio.timeout(TIMEOUT_S):
             async for f in rs:
                 got.take(f)
-        await wait_for(lambda: stats(node).subscriptions == 0, "the subscription to end")
+        await eventually_async(lambda: stats(node).subscriptions == 0,
+                               what="the subscription to end")
         # the session ended with its subscription
         assert session not in subs(node).by_session
         assert subs(node).sessions.sessions.get(session) is None
@@ -137,7 +138,7 @@ async def test_epoch_errors_change_nothing_and_close_ends_it(
     conn = await Connection.open(node.address)
     other = await Connection.open(node.address)
     try:
-        await append(conn, b, [batch(3, tag="b")])
+        await append_ok(conn, b, [batch(3, tag="b")])
         rs, session, got = await open_session(conn, {a: 0})
         sub = subs(node).by_session[session]
         for bad in (2, 0x7FFF_FFFF):  # skipped ahead, and far off
@@ -167,7 +168,8 @@ async def test_epoch_errors_change_nothing_and_close_ends_it(
                 got.take(f)
         assert got.frames[-1].is_end
         assert FetchResponse.decode(got.frames[-1].header).status.ok
-        await wait_for(lambda: stats(node).subscriptions == 0, "the subscription to end")
+        await eventually_async(lambda: stats(node).subscriptions == 0,
+                               what="the subscription to end")
     finally:
         await conn.aclose()
         await other.aclose()
@@ -202,4 +204,4 @@ async def test_updates_are_bounded_and_a_refused_one_changes_nothing(
         await rs.aclose()
     finally:
         await conn.aclose()
-    await wait_for(lambda: stats(node).subscriptions == 0, "the subscription to end")
+    await eventually_async(lambda: stats(node).subscriptions == 0, what="the subscription to end")

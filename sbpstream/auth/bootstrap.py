@@ -18,9 +18,9 @@ from typing import Final
 from sbpstream.auth import tokens
 from sbpstream.auth.acl import AclRule, Op
 from sbpstream.auth.client import Credentials
-from sbpstream.auth.config import CA_FILE, SECRET_FILE, TlsConfig, read_secret
-from sbpstream.auth.tls import client_context
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, read_secret
 from sbpstream.net.client import Connection
+from sbpstream.net.tls import TlsConfig, client_context
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.opcodes import Opcode
 

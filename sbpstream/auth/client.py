@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Final
 
 from sbpstream.auth import tokens
-from sbpstream.auth.config import TlsConfig, is_loopback_host
-from sbpstream.auth.tls import client_context
+from sbpstream.auth.config import is_loopback_host
 from sbpstream.net.client import Connection
+from sbpstream.net.tls import TlsConfig, client_context
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     AuthenticationFailedError,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from sbpstream.net.tls import TlsConfig
 from sbpstream.private_files import refuse_shared, write_private
 
 DEFAULT_TOKEN_TTL_S: Final = 600
@@ -25,84 +26,11 @@ SECRET_FILE: Final = "cluster.secret"
 SECRET_BYTES: Final = 32
 """The cluster secret: 256 bits, the key size of HMAC-SHA-256."""
 
-TLS_FILE_ROLES: Final = {
-    "ca": ("--tls-ca", "$SBPSTREAM_TLS_CA", "tls_ca=",
-           "the CA that signed the servers' certificates (`sbpstream up --secure` prints its "
-           "path; `sbpstream certs init DIR` writes DIR/ca.pem)"),
-    "cert": ("--tls-cert", "$SBPSTREAM_TLS_CERT", "tls_cert=",
-             "a PEM certificate chain (`sbpstream certs init DIR` writes DIR/server.pem)"),
-    "key": ("--tls-key", "$SBPSTREAM_TLS_KEY", "tls_key=",
-            "the PEM private key of the certificate (`sbpstream certs init DIR` writes "
-            "DIR/server-key.pem)"),
-}
-"""For each TLS file: the flag, variable and SDK argument that name it, and what it should be;
-an error about the file names all three, since any of them may have given the path."""
-
-
-class TlsFileError(ValueError):
-    """A TLS file (CA, certificate or key) is missing, unreadable or not PEM: the message is one
-    line naming the file, where its path comes from and what to give instead."""
-
-
-def tls_file_error(role: str, path: str, problem: str, server: bool = False) -> TlsFileError:
-    """``server``: the path came from a server's flag (no SDK argument or variable there)."""
-    flag, env, arg, wanted = TLS_FILE_ROLES[role]
-    if server:
-        return TlsFileError(f"{flag} {path}: {problem}; give {wanted}")
-    what = {"ca": "CA", "cert": "certificate", "key": "key"}[role]
-    return TlsFileError(f"TLS {what} file {path} (from {flag}, {env} or {arg}): {problem}; "
-                        f"give {wanted}")
-
-
-def check_readable(role: str, path: str, server: bool = False) -> None:
-    """TlsFileError when the TLS file ``path`` (``role``: ca, cert or key) cannot be read."""
-    try:
-        with open(path, "rb"):
-            pass
-    except FileNotFoundError:
-        raise tls_file_error(role, path, "no such file", server) from None
-    except IsADirectoryError:
-        raise tls_file_error(role, path, "is a directory, not a file", server) from None
-    except OSError as e:
-        raise tls_file_error(role, path, f"cannot read it ({e.strerror})", server) from None
-
-
-@dataclass(frozen=True, slots=True)
-class TlsConfig:
-    """PEM files. A server needs ``cert`` and ``key``; a client needs ``ca`` to verify servers.
-    A server given ``ca`` and ``require_client_cert`` demands client certificates (mutual TLS);
-    a client given ``cert`` and ``key`` presents one."""
-
-    cert: str = ""
-    key: str = ""
-    ca: str = ""
-    require_client_cert: bool = False
-
-    @property
-    def server_enabled(self) -> bool:
-        return bool(self.cert and self.key)
-
-    @property
-    def client_enabled(self) -> bool:
-        return bool(self.ca)
-
-    def validate(self) -> None:
-        if bool(self.cert) != bool(self.key):
-            raise ValueError("--tls-cert and --tls-key go together")
-        for role, path in (("cert", self.cert), ("key", self.key), ("ca", self.ca)):
-            if path:
-                check_readable(role, path, server=True)
-        if self.key:  # a private key others can read is no longer private
-            refuse_shared(self.key, "--tls-key")
-        if self.require_client_cert and not self.ca:
-            raise ValueError("--tls-require-client-cert needs --tls-ca to verify clients")
-
-
 @dataclass(frozen=True, slots=True)
 class SecurityConfig:
     """A server's security settings: TLS, auth on/off, the cluster secret, protected mode."""
 
-    tls: TlsConfig = TlsConfig()
+    tls: TlsConfig = field(default_factory=TlsConfig)
     auth: bool = False
     """On: every connection authenticates (SCRAM or a token) before anything but PING."""
     secret_file: str = ""

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sbpstream.auth.client import Credentials
-from sbpstream.auth.config import SecurityConfig, TlsConfig, is_loopback_host
+from sbpstream.auth.config import SecurityConfig, is_loopback_host
 from sbpstream.auth.gate import ItemRule, ServerAuth
-from sbpstream.auth.tls import client_context, server_context
+from sbpstream.net.tls import TlsConfig, client_context, server_context
 
 
 @dataclass(frozen=True, slots=True)

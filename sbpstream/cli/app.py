@@ -24,7 +24,6 @@ import typer
 from rich.console import Console
 from typer.exceptions import TyperException
 
-from sbpstream.auth.tls import TlsFileError
 from sbpstream.client import AsyncClient
 from sbpstream.client.retry import backoff_observers
 from sbpstream.client.types import (
@@ -36,6 +35,7 @@ from sbpstream.client.types import (
 )
 from sbpstream.introspect.wire import CALL_TIMEOUT_S, Introspection
 from sbpstream.net.loop import run
+from sbpstream.net.tls import TlsFileError
 from sbpstream.protocol.errors import (
     ClientErrorCode,
     ErrorCode,

@@ -17,10 +17,11 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from sbpstream.auth.config import DEFAULT_TOKEN_TTL_S, SecurityConfig, TlsConfig
+from sbpstream.auth.config import DEFAULT_TOKEN_TTL_S, SecurityConfig
 from sbpstream.cli.app import UNSET, PmOption, TimeoutOption
 from sbpstream.client import AsyncClient
 from sbpstream.net.loop import run
+from sbpstream.net.tls import TlsConfig
 from sbpstream.protocol.errors import SbpError
 
 T = TypeVar("T")

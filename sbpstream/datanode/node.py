@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from sbpstream.auth.client import Credentials
-from sbpstream.auth.config import TlsConfig
 from sbpstream.auth.gate import DATANODE_PM_ONLY, DATANODE_RULES
 from sbpstream.auth.http import HttpAuth
 from sbpstream.auth.names import StreamNames
@@ -49,13 +48,15 @@ from sbpstream.datanode.limits import (
 from sbpstream.datanode.metrics import Metrics, rss_bytes
 from sbpstream.datanode.pmclient import PmClient
 from sbpstream.datanode.rereplicate import SWEEP_INTERVAL_S
-from sbpstream.introspect.figures import DataNodeStreams, Introspector
+from sbpstream.datanode.streams_view import DataNodeStreams
+from sbpstream.introspect.figures import Introspector
 from sbpstream.introspect.http import admin_gate
 from sbpstream.introspect.http import routes as admin_routes
 from sbpstream.net.admin import MetricsExporter, Sample, server_samples
 from sbpstream.net.client import ConnectionPool
 from sbpstream.net.ports import free_port
 from sbpstream.net.server import Handler, Request, Responder, Server
+from sbpstream.net.tls import TlsConfig
 from sbpstream.private_files import private_dir
 from sbpstream.protocol.errors import (
     ErrorCode,

@@ -54,7 +54,7 @@ from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records.header import BASE_OFFSET_STRUCT, read_header
 
 if TYPE_CHECKING:
-    from sbpstream.datanode.context import NodeContext
+    from sbpstream.datanode.host import ReplicaHost
     from sbpstream.datanode.ranges import ReplicaRange
 
 log = logging.getLogger("sbpstream.datanode.replication")
@@ -107,7 +107,7 @@ class RangeReplicator:
     The sending is done by the :class:`_Channel` of its secondaries, shared with every range
     replicated to the same secondaries."""
 
-    def __init__(self, ctx: NodeContext, rng: ReplicaRange,
+    def __init__(self, ctx: ReplicaHost, rng: ReplicaRange,
                  channel: _Channel | None = None) -> None:
         self.ctx = ctx
         self.rng = rng
@@ -223,7 +223,7 @@ class _Channel:
     only.
     """
 
-    def __init__(self, ctx: NodeContext, targets: tuple[str, ...]) -> None:
+    def __init__(self, ctx: ReplicaHost, targets: tuple[str, ...]) -> None:
         self.ctx = ctx
         self.targets = targets
         self._ready: dict[RangeReplicator, None] = {}  # insertion-ordered set
@@ -442,7 +442,7 @@ class Replicators:
     """The replicators of this node's primary ranges that have secondaries, and the channels
     (one per set of secondaries) that send for them."""
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: ReplicaHost) -> None:
         self.ctx = ctx
         self.by_range: dict[tuple[int, int], RangeReplicator] = {}
         self.channels: dict[tuple[str, ...], _Channel] = {}

@@ -50,7 +50,7 @@ from sbpstream.protocol.opcodes import Opcode
 from sbpstream.records.header import BatchError, split_batches
 
 if TYPE_CHECKING:
-    from sbpstream.datanode.context import NodeContext
+    from sbpstream.datanode.host import ReplicaHost
 
 log = logging.getLogger("sbpstream.datanode")
 
@@ -72,7 +72,7 @@ SWEEP_MAX_STREAMS: Final = 200
 """Streams looked up per sweep (one LIST_RANGES request)."""
 
 
-def needs_copy(ctx: NodeContext, r: Range) -> bool:
+def needs_copy(ctx: ReplicaHost, r: Range) -> bool:
     """A sealed range with data that this node lacks (absent, short, or an unfinished copy)."""
     if r.end_offset <= r.start_offset or (r.replica_nodes and not ctx.is_me(r.replica_nodes)):
         return False
@@ -86,7 +86,7 @@ def needs_copy(ctx: NodeContext, r: Range) -> bool:
 class Rereplicator:
     """Copies sealed ranges into this node, one task per range; remembers the short ones."""
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: ReplicaHost) -> None:
         self.ctx = ctx
         self._inflight: dict[tuple[int, int], asyncio.Task[None]] = {}
         # sealed ranges held short here, by key: the Range (end, replicas) to copy from

@@ -16,12 +16,11 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
-from sbpstream.introspect.counters import RATED, StreamCounterTable, peek_connection_counters
+from sbpstream.introspect.counters import peek_connection_counters
 from sbpstream.introspect.rates import SAMPLE_EVERY_S, RateWindow
 from sbpstream.net.server import Handler, Request, Responder, Server, ServerConnection
-from sbpstream.protocol.errors import SbpError
 from sbpstream.protocol.messages import (
     MAX_ITEMS_PER_REQUEST,
     ClientRole,
@@ -33,9 +32,6 @@ from sbpstream.protocol.messages import (
     WhoamiResponse,
 )
 from sbpstream.protocol.opcodes import Opcode
-
-if TYPE_CHECKING:
-    from sbpstream.datanode.context import NodeContext
 
 JSON = dict[str, Any]
 
@@ -62,12 +58,20 @@ def dumps(obj: JSON) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+Visible = Callable[[Sequence[tuple[int, str | None]]], Awaitable[list[bool]]]
+"""Which of these (stream id, name; None: not at hand) the asker may see, in order."""
+
+
 class StreamSource(Protocol):
     """Where STATS comes from: a data node's own streams, or the PM's cluster view."""
 
     def tick(self, now: float) -> None: ...
 
     async def stats(self, stream_ids: Sequence[int], top: int) -> list[JSON]: ...
+
+    def totals(self) -> JSON:
+        """Figures of the whole source for INFO ({} when it has none of its own)."""
+        ...
 
 
 def connection_figures(conn: ServerConnection, now: float) -> JSON:
@@ -172,7 +176,7 @@ class Introspector:
             "frames_corrupt": st.frames_corrupt,
             "framing_errors": st.framing_errors,
         }
-        if isinstance(self.streams, DataNodeStreams):  # a data node: what it served, in all
+        if self.streams is not None:  # a data node: what it served, in all
             out.update(self.streams.totals())
         if self.extra_info is not None:
             out.update(await self.extra_info())
@@ -229,67 +233,7 @@ def _four(cur: Sequence[int], pm: Sequence[int]) -> JSON:
     return out
 
 
-class DataNodeStreams:
-    """STATS on a data node: the streams it holds, with their traffic and offsets."""
-
-    def __init__(self, ctx: NodeContext, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ctx = ctx
-        self.counters: StreamCounterTable = ctx.stream_stats
-        self.rates: RateWindow[int] = RateWindow(clock())
-        self.clock = clock
-
-    def tick(self, now: float) -> None:
-        self.counters.retain(set(self.ctx.table.streams))
-        self.rates.take(now, {sid: c.rated() for sid, c in self.counters.by_stream.items()})
-
-    def totals(self) -> JSON:
-        """The node's "records out": what it served to readers (pull, session and push alike,
-        counted by datanode/reader.py), all streams, since it started."""
-        return {"records_fetched": self.counters.records_fetched,
-                "bytes_fetched": self.counters.bytes_fetched}
-
-    async def stats(self, stream_ids: Sequence[int], top: int) -> list[JSON]:
-        now = self.clock()
-        held = self.ctx.table.streams
-        ids = [s for s in stream_ids if s in held] if stream_ids else list(held)
-        rows = [self._one(sid, now) for sid in ids]
-        if not stream_ids:
-            rows.sort(key=lambda r: (-_rate_key(r), r["stream_id"]))
-            rows = rows[:top]
-        return rows
-
-    def _one(self, sid: int, now: float) -> JSON:
-        ctx = self.ctx
-        c = self.counters.of(sid)
-        pm = self.rates.per_minute(now, sid, c.rated())
-        ranges: list[JSON] = []
-        for idx, info in sorted(ctx.table.streams[sid].ranges.items()):
-            try:
-                d = ctx.store.describe_range(sid, idx)
-            except SbpError:
-                continue
-            ranges.append({"range_index": idx, "start_offset": d.start_offset,
-                           "next_offset": d.next_offset,
-                           "end_offset": d.end_offset if d.sealed else -1,
-                           "bytes": ctx.store.range_bytes(sid, idx),
-                           "primary": info.is_primary})
-        return {
-            "stream_id": sid,
-            "records_appended": c.records_appended,
-            "bytes_appended": c.bytes_appended,
-            "records_fetched": c.records_fetched,
-            "bytes_fetched": c.bytes_fetched,
-            "records_replicated": c.records_replicated,
-            "bytes_replicated": c.bytes_replicated,
-            "per_minute": dict(zip(RATED, pm, strict=True)),
-            "start_offset": ctx.stream_start(sid),
-            "next_offset": ctx.table.high_watermark(sid),
-            "ranges": ranges,
-            "bytes_stored": sum(int(r["bytes"]) for r in ranges),
-            "last_append_ms": c.last_append_ms,
-        }
-
-
-def _rate_key(row: JSON) -> int:
+def rate_key(row: JSON) -> int:
+    """A STATS row's sort key for ``top``: its bytes appended and fetched per minute."""
     pm = row["per_minute"]
     return int(pm["bytes_appended"]) + int(pm["bytes_fetched"])

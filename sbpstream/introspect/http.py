@@ -28,11 +28,10 @@ import json
 import re
 from collections.abc import Sequence
 from importlib import resources
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from sbpstream.auth.acl import Op
-from sbpstream.introspect.cluster import ClusterOverview, Visible
-from sbpstream.introspect.figures import DEFAULT_TOP, JSON, MAX_TOP, Introspector
+from sbpstream.introspect.figures import DEFAULT_TOP, JSON, MAX_TOP, Introspector, Visible
 from sbpstream.net.admin import Gate, HttpRequest, HttpResponse, Route
 from sbpstream.protocol.errors import ErrorCode, SbpError
 
@@ -44,6 +43,19 @@ _TYPES: Final = {"html": "text/html; charset=utf-8", "js": "text/javascript; cha
                  "css": "text/css; charset=utf-8", "png": "image/png"}
 _STREAM: Final = re.compile(r"^/v1/streams/(-?\d+)(/tail)?$")
 LOGIN_PATH: Final = "/v1/login"
+
+
+class ClusterViews(Protocol):
+    """The PM's cluster-wide views (``pm.overview.ClusterOverview``), for the PM's routes."""
+
+    async def overview(self) -> JSON: ...
+
+    async def stats(self, stream_ids: Sequence[int], top: int,
+                    visible: Visible | None = None) -> list[JSON]: ...
+
+    async def stream(self, stream_id: int) -> JSON | None: ...
+
+    async def tail(self, stream_id: int, n: int, token: str | None = None) -> JSON | None: ...
 
 
 class BadQuery(ValueError):
@@ -109,7 +121,7 @@ def admin_gate(auth: HttpAuth, *, public_metrics: bool = False) -> Gate:
     return gate
 
 
-def routes(intro: Introspector, cluster: ClusterOverview | None = None,
+def routes(intro: Introspector, cluster: ClusterViews | None = None,
            auth: HttpAuth | None = None) -> list[Route]:
     """The admin routes of a server: the data node's (no cluster) or the PM's. ``auth``: auth
     is on, and every request's ``caller`` was set by :func:`admin_gate`."""

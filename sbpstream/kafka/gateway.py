@@ -34,8 +34,6 @@ import ssl
 import time
 from collections import OrderedDict
 
-from sbpstream.auth.config import TlsConfig
-from sbpstream.auth.tls import client_context, server_context
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.kafka.admin import AdminHandlers
 from sbpstream.kafka.connections import Conn, Connections, Handler
@@ -63,6 +61,7 @@ from sbpstream.kafka.schemas import (
 )
 from sbpstream.kafka.session import plain_client
 from sbpstream.kafka.topics import parse_stream_name, stream_name, topic_problem
+from sbpstream.net.tls import TlsConfig, client_context, server_context
 from sbpstream.protocol.errors import (
     SbpError,
 )

@@ -29,8 +29,8 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from sbpstream.auth.config import TlsConfig
 from sbpstream.net.server import PROTECTED_MODE_MESSAGE
+from sbpstream.net.tls import TlsConfig
 from sbpstream.protocol.opcodes import Opcode
 
 log = logging.getLogger("sbpstream.net.admin")
@@ -163,7 +163,7 @@ class MetricsExporter:
         self._tls_on = False
 
     async def start(self) -> None:
-        from sbpstream.auth.tls import server_context
+        from sbpstream.net.tls import server_context
 
         ctx = server_context(self.tls) if self.tls is not None else None
         self._server = await asyncio.start_server(self._serve, self.host, self._want_port,

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from sbpstream.protocol.errors import ErrorCode
-
-if TYPE_CHECKING:  # the server imports this module
-    from sbpstream.net.server import ServerConnection, ServerStats
 
 log = logging.getLogger("sbpstream.net.server")
 
@@ -28,21 +25,53 @@ EVICTED_MESSAGE = (
 )
 
 
-class Admission:
+class AdmittedConnection(Protocol):
+    """What admission needs of a connection (``net.server.AdmittedConnection`` is one)."""
+
+    source: str
+
+    @property
+    def authenticated(self) -> bool: ...
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def connected_mono(self) -> float: ...
+
+    @property
+    def speaks_sbp(self) -> bool: ...
+
+    def send_goaway(self, code: int, message: str) -> None: ...
+
+    def abort(self, exc: BaseException) -> None: ...
+
+
+class AdmissionStats(Protocol):
+    """The counters admission keeps (``net.server.ServerStats`` has them)."""
+
+    connections_open: int
+    connections_evicted: int
+
+
+C = TypeVar("C", bound=AdmittedConnection)
+
+
+class Admission(Generic[C]):
     """The open connections of one server, counted per source and before authentication."""
 
-    def __init__(self, stats: ServerStats, max_connections: int, max_per_source: int,
+    def __init__(self, stats: AdmissionStats, max_connections: int, max_per_source: int,
                  max_unauthenticated: int) -> None:
         self.stats = stats
         self.max_connections = max_connections
         self.max_per_source = max_per_source
         self.max_unauthenticated = min(max_unauthenticated, max_connections)
-        self.connections: set[ServerConnection] = set()
+        self.connections: set[C] = set()
         # not yet authenticated (auth on), oldest first: the first is evicted to make room
-        self.unauthenticated: dict[ServerConnection, None] = {}
+        self.unauthenticated: dict[C, None] = {}
         self.per_source: dict[str, int] = {}  # open connections by peer IP address
 
-    def admit(self, conn: ServerConnection, peer: object) -> str:
+    def admit(self, conn: C, peer: object) -> str:
         """Count a newly accepted connection in, or say why not ("" when admitted)."""
         source = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         if self.per_source.get(source, 0) >= self.max_per_source:
@@ -61,10 +90,10 @@ class Admission:
         self.stats.connections_open = len(self.connections)
         return ""
 
-    def authenticated(self, conn: ServerConnection) -> None:
+    def authenticated(self, conn: C) -> None:
         self.unauthenticated.pop(conn, None)
 
-    def _evict(self, conn: ServerConnection) -> None:
+    def _evict(self, conn: C) -> None:
         self.stats.connections_evicted += 1
         log.info("event=unauthenticated_evicted peer=%s age_s=%.1f", conn.peer,
                  time.monotonic() - conn.connected_mono)
@@ -73,7 +102,7 @@ class Admission:
         self.release(conn)
         conn.abort(ConnectionAbortedError(EVICTED_MESSAGE))
 
-    def release(self, conn: ServerConnection) -> None:
+    def release(self, conn: C) -> None:
         """Count a closing connection out (idempotent)."""
         self.unauthenticated.pop(conn, None)
         if conn in self.connections:

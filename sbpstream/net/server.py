@@ -747,10 +747,10 @@ class Server:
         self.stats = ServerStats()
         self.auth_deadline_s = auth_deadline_s  # to authenticate (and finish a TLS handshake)
         # every open connection; caps per source and before authentication
-        self.admission = Admission(self.stats, max_connections, max_connections_per_source,
-                                   max_unauthenticated)
+        self.admission: Admission[ServerConnection] = Admission(
+            self.stats, max_connections, max_connections_per_source, max_unauthenticated)
         self.connections = self.admission.connections
-        self.connection_ids = 0  # the last connection id handed out
+        self.connection_ids: int = 0  # the last connection id handed out
         self.started_mono = time.monotonic()
         self.closing = False
         self._server: asyncio.Server | None = None
@@ -764,7 +764,7 @@ class Server:
         # on over TLS, or answers a plaintext SBP frame saying TLS is required (tls_port).
         factory: Callable[[], asyncio.Protocol] = (
             (lambda: ServerConnection(self)) if self.ssl_context is None
-            else (lambda: TlsAccept(self)))
+            else (lambda: TlsAccept(self, lambda: ServerConnection(self))))
         self._server = await loop.create_server(
             factory, host, port, reuse_address=True, backlog=1024)
         sock = self._server.sockets[0]

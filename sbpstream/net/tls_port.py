@@ -19,10 +19,9 @@ import asyncio
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Final, cast
-
-if TYPE_CHECKING:  # the server imports this module
-    from sbpstream.net.server import Server, ServerConnection
+import ssl
+from collections.abc import Callable
+from typing import Final, Protocol, cast
 
 log = logging.getLogger("sbpstream.net.server")
 
@@ -30,22 +29,59 @@ TLS_HANDSHAKE_RECORD: Final = 0x16
 """The first byte of a TLS handshake record (a ClientHello)."""
 
 
-class TlsAccept(asyncio.Protocol):
-    """The protocol of a TLS listener's accepted TCP transport: takes its socket over at once."""
+class PendingConnection(Protocol):
+    """What the hand-over needs of the connection it sets up (``net.server.ServerConnection``);
+    it is the asyncio protocol the TLS (or plaintext) transport is given."""
 
-    def __init__(self, server: Server) -> None:
+    plaintext_on_tls_port: bool
+    cancel_setup: Callable[[BaseException | None], None] | None
+
+    @property
+    def peer(self) -> str: ...
+
+    def admit(self, peer: object) -> str: ...
+
+    def setup_failed(self, exc: BaseException) -> None: ...
+
+
+class ListenerStats(Protocol):
+    connections_accepted: int
+    connections_rejected: int
+
+
+class TlsListener(Protocol):
+    """What the hand-over needs of its server (``net.server.Server``)."""
+
+    @property
+    def stats(self) -> ListenerStats: ...
+
+    @property
+    def closing(self) -> bool: ...
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None: ...
+
+    @property
+    def auth_deadline_s(self) -> float: ...
+
+
+class TlsAccept(asyncio.Protocol):
+    """The protocol of a TLS listener's accepted TCP transport: takes its socket over at once.
+    ``new_connection`` makes the server's connection object for it."""
+
+    def __init__(self, server: TlsListener,
+                 new_connection: Callable[[], PendingConnection]) -> None:
         self.server = server
-        self.conn: ServerConnection | None = None
+        self.new_connection = new_connection
+        self.conn: PendingConnection | None = None
         self.sock: socket.socket | None = None
         self.task: asyncio.Task[None] | None = None
 
     def connection_made(self, base: asyncio.BaseTransport) -> None:
-        from sbpstream.net.server import ServerConnection
-
         transport = cast(asyncio.Transport, base)  # uvloop's does not subclass it
         s = self.server
         s.stats.connections_accepted += 1
-        conn = ServerConnection(s)
+        conn = self.new_connection()
         peer = transport.get_extra_info("peername")
         refusal = "server shutting down" if s.closing else conn.admit(peer)
         if refusal:
@@ -96,7 +132,7 @@ class TlsAccept(asyncio.Protocol):
         ctx = self.server.ssl_context if tls else None
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: conn, sock, ssl=ctx,
+                lambda: cast(asyncio.BaseProtocol, conn), sock, ssl=ctx,
                 ssl_handshake_timeout=self.server.auth_deadline_s if tls else None)
         except (OSError, asyncio.CancelledError, TimeoutError) as exc:
             # a failed handshake, or cancelled (deadline, eviction, shutdown): the socket is the

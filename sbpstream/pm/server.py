@@ -25,7 +25,6 @@ from sbpstream.auth.names import StreamNames
 from sbpstream.auth.pmauth import PmAuth
 from sbpstream.auth.records import AuthRecords
 from sbpstream.auth.setup import server_security
-from sbpstream.introspect.cluster import ClusterOverview
 from sbpstream.introspect.figures import ATTR_CLIENT_ID, Introspector
 from sbpstream.introspect.http import admin_gate
 from sbpstream.introspect.http import routes as admin_routes
@@ -36,6 +35,7 @@ from sbpstream.pm import metadata as md
 from sbpstream.pm.backends import open_metadata
 from sbpstream.pm.config import PmConfig
 from sbpstream.pm.groups import GroupHandlers
+from sbpstream.pm.overview import ClusterOverview
 from sbpstream.pm.placement import NodeState
 from sbpstream.pm.repair import Repairer
 from sbpstream.pm.service import (

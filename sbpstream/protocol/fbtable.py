@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Final, Self, TypeVar, dataclass_transform
 
 from sbpstream.protocol.errors import BadHeaderError
 from sbpstream.protocol.fbbuilder import Builder
+from sbpstream.protocol.makers import MAKERS
 
 __all__ = [
     "ATTRIBUTES", "Bound", "Codec", "Field", "FixedCode", "FixedLayout", "Kind", "Schema", "Table",
@@ -525,8 +526,6 @@ def maker(cls: type[_T]) -> Callable[..., _T]:
     field through ``object.__setattr__``, several times slower; this is for hot paths that make
     hundreds of thousands (a node's LIST_RANGES). No check is skipped: the dataclasses here have
     no ``__post_init__``. The makers, one per number of fields, are generated code."""
-    from sbpstream.protocol.generated import MAKERS  # the generated module imports this one
-
     if getattr(cls, "__post_init__", None) is not None:
         raise TypeError(f"{cls.__name__} has a __post_init__: make it with its __init__")
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ vectors are named here too, for the generated code to call. No I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, Self, TypeVar
 
 from sbpstream.protocol.errors import LimitExceededError, SbpError, error_for
 from sbpstream.protocol.fbtable import Table
@@ -135,16 +135,30 @@ class RangeMethods:
         return self.end_offset >= 0
 
 
+class FetchItem(Protocol):
+    """What :meth:`FetchResponseMethods.chunks` needs of an item (``FetchResult`` has it)."""
+
+    @property
+    def batch_length(self) -> int: ...
+
+
+_Item = TypeVar("_Item", bound=FetchItem, covariant=True)
+
+
+class HasFetchItems(Protocol[_Item]):
+    @property
+    def items(self) -> tuple[_Item, ...]: ...
+
+
+_Got = TypeVar("_Got", bound=FetchItem)
+
+
 class FetchResponseMethods:
     __slots__ = ()
-    if TYPE_CHECKING:
-        from sbpstream.protocol.generated import FetchResult
-
-        items: tuple[FetchResult, ...]
 
     def chunks(
-        self, payload: bytes | bytearray | memoryview
-    ) -> Iterator[tuple[FetchResult, memoryview]]:
+        self: HasFetchItems[_Got], payload: bytes | bytearray | memoryview
+    ) -> Iterator[tuple[_Got, memoryview]]:
         """Each item with its slice of the frame's payload (the batches back to back, in item
         order, ``batch_length`` bytes each)."""
         mv = memoryview(payload)

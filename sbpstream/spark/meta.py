@@ -17,7 +17,7 @@ from sbpstream.protocol.errors import (
     StreamNotFoundError,
 )
 from sbpstream.protocol.names import StreamRef
-from sbpstream.spark.offsets import RangeInfo
+from sbpstream.spark.offsets import PlannedRange
 from sbpstream.spark.options import SecurityOptions
 
 
@@ -27,8 +27,8 @@ def replica_addresses(rng: Range) -> tuple[str, ...]:
     return tuple(r.data_node.advertise_addr for r in reps if r.data_node.advertise_addr)
 
 
-def range_info(rng: Range) -> RangeInfo:
-    return RangeInfo(
+def range_info(rng: Range) -> PlannedRange:
+    return PlannedRange(
         rng.range_index,
         rng.start_offset,
         rng.end_offset if rng.sealed else -1,
@@ -64,7 +64,7 @@ def translated_errors(pm: Sequence[str]) -> Iterator[None]:
         raise
 
 
-class ClusterView:
+class DriverClient:
     """A lazily opened client on the driver. Not picklable state: drop it before pickling."""
 
     def __init__(self, pm: Sequence[str], timeout_ms: int,
@@ -130,6 +130,6 @@ class ClusterView:
     def states(self, streams: Sequence[int]) -> dict[int, StreamState]:
         return {s: self.state(s) for s in streams}
 
-    def ranges(self, stream_id: int) -> list[RangeInfo]:
+    def ranges(self, stream_id: int) -> list[PlannedRange]:
         with translated_errors(self.pm):
             return [range_info(r) for r in self.client.list_ranges(stream_id)]

@@ -79,7 +79,7 @@ def split_read_limit(backlogs: Mapping[int, int], max_rows: int) -> dict[int, in
 
 
 @dataclass(frozen=True, slots=True)
-class RangeInfo:
+class PlannedRange:
     """One range of a stream as the planner needs it."""
 
     range_index: int
@@ -104,7 +104,7 @@ class Span:
 
 
 def spans_of_stream(
-    stream_id: int, ranges: Sequence[RangeInfo], from_offset: int, until_offset: int
+    stream_id: int, ranges: Sequence[PlannedRange], from_offset: int, until_offset: int
 ) -> list[Span]:
     """Cut [from, until) of a stream along its ranges; empty pieces are dropped.
 

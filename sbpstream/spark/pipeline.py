@@ -22,7 +22,7 @@ from typing import Any
 
 from sbpstream.client.types import DEFAULT_PM, PM_ENV
 from sbpstream.protocol.names import StreamRef
-from sbpstream.spark.meta import ClusterView
+from sbpstream.spark.meta import DriverClient
 from sbpstream.spark.options import parse_source_options
 
 POLL_S = 0.5  # how often progress is printed while the query runs
@@ -99,7 +99,7 @@ def start_pipeline(
     if max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     opts = parse_source_options(options, streaming=True)  # misuse fails here, option named
-    view = ClusterView(opts.pm, opts.timeout_ms, opts.security)
+    view = DriverClient(opts.pm, opts.timeout_ms, opts.security)
     try:
         if opts.pattern is None:  # unknown stream / unreachable PM: one line, now
             view.check_streams(list(view.resolve(opts.streams).values()))

@@ -33,7 +33,7 @@ from pyspark.sql.types import StructType
 from sbpstream.protocol.errors import SbpError
 from sbpstream.protocol.names import StreamRef
 from sbpstream.spark.fetch import SpanRequest, data_loss_message, read_span
-from sbpstream.spark.meta import ClusterView
+from sbpstream.spark.meta import DriverClient
 from sbpstream.spark.offsets import (
     Offsets,
     Span,
@@ -127,7 +127,7 @@ class _Planner:
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self._view: ClusterView | None = None
+        self._view: DriverClient | None = None
         self._ids: dict[StreamRef, int] | None = None
         """Option 'streams' resolved (names to ids) once: a name keeps meaning that stream for
         the life of the query, as its offsets do."""
@@ -154,9 +154,9 @@ class _Planner:
         return default
 
     @property
-    def view(self) -> ClusterView:
+    def view(self) -> DriverClient:
         if self._view is None:
-            self._view = ClusterView(self.opts.pm, self.opts.timeout_ms, self.opts.security)
+            self._view = DriverClient(self.opts.pm, self.opts.timeout_ms, self.opts.security)
         return self._view
 
     def __getstate__(self) -> dict[str, Any]:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from sbpstream.introspect.counters import RATED
-from sbpstream.introspect.figures import ATTR_ROLE, JSON, MAX_TOP, connection_figures
+from sbpstream.introspect.figures import ATTR_ROLE, JSON, MAX_TOP, Visible, connection_figures
 from sbpstream.pm import metadata as md
 from sbpstream.protocol.errors import ErrorCode, SbpError
 from sbpstream.protocol.messages import (
@@ -56,8 +56,6 @@ TAIL_MAX_BYTES: Final = 1 << 20
 TAIL_VALUE_CHARS: Final = 1000
 _PAGE: Final = 1000
 
-Visible = Callable[[Sequence[tuple[int, str | None]]], Awaitable[list[bool]]]
-"""Which of these (stream id, name; None: not at hand) the asker may see, in order."""
 
 
 def _text(b: memoryview | None) -> str | None:
@@ -200,6 +198,9 @@ class ClusterOverview:
                                        + r["per_minute"]["bytes_fetched"]), r["stream_id"]))
             rows = rows[:top]
         return rows
+
+    def totals(self) -> JSON:
+        return {}  # the cluster's figures are per node and per stream
 
     def tick(self, now: float) -> None:
         """Rates are the data nodes' (nothing to sample here)."""
