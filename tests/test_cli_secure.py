@@ -179,6 +179,8 @@ def test_a_missing_ca_file_is_one_line_for_every_kind_of_command(up: SecureUp) -
 def test_no_credentials_or_a_wrong_password_is_one_line(up: SecureUp) -> None:
     wrong = up.sbp("whoami", SBPSTREAM_PASSWORD="wrong")
     assert "AUTHENTICATION_FAILED" in _one_line(wrong)
+    pasted = up.sbp("whoami", SBPSTREAM_PASSWORD="two\nlines")  # SASLprep refuses it
+    assert "SBPSTREAM_PASSWORD" in _one_line(pasted)
     env = {k: v for k, v in up.env.items() if k not in ("SBPSTREAM_USER", "SBPSTREAM_PASSWORD")}
     r = subprocess.run([EXE, "info"], capture_output=True, text=True, timeout=120, env=env,
                        cwd=up.cwd, check=False)

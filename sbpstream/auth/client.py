@@ -91,7 +91,12 @@ async def scram_login(conn: Connection, user: str, password: str) -> m.Authentic
 
     from sbpstream.auth import scram
 
-    client = ScramClient([scram.MECHANISM], user, password)
+    try:
+        client = ScramClient([scram.MECHANISM], user, password)
+    except ScramException as e:  # SASLprep refuses the password (control characters, ...)
+        raise AuthenticationFailedError(
+            f"the password of {user!r} cannot be used for SCRAM ({e}): check "
+            "SBPSTREAM_PASSWORD / --password (a stray newline or control character?)") from None
     first = await _call(conn, m.AuthenticateRequest(scram.MECHANISM,
                                                     client.get_client_first().encode()))
     try:
