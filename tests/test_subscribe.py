@@ -14,7 +14,7 @@ import pytest
 
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode.config import DataNodeConfig
-from sbpstream.datanode.node import DataNode
+from sbpstream.datanode.node import DataNodeServer
 from sbpstream.datanode.subscribe import MAX_WINDOW_BYTES, Subscriptions, SubscriptionStats
 from sbpstream.net.client import Connection, ResponseStream
 from sbpstream.protocol.errors import ErrorCode, LimitExceededError
@@ -54,9 +54,9 @@ def pm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-async def node(pm: LocalCluster) -> AsyncIterator[DataNode]:
+async def node(pm: LocalCluster) -> AsyncIterator[DataNodeServer]:
     # one directory for the module: the node keeps its id, so the PM places streams only here
-    n = DataNode(DataNodeConfig(directory=pm.directory / "dn", pm=(pm.pm_address,),
+    n = DataNodeServer(DataNodeConfig(directory=pm.directory / "dn", pm=(pm.pm_address,),
                                 heartbeat_interval_ms=200, fsync=FsyncPolicy.NONE))
     await n.start()
     try:
@@ -65,7 +65,7 @@ async def node(pm: LocalCluster) -> AsyncIterator[DataNode]:
         await n.close()
 
 
-def subs(node: DataNode) -> Subscriptions:
+def subs(node: DataNodeServer) -> Subscriptions:
     assert node.fetch is not None
     return node.fetch.subscriptions
 
@@ -150,11 +150,11 @@ async def receive_until(rs: ResponseStream, got: Received, cond: Callable[[], bo
             got.take(await anext(rs))
 
 
-def stats(node: DataNode) -> SubscriptionStats:
+def stats(node: DataNodeServer) -> SubscriptionStats:
     return subs(node).stats()
 
 
-async def with_conn(node: DataNode, fn: Callable[[Connection], Awaitable[None]]) -> None:
+async def with_conn(node: DataNodeServer, fn: Callable[[Connection], Awaitable[None]]) -> None:
     conn = await Connection.open(node.address)
     try:
         await fn(conn)
@@ -163,7 +163,7 @@ async def with_conn(node: DataNode, fn: Callable[[Connection], Awaitable[None]])
 
 
 async def test_window_bounds_what_is_sent_and_each_ack_releases_exactly_that(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     sid = await create_stream(pm)
     b = batch(10)
     size = len(b)
@@ -201,7 +201,8 @@ async def test_window_bounds_what_is_sent_and_each_ack_releases_exactly_that(
     await with_conn(node, run)
 
 
-async def test_cancel_ends_the_subscription_with_end(pm: LocalCluster, node: DataNode) -> None:
+async def test_cancel_ends_the_subscription_with_end(
+        pm: LocalCluster, node: DataNodeServer) -> None:
     sid = await create_stream(pm)
 
     async def run(conn: Connection) -> None:
@@ -225,7 +226,7 @@ async def test_cancel_ends_the_subscription_with_end(pm: LocalCluster, node: Dat
     await with_conn(node, run)
 
 
-async def test_connection_close_ends_subscriptions(pm: LocalCluster, node: DataNode) -> None:
+async def test_connection_close_ends_subscriptions(pm: LocalCluster, node: DataNodeServer) -> None:
     sid = await create_stream(pm)
     conn = await Connection.open(node.address)
     try:
@@ -239,7 +240,7 @@ async def test_connection_close_ends_subscriptions(pm: LocalCluster, node: DataN
 
 
 async def test_hostile_acks_are_refused_and_nothing_breaks(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     sid = await create_stream(pm)
     size = len(batch(4))
 
@@ -276,7 +277,7 @@ async def test_hostile_acks_are_refused_and_nothing_breaks(
 
 
 async def test_slow_consumer_costs_the_node_at_most_its_window(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     sid = await create_stream(pm)
     window = 64 * 1024
 
@@ -297,7 +298,7 @@ async def test_slow_consumer_costs_the_node_at_most_its_window(
 
 
 async def test_multi_stream_subscription_and_per_stream_ends(
-        pm: LocalCluster, node: DataNode) -> None:
+        pm: LocalCluster, node: DataNodeServer) -> None:
     a, b, c = [await create_stream(pm) for _ in range(3)]
 
     async def run(conn: Connection) -> None:
@@ -333,7 +334,7 @@ async def test_multi_stream_subscription_and_per_stream_ends(
     await with_conn(node, run)
 
 
-async def test_limits_are_enforced(pm: LocalCluster, node: DataNode) -> None:
+async def test_limits_are_enforced(pm: LocalCluster, node: DataNodeServer) -> None:
     sid = await create_stream(pm)
 
     async def run(conn: Connection) -> None:
