@@ -1,9 +1,11 @@
 """The consumer: reads streams from an offset, across their ranges and their replicas.
 
-:class:`AsyncConsumer` is the application's side (iteration, poll, seek, the buffer, positions).
-By default it **subscribes**: :class:`~sbpstream.client.push.Subscriber` (module
+:class:`AsyncConsumer` is the application's side: a facade over one reader, a
+:class:`StreamReader` (iteration, poll, seek, the buffer, positions of a set of streams) or a
+group member (:mod:`sbpstream.client.groups`, which reads through a StreamReader of its own).
+By default a reader **subscribes**: :class:`~sbpstream.client.push.Subscriber` (module
 :mod:`sbpstream.client.push`) runs one FETCH with a window per data node and pushes records
-into the consumer's buffer; the consumer is its :class:`~sbpstream.client.push.SubscriberHost`.
+into the reader's buffer; the reader is its :class:`~sbpstream.client.push.SubscriberHost`.
 
 Those long polls run in a **fetch session** per feed (docs/protocol.md, "Fetch sessions"): the
 first FETCH is full and makes the session, each next one names only the streams whose position or
