@@ -160,7 +160,7 @@ async def wire(args: argparse.Namespace) -> None:
     try:
         with LocalCluster(d, datanodes=1, fsync="none") as cluster:
             async with AsyncClient(cluster.pm_address, retry_deadline_ms=30_000) as c:
-                admin = GroupAdmin(c._pm_call)
+                admin = GroupAdmin(c.pm_request)
                 await bench_commits(c, admin, args.commits, args.batch)
                 await bench_rebalance(c, admin, args.streams, args.members)
     finally:

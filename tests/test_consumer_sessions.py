@@ -172,8 +172,10 @@ async def test_starts_resolved_while_reading_join_the_one_subscription(
         ids = await client.create_streams(10)
         await produce(client, dict.fromkeys(ids, 3), "x")
         cons = client.consumer(ids, "earliest")
+        reader = cons.reader  # the subscriber's host: a plain reader, without a group
+        assert isinstance(reader, consumer_mod.StreamReader)
         gate = asyncio.Event()
-        resolve = cons.resolve_starts
+        resolve = reader.resolve_starts
         chunks: list[list[int]] = []
 
         async def gated(sids: list[int]) -> list[int]:
@@ -182,7 +184,7 @@ async def test_starts_resolved_while_reading_join_the_one_subscription(
                 await gate.wait()  # the later chunks wait until the first streams were read
             return await resolve(sids)
 
-        monkeypatch.setattr(cons, "resolve_starts", gated)
+        monkeypatch.setattr(reader, "resolve_starts", gated)
         r = Reader(cons)
         try:
             await r.until(lambda: all(len(r.values(sid)) == 3 for sid in ids[:2]), "the first")

@@ -24,6 +24,7 @@ from sbpstream.cluster import LocalCluster
 from sbpstream.protocol.errors import (
     GroupNotEmptyError,
     IllegalGenerationError,
+    InvalidRequestError,
     UnknownMemberError,
 )
 
@@ -312,3 +313,40 @@ async def test_latest_is_pinned_at_assignment(client: AsyncClient) -> None:
         return set(got) >= {(sid, 3) for sid in sids}
     await eventually_async(both, timeout=WAIT_S, interval=0.01, what="the records after")
     await a.close()
+
+
+async def test_one_consumer_type_the_group_side_delegates_or_is_refused(
+        client: AsyncClient) -> None:
+    """With or without a group ``consumer()`` is an AsyncConsumer (a facade over its reader):
+    the group's calls go to the member, and each side refuses the other's calls by name."""
+    sids = await make_streams(client, 2, 5)
+    plain = client.consumer(sids[0], "earliest", subscribe=False)
+    grouped = member(client, "facade", sids)
+    try:
+        assert isinstance(plain, AsyncConsumer) and isinstance(grouped, AsyncConsumer)
+        rec = await asyncio.wait_for(anext(plain), WAIT_S)  # the facade's __anext__
+        assert (rec.stream_id, rec.offset) == (sids[0], 0)
+        assert plain.group is None and plain.assignment == (sids[0],)
+        assert plain.rebalance_events() == [] and plain.high_watermark == 5
+        plain.batch_max_bytes = 4096
+        assert plain.batch_max_bytes == 4096
+        for call in (plain.commit(), plain.committed()):
+            with pytest.raises(InvalidRequestError, match="needs a consumer with a group"):
+                await call
+        got = [await asyncio.wait_for(anext(grouped), WAIT_S) for _ in range(10)]
+        assert sorted((r.stream_id, r.offset) for r in got) == [
+            (sid, off) for sid in sorted(sids) for off in range(5)]
+        assert grouped.group == "facade" and grouped.assignment == tuple(sorted(sids))
+        assert [e.kind for e in grouped.rebalance_events()] == ["assigned"]
+        assert grouped.throttle_time_ms == 0 and grouped.position is None
+        await grouped.commit()
+        assert await grouped.committed() == dict.fromkeys(sids, 5)
+        for refused in (grouped.seek(0), grouped.set_streams(sids[0]), grouped.poll_columns(),
+                        grouped.fetch_batches()):
+            with pytest.raises(InvalidRequestError, match="without a group"):
+                await refused
+        with pytest.raises(InvalidRequestError, match="high_watermark is for a consumer"):
+            _ = grouped.high_watermark
+    finally:
+        await plain.close()
+        await grouped.close()

@@ -58,9 +58,8 @@ ASYNC_ONLY: dict[str, str] = {
                    "gateway; sync code uses the consumer's group methods",
     "connection": "a connection of the client's pool, used on its event loop by tools that "
                   "speak the protocol themselves",
-    "push_batch": "the consumer's hook for its subscriber (client/push.py), on the event loop",
-    "resolve_starts": "the consumer's hook for its subscriber (client/push.py)",
-    "range_for_stream": "the consumer's hook for its subscriber (client/push.py)",
+    "high_watermark": "the plain reader's fetch state, for the Kafka gateway's FETCH answers",
+    "batch_max_bytes": "the plain reader's per-FETCH limit, set by the Kafka gateway per request",
     "act_as": "a server acting for one caller with that caller's token (the Kafka gateway)",
     "pm_request": "protocol messages in and out, for tools running on an event loop (the "
                   "CLI's introspection); sync code uses the typed methods",

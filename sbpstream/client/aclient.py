@@ -22,9 +22,9 @@ from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast, overload
 
 from sbpstream.auth.client import client_security
 from sbpstream.client.admin import AsyncAdmin, compile_stream_pattern
-from sbpstream.client.consumer import AsyncConsumer
+from sbpstream.client.consumer import AsyncConsumer, StreamReader
 from sbpstream.client.core import StreamNames
-from sbpstream.client.groups import GroupAdmin, GroupConsumer
+from sbpstream.client.groups import GroupAdmin, GroupMember
 from sbpstream.client.options import ConsumerOptions, ProducerOptions, build
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.retry import Attempts
@@ -410,13 +410,13 @@ class AsyncClient:
             kw["start"] = start
         o = build(ConsumerOptions, options, kw)
         if o.group is not None:
-            return GroupConsumer(self, self.pm_request, streams, o)
+            return AsyncConsumer(GroupMember(self, self.pm_request, streams, o))
         if isinstance(streams, str) or (not isinstance(streams, int)
                                         and any(isinstance(s, str) for s in streams)):
             raise InvalidRequestError("stream names and patterns are for a group consumer; "
                                       "resolve_streams() gives ids")
         ids = streams if isinstance(streams, int) else [s for s in streams if isinstance(s, int)]
-        return AsyncConsumer(self, ids, o)
+        return AsyncConsumer(StreamReader(self, ids, o))
 
     # ------------------------------------------------------------------- plumbing (SDK use)
 

@@ -1,9 +1,9 @@
 """Consumer groups in the SDK: committed offsets and members sharing streams (issue 21).
 
 :class:`GroupAdmin` speaks the group opcodes (docs/protocol.md, "Consumer groups").
-:class:`GroupConsumer` is what ``AsyncClient.consumer(streams, group="g")`` returns: it presents
-:class:`~sbpstream.client.consumer.AsyncConsumer`'s interface and wraps a plain consumer of the
-streams assigned to it now.
+:class:`GroupMember` is the reader behind ``AsyncClient.consumer(streams, group="g")`` (an
+:class:`~sbpstream.client.consumer.AsyncConsumer` delegating to it, by composition): it holds a
+plain :class:`~sbpstream.client.consumer.StreamReader` of the streams assigned to it now.
 
 - It joins the group and heartbeats from a background task (every ``heartbeat_interval_ms``,
   faster while a rebalance is under way). The PM answers with the streams to read.
@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from sbpstream.client.consumer import AsyncConsumer
+from sbpstream.client.consumer import StreamReader
 from sbpstream.client.options import ConsumerOptions
 from sbpstream.client.types import (
     ColumnBatch,
@@ -144,17 +144,14 @@ class GroupAdmin:
             it.status.raise_for_error()
 
 
-class _Assigned(AsyncConsumer):
-    """A plain consumer of the assigned streams, starting each where the group left off."""
+class _Assigned(StreamReader):
+    """A plain reader of the assigned streams, starting each where the group left off (its
+    subscriber asks :meth:`resolve_starts`, the hook this overrides)."""
 
     def __init__(self, client: ClientCore, streams: Sequence[int], options: ConsumerOptions,
                  positions: Mapping[int, int]) -> None:
         super().__init__(client, streams, options)
         self.starts = dict(positions)
-
-    async def _resolve_start(self, sid: int) -> int:
-        pos = self.starts.get(sid)
-        return pos if pos is not None else await super()._resolve_start(sid)
 
     async def resolve_starts(self, sids: Sequence[int]) -> list[int]:
         """The group's positions first; the rest as a plain consumer resolves them (batched)."""
@@ -163,11 +160,13 @@ class _Assigned(AsyncConsumer):
         return [self.starts[sid] if sid in self.starts else got[sid] for sid in sids]
 
 
-class GroupConsumer(AsyncConsumer):
+class GroupMember:
     """A member of consumer group ``group`` reading the streams the PM assigns it (see the
-    module docstring). Iterate it like any consumer; :meth:`commit`, :meth:`committed`,
-    :meth:`rebalance_events` and ``on_rebalance`` (called on the event loop) are its group
-    side. Single-stream calls (``seek``, ``poll_columns``, ``fetch_batches``) are refused."""
+    module docstring): the reader of an :class:`~sbpstream.client.consumer.AsyncConsumer` with
+    a group (a :class:`~sbpstream.client.consumer.GroupReader`). :meth:`commit`,
+    :meth:`committed`, :meth:`rebalance_events` and ``on_rebalance`` (called on the event loop)
+    are its group side. Single-stream calls (``seek``, ``poll_columns``, ``fetch_batches``) and
+    ``set_streams`` are refused."""
 
     def __init__(
         self,
@@ -181,8 +180,7 @@ class GroupConsumer(AsyncConsumer):
         start, group = o.start, o.group or ""
         auto_commit_interval_ms = o.auto_commit_interval_ms
         heartbeat_interval_ms = o.heartbeat_interval_ms
-        # Deliberately not AsyncConsumer.__init__: this is a wrapper with its interface; the
-        # reading is done by an _Assigned consumer per assignment.
+        # the reading is done by an _Assigned reader of the assignment
         split_streams(streams)  # refuse bad specs now
         if isinstance(start, int) and start < 0:
             raise InvalidRequestError(f"bad start offset {start}: offsets are >= 0")
@@ -200,7 +198,6 @@ class GroupConsumer(AsyncConsumer):
         self.on_rebalance = o.on_rebalance
         self.client_id = client_id or f"sbpstream-{id(self):x}"
         self.max_wait_ms = o.max_wait_ms
-        self.end = None
         self.options = o
         # what each plain consumer of an assignment reads with: the group's start, no end
         self._inner_options = dataclasses.replace(o, end=None, group=None)
@@ -224,12 +221,16 @@ class GroupConsumer(AsyncConsumer):
 
     # ------------------------------------------------------------------ properties
     @property
-    def group(self) -> str | None:
+    def group(self) -> str:
         return self._group
 
     @property
     def assignment(self) -> tuple[int, ...]:
         return tuple(sorted(self._owned))
+
+    @property
+    def throttle_time_ms(self) -> int:
+        return self._client.routing.throttle.throttle_time_ms_total
 
     @property
     def position(self) -> int | None:
@@ -252,7 +253,7 @@ class GroupConsumer(AsyncConsumer):
         return self._inner.buffered if self._inner is not None else 0
 
     # ------------------------------------------------------------------ iteration
-    def __aiter__(self) -> GroupConsumer:
+    def __aiter__(self) -> GroupMember:
         return self
 
     async def __anext__(self) -> ConsumedRecord:
@@ -316,6 +317,10 @@ class GroupConsumer(AsyncConsumer):
     async def seek(self, offset: int) -> None:
         raise InvalidRequestError("seek is for a consumer without a group (commit() moves "
                                   "a group's position; reset-offsets moves a stopped group's)")
+
+    async def set_streams(self, streams: int | Sequence[int]) -> None:
+        raise InvalidRequestError("set_streams is for a consumer without a group (the group "
+                                  "assigns a member its streams)")
 
     async def close(self) -> None:
         """Commit what was handed out (with auto-commit), leave the group, stop."""

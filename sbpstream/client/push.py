@@ -16,7 +16,8 @@ streams are forgotten there, so one subscription per node serves the consumer's 
 set. A refused change (a session error, a limit) changes nothing on the node; the streams it would
 have added get a full subscription of their own, from the consumer's positions.
 
-:class:`Subscriber` works for a :class:`SubscriberHost` (the consumer): the host holds the buffer
+:class:`Subscriber` works for a :class:`SubscriberHost` (the consumer's plain reader,
+:class:`~sbpstream.client.consumer.StreamReader`): the host holds the buffer
 and the application's positions; the subscriber calls only the host's public members below.
 """
 
