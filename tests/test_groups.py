@@ -350,3 +350,17 @@ async def test_one_consumer_type_the_group_side_delegates_or_is_refused(
     finally:
         await plain.close()
         await grouped.close()
+
+
+async def test_a_pulling_member_of_one_stream_starts_at_the_committed_offset(
+        client: AsyncClient) -> None:
+    """``subscribe=False`` with one assigned stream reads through the single-stream long poll,
+    which took the consumer's ``start`` and skipped the group's position (records read again)."""
+    (sid,) = await make_streams(client, 1, 10)
+    await client.commit_offsets("pull-resume", {sid: 7})
+    cons = member(client, "pull-resume", [sid], subscribe=False, auto_commit=False)
+    try:
+        rec = await asyncio.wait_for(cons.__anext__(), WAIT_S)
+        assert (rec.stream_id, rec.offset) == (sid, 7)
+    finally:
+        await cons.close()

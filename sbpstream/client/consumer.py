@@ -370,14 +370,8 @@ class StreamReader:
         return default if self._position is None else self._position
 
     async def _resolve_position(self) -> int:
-        if self._position is None:
-            if self._start == "earliest":
-                self._position = await self.client.start_offset(self.stream_id)
-            elif self._start == "latest":
-                self._position = await self.client.end_offset(self.stream_id)
-            else:
-                assert isinstance(self._start, int)
-                self._position = self._start
+        if self._position is None:  # through the hook, so a group's reader starts at its offset
+            (self._position,) = await self.resolve_starts([self.stream_id])
         return self._position
 
     def _single(self, what: str) -> None:
