@@ -112,6 +112,7 @@ def test_printed_paths_are_absolute_and_admin_urls_https(up: SecureUp) -> None:
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(urls[0], context=ctx, timeout=30)
     assert refused.value.code == 401
+    refused.value.close()  # the error holds the answer's socket
 
 
 def test_every_introspection_command_works_with_the_printed_exports(up: SecureUp) -> None:

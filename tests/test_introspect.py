@@ -44,7 +44,8 @@ def http(port: int, path: str) -> tuple[int, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        with exc:  # it holds the answer's socket
+            return exc.code, json.loads(exc.read())
 
 
 class Cluster:

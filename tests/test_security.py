@@ -696,8 +696,11 @@ async def test_admin_http_port_serves_https(certs: Path) -> None:
     try:
         url = f"https://127.0.0.1:{exporter.port}/metrics"
         ctx = ssl.create_default_context(cafile=str(certs / CA_FILE))
-        body = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(url, context=ctx, timeout=10).read())
+        def get() -> bytes:
+            with urllib.request.urlopen(url, context=ctx, timeout=10) as r:
+                return bytes(r.read())
+
+        body = await asyncio.to_thread(get)
         assert b"sbpstream_test 1.0" in body
         with pytest.raises((urllib.error.URLError, ConnectionError)):
             await asyncio.to_thread(lambda: urllib.request.urlopen(
