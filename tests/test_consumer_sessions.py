@@ -18,7 +18,7 @@ from test_subscribe import subs
 from waiting import eventually_async
 
 from sbpstream.client import AsyncClient, AsyncConsumer
-from sbpstream.client import consumer as consumer_mod
+from sbpstream.client import pull as pull_mod
 from sbpstream.client import push as push_mod
 from sbpstream.client.types import ConsumedRecord
 from sbpstream.cluster import LocalCluster
@@ -165,7 +165,7 @@ async def test_starts_resolved_while_reading_join_the_one_subscription(
     """A many-stream consumer subscribes once the first FIRST_STARTS streams' starts are known
     and resolves the rest while it reads; each later chunk joins the node's one subscription
     (an incremental FETCH), and a stream dropped before its chunk is resolved is never read."""
-    monkeypatch.setattr(consumer_mod, "FIRST_STARTS", 2)  # the consumer's first chunk
+    monkeypatch.setattr(pull_mod, "FIRST_STARTS", 2)  # the consumer's first chunk
     monkeypatch.setattr(push_mod, "FIRST_STARTS", 2)  # the subscriber's later ones
     monkeypatch.setattr(push_mod, "STARTS_GROWTH", 2)  # chunks of 2, 4, 8
     async with AsyncClient(pm.pm_address) as client:
@@ -173,7 +173,7 @@ async def test_starts_resolved_while_reading_join_the_one_subscription(
         await produce(client, dict.fromkeys(ids, 3), "x")
         cons = client.consumer(ids, "earliest")
         reader = cons.reader  # the subscriber's host: a plain reader, without a group
-        assert isinstance(reader, consumer_mod.StreamReader)
+        assert isinstance(reader, pull_mod.StreamReader)
         gate = asyncio.Event()
         resolve = reader.resolve_starts
         chunks: list[list[int]] = []

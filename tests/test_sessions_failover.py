@@ -98,7 +98,7 @@ async def test_session_survives_a_seal_and_a_failover(cluster: LocalCluster) -> 
             return f"acked {len(acked)}, received {len(got)}"
 
         def session_of(sid: int) -> tuple[str, int, int] | None:
-            sub = cons._sub
+            sub = cons.reader._sub  # a StreamReader here
             for f in [] if sub is None else sub.feeds:
                 if sid in f.ranges:
                     return f.addr, f.session_id, f.epoch

@@ -22,11 +22,12 @@ from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast, overload
 
 from sbpstream.auth.client import client_security
 from sbpstream.client.admin import AsyncAdmin, compile_stream_pattern
-from sbpstream.client.consumer import AsyncConsumer, StreamReader
+from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.core import StreamNames
 from sbpstream.client.groups import GroupAdmin, GroupMember
 from sbpstream.client.options import ConsumerOptions, ProducerOptions, build
 from sbpstream.client.producer import AsyncProducer
+from sbpstream.client.pull import StreamReader
 from sbpstream.client.retry import Attempts
 from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (

@@ -3,7 +3,7 @@
 :class:`GroupAdmin` speaks the group opcodes (docs/protocol.md, "Consumer groups").
 :class:`GroupMember` is the reader behind ``AsyncClient.consumer(streams, group="g")`` (an
 :class:`~sbpstream.client.consumer.AsyncConsumer` delegating to it, by composition): it holds a
-plain :class:`~sbpstream.client.consumer.StreamReader` of the streams assigned to it now.
+plain :class:`~sbpstream.client.pull.StreamReader` of the streams assigned to it now.
 
 - It joins the group and heartbeats from a background task (every ``heartbeat_interval_ms``,
   faster while a rebalance is under way). The PM answers with the streams to read.
@@ -29,8 +29,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from sbpstream.client.consumer import StreamReader
 from sbpstream.client.options import ConsumerOptions
+from sbpstream.client.pull import StreamReader
 from sbpstream.client.types import (
     ColumnBatch,
     ConsumedRecord,

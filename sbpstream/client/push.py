@@ -17,7 +17,7 @@ set. A refused change (a session error, a limit) changes nothing on the node; th
 have added get a full subscription of their own, from the consumer's positions.
 
 :class:`Subscriber` works for a :class:`SubscriberHost` (the consumer's plain reader,
-:class:`~sbpstream.client.consumer.StreamReader`): the host holds the buffer
+:class:`~sbpstream.client.pull.StreamReader`): the host holds the buffer
 and the application's positions; the subscriber calls only the host's public members below.
 """
 
