@@ -315,14 +315,3 @@ async def test_limits_are_enforced(pm: LocalCluster, node: DataNodeServer) -> No
         assert stats(node).subscriptions == 0
 
     await with_conn(node, run)
-
-
-# ------------------------------------------------------------------ old names, until the merge
-# (test modules written against them import them from here; the helpers live in raw_sbp.py and
-# waiting.py)
-
-append = append_ok
-
-
-async def wait_for(cond: Callable[[], bool], what: str) -> None:
-    await eventually_async(cond, what=what)
