@@ -21,6 +21,7 @@ from sbpstream.pm.service_base import (
 )
 from sbpstream.protocol.errors import (
     NotEnoughDataNodesError,
+    PmNotLeaderError,
     RangeNotFoundError,
     ReplicaUnavailableError,
     SbpError,
@@ -194,6 +195,15 @@ class RangeOps(ServiceBase):
                 f"no replica of range {rng.stream_id}/{rng.range_index} answered; it cannot be "
                 "sealed without risking acknowledged records: retry once a replica is back")
         end = max(rng.start_offset, min(reply.end_offset for _, reply in first))
+        # The final seal drops what a replica holds past `end`, and it reaches the data nodes
+        # before the (fenced) metadata write. A leader paused during the stop round may have
+        # been replaced meanwhile, and the new one may have sealed this range at another end:
+        # re-check leadership (lease deadline on the monotonic clock, docs/pm.md "Clocks,
+        # pauses and stale authority") after the last await, just before sending.
+        if not self.leading():
+            raise PmNotLeaderError(
+                f"not the leader any more: range {rng.stream_id}/{rng.range_index} left to the "
+                "leader (retry there)")
         second = await self._seal_calls([st for st, _ in first], rng, end)
         replies = [r for _, r in second] or [r for _, r in first if r.end_offset == end]
         return end, _merge_producers(replies)
