@@ -18,12 +18,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Final
 
 from sbpstream.datanode.config import DataNodeConfig
 from sbpstream.datanode.limits import PM_CALL_TIMEOUT_S, PM_LOOKUP_TTL_S, PM_LOOKUP_WAIT_S
 from sbpstream.datanode.metrics import Metrics
 from sbpstream.datanode.pmclient import PmClient
+from sbpstream.datanode.pmfence import PmEpochFence
 from sbpstream.datanode.quota import NodeQuotas
 from sbpstream.datanode.ranges import RangeTable, ReplicaRange
 from sbpstream.datanode.replication import Replicators
@@ -71,6 +73,7 @@ class NodeContext:
         self.node_id = -1
         self.closing = False
         self._store: Store | None = None
+        self._pm_fence: PmEpochFence | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._lookups: dict[int, tuple[float, asyncio.Task[None]]] = {}
         self._retention_ms: dict[int, int] = {}
@@ -84,9 +87,17 @@ class NodeContext:
             raise RuntimeError("the data node is not started")
         return self._store
 
+    @property
+    def pm_fence(self) -> PmEpochFence:
+        """The highest PM epoch seen (sbpstream.datanode.pmfence), loaded by :meth:`attach`."""
+        if self._pm_fence is None:
+            raise RuntimeError("the data node is not started")
+        return self._pm_fence
+
     def attach(self, store: Store) -> None:
         """The store was opened (and recovered): learn the ranges it holds."""
         self._store = store
+        self._pm_fence = PmEpochFence(Path(self.config.directory))
         for st in store.ranges():
             # a sealed range is committed up to its end, unless held short (a copy then
             # completes it: see adopt_range); an open one up to what is stored

@@ -19,6 +19,7 @@ from sbpstream.datanode.limits import (
 from sbpstream.datanode.rereplicate import needs_copy
 from sbpstream.net.server import Request, Responder
 from sbpstream.protocol.errors import (
+    FencedLeaderError,
     InternalError,
     LimitExceededError,
     RequestTimeoutError,
@@ -77,6 +78,15 @@ class ControlHandlers:
         m = SealRangesRequest.decode(req.header)
         _check(len(m.items))
         out: list[SealResult] = []
+        try:
+            ctx.pm_fence.admit(m.pm_epoch)  # a deposed PM's seal changes nothing
+        except FencedLeaderError as exc:
+            log.warning("event=seal_fenced pm_epoch=%d highest=%d", m.pm_epoch,
+                        ctx.pm_fence.highest)
+            await resp.send(SealRangesResponse(items=tuple(
+                SealResult(stream_id=it.stream_id, status=Status.of(exc)) for it in m.items)
+            ).encode())
+            return
         for it in m.items:
             try:
                 final = it.end_offset >= 0

@@ -87,6 +87,9 @@ class WireDataNodeApi:
                  ssl_context: ssl.SSLContext | None = None,
                  authenticator: Authenticator | None = None) -> None:
         self._addr_of = service_addr
+        self.epoch: Callable[[], int] = lambda: 0
+        """This PM's leadership epoch, sent with every SEAL_RANGES (sbpstream.datanode.pmfence):
+        the election's fencing token, 0 without an election."""
         self.pool = ConnectionPool(connect_timeout_s=DN_CONNECT_TIMEOUT_S,
                                    ssl_context=ssl_context, authenticator=authenticator)
 
@@ -136,6 +139,7 @@ class WireDataNodeApi:
         req = m.SealRangesRequest(
             timeout_ms=int(call_timeout() * 1000),
             items=(m.SealItem(rng.stream_id, rng.range_index, end_offset),),
+            pm_epoch=self.epoch(),
         )
         resp = await self._call(node, req, m.SealRangesResponse)
         if not resp.items:
@@ -240,6 +244,7 @@ class PmServer:
         if self.election is not None:
             election = self.election
             self.service.leading = lambda: election.is_leader
+            self.dn.epoch = lambda: election.token or 0
         handlers: dict[int, Handler] = {
             Opcode.HEARTBEAT: self._heartbeat,
             Opcode.ALLOCATE_ID: self._allocate_id,

@@ -2187,47 +2187,53 @@ class SealRangesRequest(Message):
 
     timeout_ms: int = 0
     items: tuple[SealItem, ...] = ()
+    pm_epoch: int = 0
 
     def __init__(
         self,
         timeout_ms: int = 0,
         items: tuple[SealItem, ...] = (),
+        pm_epoch: int = 0,
     ) -> None:
         _set_SealRangesRequest_timeout_ms(self, timeout_ms)
         _set_SealRangesRequest_items(self, items)
+        _set_SealRangesRequest_pm_epoch(self, pm_epoch)
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__qualname__}(timeout_ms={self.timeout_ms!r}, items={self.items!r})"
+        return f"{self.__class__.__qualname__}(timeout_ms={self.timeout_ms!r}, items={self.items!r}, pm_epoch={self.pm_epoch!r})"
 
     def __eq__(self, other: Any) -> bool:
         if other.__class__ is self.__class__:
-            return (self.timeout_ms, self.items) == (other.timeout_ms, other.items)
+            return (self.timeout_ms, self.items, self.pm_epoch) == (other.timeout_ms, other.items, other.pm_epoch)
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self.timeout_ms, self.items))
+        return hash((self.timeout_ms, self.items, self.pm_epoch))
 
 
-_set_SealRangesRequest_timeout_ms, _set_SealRangesRequest_items = setters(SealRangesRequest)
+_set_SealRangesRequest_timeout_ms, _set_SealRangesRequest_items, _set_SealRangesRequest_pm_epoch = setters(SealRangesRequest)
 
 
 def build_SealRangesRequest(b: Any, obj: SealRangesRequest) -> Any:
-    timeout_ms, items = obj.timeout_ms, obj.items
+    timeout_ms, items, pm_epoch = obj.timeout_ms, obj.items, obj.pm_epoch
     check_items(len(items))
     items_off = put_tables(b, items, build_SealItem) if items else 0
-    b.StartObject(2)
+    b.StartObject(3)
     if timeout_ms != 0:
         b.PrependInt32Slot(0, timeout_ms, 0)
     if items_off:
         b.PrependUOffsetTRelativeSlot(1, items_off, 0)
+    if pm_epoch != 0:
+        b.PrependInt64Slot(2, pm_epoch, 0)
     return b.EndObject()
 
 
 def read_SealRangesRequest(buf: Any, pos: int) -> SealRangesRequest:
-    o0, o1 = slots(buf, pos, 2)
+    o0, o1, o2 = slots(buf, pos, 3)
     return SealRangesRequest(
         _unpack_int32(buf, pos + o0)[0] if o0 else 0,  # timeout_ms
         read_tables(buf, pos + o1, read_SealItem, check_items) if o1 else (),  # items
+        _unpack_int64(buf, pos + o2)[0] if o2 else 0,  # pm_epoch
     )
 
 

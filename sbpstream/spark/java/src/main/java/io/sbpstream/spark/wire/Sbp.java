@@ -783,9 +783,10 @@ public final class Sbp {
   public static final class SealRangesRequest {
     private SealRangesRequest() {}
 
-    public static final int SLOTS = 2;
+    public static final int SLOTS = 3;
     public static final int SLOT_TIMEOUT_MS = 0;
     public static final int SLOT_RANGES = 1;
+    public static final int SLOT_PM_EPOCH = 2;
 
     public static int timeoutMs(FbTable t) throws ProtocolException {
       return t == null ? 0 : t.getInt(SLOT_TIMEOUT_MS, 0);
@@ -798,6 +799,10 @@ public final class Sbp {
 
     public static FbTable ranges(FbTable t, int i) throws ProtocolException {
       return t.tableAt(SLOT_RANGES, i);
+    }
+
+    public static long pmEpoch(FbTable t) throws ProtocolException {
+      return t == null ? 0L : t.getLong(SLOT_PM_EPOCH, 0L);
     }
   }
 
