@@ -220,8 +220,8 @@ class CheckResult:
             ("consumer_out_of_order", "consumer read(s) not in offset order"),
             ("consumer_skipped", "offset(s) the consumer skipped"),
             ("consumer_mismatch", "consumer read(s) of another record than the final one"),
-            ("failed_after_heal", f"send(s) failed more than the deadline ({self.deadline_s}s"
-                                  f") + {self.grace_s}s after the last fault healed"),
+            ("failed_after_heal", f"send(s) failed with no fault active within the deadline "
+                                  f"({self.deadline_s}s) + {self.grace_s}s before"),
             ("waited_past_deadline", f"send(s) took longer than the deadline "
                                      f"({self.deadline_s}s) + {self.grace_s}s"),
         ]
@@ -229,7 +229,7 @@ class CheckResult:
             n = getattr(self, name)
             if n:
                 ex = self.examples.get(name, [])
-                out.append(f"{n} {text}" + (f": e.g. {'; '.join(ex)}" if ex else ""))
+                out.append(f"{name}: {n} {text}" + (f": e.g. {'; '.join(ex)}" if ex else ""))
         return out
 
     def to_json(self) -> dict[str, Any]:
