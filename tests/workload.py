@@ -667,7 +667,7 @@ async def consume(conn: Conn, cfg: ConsumeConfig, stop: asyncio.Event | None = N
                     counts["read"] += 1
                     if cfg.records and counts["read"] >= cfg.records:
                         stop.set()
-            except (SbpError, OSError) as exc:
+            except Exception as exc:  # any error: logged, retried after a bounded backoff
                 counts["errors"] += 1
                 log.write({"stream": stream, "error": f"{type(exc).__name__}: {exc}",
                            "at": time.monotonic()})
