@@ -91,6 +91,18 @@ class NodeRegistry:
             return True
         return False
 
+    def excuse_stall(self, stalled_s: float, now: float) -> None:
+        """This PM did not run for ``stalled_s`` (a pause: SIGSTOP, a VM stall, swap): that
+        time does not count as the nodes' silence. Every node's last heartbeat (and the grace
+        period's start) moves forward by it, never past ``now``, so a node silent before the
+        stall stays exactly as late as it was, and none is declared dead because this PM could
+        not read the heartbeats queued in its sockets (docs/pm.md, "Clocks, pauses and stale
+        authority")."""
+        self.started_at = min(self.started_at + stalled_s, now)
+        for st in self._nodes.values():
+            if st.last_seen is not None:
+                st.last_seen = min(st.last_seen + stalled_s, now)
+
     def set_metrics(self, node_id: int, metrics: NodeMetrics) -> None:
         self._nodes[node_id].metrics = metrics
 

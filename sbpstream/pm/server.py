@@ -67,6 +67,10 @@ log = logging.getLogger("sbpstream.pm")
 DN_CONNECT_TIMEOUT_S: Final = 1.0
 """Connecting to a data node: it is on the same network; a node this slow is unreachable."""
 
+SWEEP_STALL_INTERVALS: Final = 1.0
+"""The liveness sweep waking this many heartbeat intervals late means the PM itself stalled;
+the stall is then not counted against the data nodes (NodeRegistry.excuse_stall)."""
+
 CONN_ROLE: Final = "role"
 CONN_NODE_ID: Final = "node_id"
 """Keys in a connection's ``attributes``: set by its HEARTBEAT, read by TRIM_STREAMS to tell a
@@ -379,8 +383,18 @@ class PmServer:
 
     async def _sweep_loop(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
+        clock = self.service.clock
+        due = clock() + interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, due - clock()))
+            now = clock()
+            late = now - due
+            due = now + interval
+            if late > interval * SWEEP_STALL_INTERVALS:
+                # this process did not run (paused, or its loop blocked): the heartbeats sent
+                # meanwhile are still unread, so the silence is ours, not the nodes'
+                self.service.registry.excuse_stall(late, now)
+                log.warning("event=pm_stall_excused stalled_s=%.3f", late)
             if self.election is not None and not self.election.is_leader:
                 continue  # only the leader seals the ranges of dead nodes
             try:

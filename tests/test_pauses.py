@@ -1,4 +1,7 @@
-"""A data node refuses SEAL_RANGES from a PM epoch below the highest it has seen, across its own
+"""Pauses and stale authority (docs/pm.md, docs/datanode.md: "Clocks, pauses and stale
+authority").
+
+A data node refuses SEAL_RANGES from a PM epoch below the highest it has seen, across its own
 restart (sbpstream/datanode/pmfence.py): a PM leader paused past its lease, resumed while a
 successor has sealed the range, cannot end the range on a replica at a stale end.
 
@@ -8,12 +11,16 @@ tests and the network test bed; here the data node is driven directly with hand-
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from pathlib import Path
 
 import pytest
 from raw_sbp import REQUEST_TIMEOUT_S, append_ok, create_streams
+from waiting import eventually_async
 
+from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
 from sbpstream.datanode.pmfence import PM_EPOCH_FILE, PmEpochFence
 from sbpstream.net.client import Connection
@@ -85,3 +92,31 @@ def test_the_epoch_file_is_versioned_and_a_newer_format_is_refused(tmp_path: Pat
     (tmp_path / PM_EPOCH_FILE).write_text("{not json")
     with pytest.raises(RuntimeError, match="unreadable"):
         PmEpochFence(tmp_path)
+
+
+async def test_a_pm_paused_past_the_node_timeout_seals_nothing_when_it_resumes(
+        tmp_path: Path) -> None:
+    """A lone (SQLite) PM stopped for three node timeouts: the heartbeats sent meanwhile wait
+    unread in its sockets, so its first sweep after SIGCONT would find every node silent. The
+    sweep notices its own stall and does not count it against the nodes."""
+    with LocalCluster(tmp_path, datanodes=2, heartbeat_interval_ms=100,
+                      node_timeout_ms=600) as c:
+        async with AsyncClient(c.pm_address) as client:
+            sid = await client.create_stream(replica_nums=2)
+            async with client.producer() as p:
+                await p.send(sid, b"before")
+            assert c.pm.proc is not None
+            c.pm.proc.send_signal(signal.SIGSTOP)
+            try:
+                # three node timeouts of wall time, waited on the data nodes' side: each has
+                # sent heartbeats the stopped PM cannot read
+                await asyncio.sleep(3 * 0.6)
+            finally:
+                c.pm.proc.send_signal(signal.SIGCONT)
+            await eventually_async(lambda: "event=pm_stall_excused" in c.pm.log_tail(200),
+                                   timeout=20, what="the PM's sweep notices its stall")
+            async with client.producer() as p:
+                await p.send(sid, b"after")
+            ranges = await client.list_ranges(sid)
+            assert [r.range_index for r in ranges] == [0], ranges
+            assert "dead_node_ranges_renewed" not in c.pm.log_tail(500)
