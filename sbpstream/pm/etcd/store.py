@@ -495,6 +495,10 @@ class EtcdMetadataStore:
         try:
             resp = await self.client.txn(req)
             if resp.succeeded:
+                # the fence's audit trail: sorted by revision, the tokens of committed writes
+                # never go down (the network test bed checks it across every PM's log)
+                log.debug("event=etcd_txn_committed token=%d revision=%d", token,
+                          int(resp.header.revision))
                 await self.wait_applied(int(resp.header.revision))
         except SbpError:
             self._needs_sync = True  # the outcome is unknown: re-read before the next write
@@ -805,6 +809,8 @@ class EtcdMetadataStore:
             leader = decode_leader(kvs[0].value) if kvs else ""
             self.drop_leadership()
             raise self._fenced(leader)
+        log.debug("event=etcd_txn_committed token=%d revision=%d", token,
+                  int(resp.header.revision))
         return resp
 
     async def auth_put(self, kind: str, key: str, value: str) -> None:
