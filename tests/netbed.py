@@ -58,7 +58,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +88,10 @@ SUBNET_SECOND_OCTETS: Final = range(201, 251)
 
 LOCK_FILE: Final = Path(tempfile.gettempdir()) / "sbp-netbed.lock"
 """Serialises subnet choice (and sweeping) between beds of different processes."""
+
+TEST_PROCESS: Final = "@test"
+"""Stands for the test process (the root namespace, on the bridge) in :meth:`NetBed.cut`,
+:meth:`NetBed.split` and :meth:`NetBed.address`."""
 
 BLACKHOLE_MAC: Final = "02:00:5e:ba:d0:99"
 """A locally administered MAC no interface has: frames sent to it are flooded and ignored."""
@@ -144,7 +147,7 @@ SO_SNDBUFFORCE: Final = 32
 
 _counter = 0
 _counter_lock = threading.Lock()
-_live_beds: weakref.WeakSet[NetBed] = weakref.WeakSet()
+_live_beds: set[NetBed] = set()
 
 
 def _b36(n: int) -> str:
@@ -409,7 +412,10 @@ class NetBed:
         return self.prefix + host
 
     def address(self, host: str) -> str:
-        """The host's IPv4 address (``<subnet>.<index+1>``)."""
+        """The host's IPv4 address (``<subnet>.<index+1>``); of :data:`TEST_PROCESS`, the
+        bridge's."""
+        if host == TEST_PROCESS:
+            return self.bridge_address
         return str(self.network.network_address + self._index[host] + 1)
 
     @property
@@ -552,17 +558,24 @@ class NetBed:
         """Frames from ``a`` to ``b`` go to a MAC nobody has (on) or are ARP-resolved (off)."""
         key = (a, b)
         count = self._cuts.get(key, 0) + (1 if on else -1)
-        ns, addr = self.namespace(a), self.address(b)
+        ns, dev = (None, self.bridge) if a == TEST_PROCESS else (self.namespace(a), "eth0")
+        addr = self.address(b)
         if on and count == 1:
-            _ip("neigh", "replace", addr, "lladdr", BLACKHOLE_MAC, "dev", "eth0",
+            _ip("neigh", "replace", addr, "lladdr", BLACKHOLE_MAC, "dev", dev,
                 "nud", "permanent", ns=ns)
         elif not on and count == 0:
-            _ip("neigh", "del", addr, "dev", "eth0", ns=ns, check=False)
-            _ip("neigh", "flush", "to", addr, "dev", "eth0", ns=ns, check=False)
+            _ip("neigh", "del", addr, "dev", dev, ns=ns, check=False)
+            _ip("neigh", "flush", "to", addr, "dev", dev, ns=ns, check=False)
         self._cuts[key] = max(count, 0)
 
     def cut(self, a: str, b: str, *, one_way: bool = False) -> FaultEvent:
-        """Silently drop packets from ``a`` to ``b`` (and from ``b`` to ``a`` unless one_way)."""
+        """Silently drop packets from ``a`` to ``b`` (and from ``b`` to ``a`` unless one_way).
+
+        Either may be :data:`TEST_PROCESS`. A connect across a cut times out, in both
+        directions even when one_way (its answer is dropped); UDP tells the directions apart."""
+        for h in (a, b):
+            if h != TEST_PROCESS and h not in self._index:
+                raise ValueError(f"cut: no host {h!r} in this bed")
         self._blackhole(a, b, True)
         if not one_way:
             self._blackhole(b, a, True)
@@ -925,5 +938,5 @@ if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
 
 
-__all__ = ["BLACKHOLE_MAC", "BedProcess", "EtcdCluster", "FaultEvent", "NetBed", "require_root",
-           "sweep_stale"]
+__all__ = ["BLACKHOLE_MAC", "TEST_PROCESS", "BedProcess", "EtcdCluster", "FaultEvent", "NetBed",
+           "require_root", "sweep_stale"]

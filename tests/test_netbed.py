@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from netbed import BedProcess, NetBed, require_root, sweep_stale
+from netbed import TEST_PROCESS, BedProcess, NetBed, require_root, sweep_stale
 from waiting import eventually
 
 pytestmark = [pytest.mark.adversity, pytest.mark.timeout(300)]
@@ -172,6 +172,11 @@ def test_cut_both_ways_stalls_an_established_connection(tmp_path: Path) -> None:
                    what="the connection resumes after the cut heals")
         assert pinger.log_text().count("stall") >= stalls and pinger.alive
         assert probe(bed, "b", "a") == "connected"
+        bed.cut("c", TEST_PROCESS)  # c runs no server: reachable means "refused"
+        assert probe(bed, None, "c") == "timeout" and probe(bed, None, "b") == "connected"
+        bed.heal()
+        eventually(lambda: probe(bed, None, "c") == "refused", timeout=30,
+                   what="the test process reaches c again")
 
 
 def test_cut_one_way_drops_one_direction_only(tmp_path: Path) -> None:
