@@ -27,7 +27,7 @@ far side sees nothing, a connect times out. Each fault is a :class:`FaultEvent` 
   port ignores them. ARP cannot overwrite a permanent entry. Healing deletes it;
 * ``split(group1, group2)``: every pair across the halves cut both ways;
 * ``flaky(host, loss, delay_ms, jitter_ms)``/``unflaky``: the host's veth leaves the bridge and a
-  relay process (this file run as a script) forwards frames between it and a second veth pair
+  relay process (``tests/netbed_relay.py``) forwards frames between it and a second veth pair
   that joins the bridge, over AF_PACKET sockets with PACKET_VNET_HDR (so the veths' 64 KiB GSO
   super-frames pass intact), dropping with probability ``loss`` and delaying by delay +- jitter
   (order kept per direction). ``tc netem`` would do this, but the kernel here has no netem;
@@ -47,10 +47,8 @@ import json
 import os
 import random
 import re
-import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -58,7 +56,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,17 +99,11 @@ IP_TIMEOUT_S: Final = 20.0
 STOP_TIMEOUT_S: Final = 10.0
 """Bound on a process's exit after SIGTERM before SIGKILL, and after SIGKILL."""
 
+RELAY_SCRIPT: Final = Path(__file__).resolve().with_name("netbed_relay.py")
+"""The relay of :meth:`NetBed.flaky`, run as a process of its own."""
+
 RELAY_READY_TIMEOUT_S: Final = 20.0
 """Bound on the relay process binding its sockets (an interpreter start on a loaded box)."""
-
-RELAY_BUFFER_BYTES: Final = 256 * 1024
-"""Receive buffer per frame: a GSO super-frame is at most 64 KiB plus headers by default."""
-
-RELAY_SOCKET_BUFFER_BYTES: Final = 8 * 1024 * 1024
-"""Kernel socket buffers of the relay, so bursts queue instead of being dropped unseen."""
-
-RELAY_STATS_INTERVAL_S: Final = 0.2
-"""How often the relay rewrites its counters file (when they changed)."""
 
 ETCD_CLIENT_PORT: Final = 2379
 """Each host has its own address, so every member uses etcd's standard ports."""
@@ -137,13 +128,6 @@ except ConnectionRefusedError: print("refused")
 except OSError as e: print("error:" + errno.errorcode.get(e.errno or 0, str(e.errno)))
 """
 """Connects once and prints the outcome (see :meth:`NetBed.tcp_probe`)."""
-
-ETH_P_ALL: Final = 3
-SOL_PACKET: Final = 263
-PACKET_VNET_HDR: Final = 15
-PACKET_OUTGOING: Final = 4
-SO_RCVBUFFORCE: Final = 33
-SO_SNDBUFFORCE: Final = 32
 
 _counter = 0
 _counter_lock = threading.Lock()
@@ -633,7 +617,7 @@ class NetBed:
         stats.unlink(missing_ok=True)
         with open(self.workdir / f"relay-{host}.log", "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "relay", port, inner,
+                [sys.executable, str(RELAY_SCRIPT), port, inner,
                  str(loss), str(delay_ms), str(jitter_ms),
                  str(seed if seed is not None else random.randrange(1 << 30)), str(stats)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -832,105 +816,12 @@ def _close_live_beds() -> None:
             bed.close()
 
 
-# ------------------------------------------------------------------------------------- relay
-
-
-def _relay_socket(dev: str) -> socket.socket:
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-    s.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
-    s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RELAY_SOCKET_BUFFER_BYTES)
-    s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, RELAY_SOCKET_BUFFER_BYTES)
-    s.bind((dev, ETH_P_ALL))
-    s.setblocking(False)
-    return s
-
-
-def relay_main(args: Sequence[str]) -> None:
-    """Forward frames between two interfaces, lossy and late: ``A B LOSS DELAY_MS JITTER_MS
-    SEED STATS_PATH``. Exits on SIGTERM or when its parent (the bed's owner) is gone."""
-    dev_a, dev_b, loss_s, delay_s, jitter_s, seed_s, stats_s = args
-    loss, delay, jitter = float(loss_s), float(delay_s) / 1e3, float(jitter_s) / 1e3
-    rng, stats_path, parent = random.Random(int(seed_s)), Path(stats_s), os.getppid()
-    stop = False
-
-    def on_term(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    a, b = _relay_socket(dev_a), _relay_socket(dev_b)
-    peer = {a.fileno(): b, b.fileno(): a}
-    queues: dict[int, deque[tuple[float, bytes]]] = {a.fileno(): deque(), b.fileno(): deque()}
-    last_due = {a.fileno(): 0.0, b.fileno(): 0.0}
-    counts = {"seen": 0, "dropped": 0, "sent": 0, "send_errors": 0}
-    buf = bytearray(RELAY_BUFFER_BYTES)
-    written: dict[str, int] | None = None
-    next_write = 0.0
-
-    def write_stats() -> None:
-        nonlocal written
-        if counts != written:
-            tmp = stats_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(counts))
-            tmp.replace(stats_path)
-            written = dict(counts)
-
-    def send(fd: int, frame: bytes) -> None:
-        try:
-            peer[fd].send(frame)
-            counts["sent"] += 1
-        except OSError:
-            counts["send_errors"] += 1
-
-    write_stats()
-    while not stop and os.getppid() == parent:
-        now = time.monotonic()
-        for fd, q in queues.items():
-            while q and q[0][0] <= now:
-                send(fd, q.popleft()[1])
-        heads = [q[0][0] for q in queues.values() if q]
-        wait = min([0.5, *(max(h - now, 0.0) for h in heads)])
-        try:
-            readable, _, _ = select.select([a, b], [], [], wait)
-        except InterruptedError:
-            continue
-        for sock in readable:
-            fd = sock.fileno()
-            for _ in range(64):
-                try:
-                    n, addr = sock.recvfrom_into(buf)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    break
-                if addr[2] == PACKET_OUTGOING:
-                    continue
-                counts["seen"] += 1
-                if loss and rng.random() < loss:
-                    counts["dropped"] += 1
-                    continue
-                frame = bytes(buf[:n])
-                if delay == 0 and not queues[fd]:
-                    send(fd, frame)
-                    continue
-                due = max(time.monotonic() + delay + rng.uniform(-jitter, jitter), last_due[fd])
-                last_due[fd] = due
-                queues[fd].append((due, frame))
-        if time.monotonic() >= next_write:
-            write_stats()
-            next_write = time.monotonic() + RELAY_STATS_INTERVAL_S
-    write_stats()
-
-
 def _main(argv: Sequence[str]) -> int:
-    if argv[:1] == ["relay"] and len(argv) == 8:
-        relay_main(argv[1:])
-        return 0
     if argv[:1] == ["sweep"]:
         for name in sweep_stale():
             print(name)
         return 0
-    print("usage: netbed.py sweep | relay A B LOSS DELAY_MS JITTER_MS SEED STATS", file=sys.stderr)
+    print("usage: netbed.py sweep", file=sys.stderr)
     return 2
 
 

@@ -87,6 +87,21 @@ print(s.recv(200).decode(), "|", len(data), hashlib.sha256(data).hexdigest())
 """
 
 
+ARP_FROM = """
+import socket, sys
+mac = open("/sys/class/net/eth0/address").read().strip()
+me, target = socket.inet_aton(sys.argv[1]), socket.inet_aton(sys.argv[2])
+hw, bcast = bytes.fromhex(mac.replace(":", "")), b"\\xff" * 6
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); s.bind(("eth0", 0))
+for op, tpa in ((1, target), (2, me)):  # a request to the target, a gratuitous reply
+    arp = b"\\x00\\x01\\x08\\x00\\x06\\x04" + op.to_bytes(2, "big") + hw + me + bcast + tpa
+    for _ in range(3):
+        s.send(bcast + hw + b"\\x08\\x06" + arp)
+print(mac)
+"""
+"""Announces, by ARP, the host's MAC for its address: what could overwrite a cut's entry."""
+
+
 def new_bed(*hosts: str) -> NetBed:
     require_root()
     return NetBed(hosts)
@@ -163,9 +178,12 @@ def test_cut_both_ways_stalls_an_established_connection(tmp_path: Path) -> None:
         assert probe(bed, "b", "a") == "timeout"
         assert probe(bed, "c", "b") == "connected"
         assert probe(bed, "c", "a") == "connected"
-        # b's ARP traffic to a cannot overwrite the permanent entry
+        # b's ARP (a request to a, a gratuitous reply) cannot overwrite the permanent entry
+        arp = bed.run("b", [sys.executable, "-c", ARP_FROM, bed.address("b"), bed.address("a")])
+        assert arp.returncode == 0, arp.stderr
+        assert probe(bed, "a", "b") == "timeout"
         neigh = bed.run("a", ["ip", "neigh", "show", bed.address("b")]).stdout
-        assert "PERMANENT" in neigh
+        assert "PERMANENT" in neigh and arp.stdout.strip() not in neigh
         stalls = pinger.log_text().count("stall")
         bed.uncut("a", "b")
         eventually(lambda: pinger.log_text().rstrip().endswith("ok"), timeout=60,
@@ -304,6 +322,20 @@ def test_cleanup_after_an_exception_leaves_nothing(tmp_path: Path) -> None:
     assert not server.alive and not bed.workdir.exists()
 
 
+def relays_of(prefix: str) -> list[int]:
+    """Pids of relay processes serving a bed with this prefix."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"netbed_relay.py") for a in argv) and any(
+                a.startswith(prefix.encode()) for a in argv):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
 def test_sweep_stale_removes_a_dead_owners_bed(tmp_path: Path) -> None:
     require_root()
     tests = Path(__file__).resolve().parent
@@ -311,19 +343,21 @@ def test_sweep_stale_removes_a_dead_owners_bed(tmp_path: Path) -> None:
               "from netbed import NetBed\n"
               "bed = NetBed(['a', 'b']).start()\n"
               "bed.spawn('a', ['sleep', '300'], log=bed.workdir / 'sleep.log')\n"
+              "bed.flaky('b', loss=0.0, delay_ms=0.0, jitter_ms=0.0)\n"
               "print(bed.prefix, flush=True)\n"
               "time.sleep(300)\n")
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                           text=True) as owner:
         assert owner.stdout is not None
         prefix = owner.stdout.readline().strip()
-        assert prefix and names_with(prefix)
+        assert prefix and names_with(prefix) and relays_of(prefix)
         sleeper = int(subprocess.run(["ip", "netns", "pids", prefix + "a"], capture_output=True,
                                      text=True).stdout.split()[0])
         assert not any(n.startswith(prefix) for n in sweep_stale())  # its owner lives
         owner.send_signal(signal.SIGKILL)  # no atexit: the bed is left behind
         owner.wait(30)
     assert names_with(prefix)
+    eventually(lambda: not relays_of(prefix), timeout=30, what="the relay exits with its owner")
     removed = sweep_stale()
     assert any(n.startswith(prefix) for n in removed)
     assert names_with(prefix) == []
