@@ -538,6 +538,11 @@ class NetBed:
         _ip("link", "set", self.link_name("v", host), "up")
         self._end(("link", host))
 
+    def _known(self, *hosts: str) -> None:
+        for h in hosts:
+            if h != TEST_PROCESS and h not in self._index:
+                raise ValueError(f"no host {h!r} in this bed (hosts: {self.hosts})")
+
     def _blackhole(self, a: str, b: str, on: bool) -> None:
         """Frames from ``a`` to ``b`` go to a MAC nobody has (on) or are ARP-resolved (off)."""
         key = (a, b)
@@ -557,9 +562,7 @@ class NetBed:
 
         Either may be :data:`TEST_PROCESS`. A connect across a cut times out, in both
         directions even when one_way (its answer is dropped); UDP tells the directions apart."""
-        for h in (a, b):
-            if h != TEST_PROCESS and h not in self._index:
-                raise ValueError(f"cut: no host {h!r} in this bed")
+        self._known(a, b)
         self._blackhole(a, b, True)
         if not one_way:
             self._blackhole(b, a, True)
@@ -578,6 +581,7 @@ class NetBed:
     def split(self, group1: Iterable[str], group2: Iterable[str]) -> FaultEvent:
         """A partition: every host of ``group1`` cut from every host of ``group2``, both ways."""
         g1, g2 = tuple(sorted(group1)), tuple(sorted(group2))
+        self._known(*g1, *g2)
         if set(g1) & set(g2):
             raise ValueError(f"split: a host is on both sides: {set(g1) & set(g2)}")
         key = ("split", g1, g2)
