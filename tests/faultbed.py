@@ -181,6 +181,7 @@ class FaultCluster:
                 "--advertise", f"{addr}:{PM_PORT}", "--metadata", meta,
                 "--heartbeat-interval-ms", str(HEARTBEAT_MS),
                 "--node-timeout-ms", str(NODE_TIMEOUT_MS), "--log-level", "DEBUG",
+                "--allow-remote-unauthenticated",
             ], env=self.env, log=logs / f"{h}.log")
         for h in DATANODES:
             addr = self.bed.address(h)
@@ -188,7 +189,7 @@ class FaultCluster:
                 sys.executable, "-m", "sbpstream.datanode", "--host", addr,
                 "--port", str(DN_PORT), "--advertise", f"{addr}:{DN_PORT}",
                 "--dir", str(self.workdir / h), "--pm", self.pm_arg,
-                "--heartbeat-interval-ms", str(HEARTBEAT_MS),
+                "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--allow-remote-unauthenticated",
             ], env=self.env, log=logs / f"{h}.log")
         self._wait(lambda: self._live_nodes() == len(DATANODES), START_TIMEOUT_S,
                    "every data node registered and live")
@@ -205,12 +206,13 @@ class FaultCluster:
     # ------------------------------------------------------------------ commands
     def cli(self, *args: str, timeout: float = 60.0) -> tuple[int, str]:
         """``sbpstream ARGS --pm ...`` run in the client host: (exit code, stdout + stderr)."""
-        done = self.bed.run(CLIENT, [sys.executable, "-m", "sbpstream", *args,
-                                     "--pm", self.pm_arg], timeout=timeout,
-                            env=self.env) if _run_takes_env() else self.bed.run(
-            CLIENT, ["env", *(f"{k}={v}" for k, v in self.env.items()), sys.executable, "-m",
-                     "sbpstream", *args, "--pm", self.pm_arg], timeout=timeout)
+        done = self.bed.run(CLIENT, [*self._env_argv(), sys.executable, "-m", "sbpstream.cli",
+                                     *args, "--pm", self.pm_arg], timeout=timeout)
         return done.returncode, done.stdout + done.stderr
+
+    def _env_argv(self) -> list[str]:
+        """``env K=V ...``: what :meth:`NetBed.run` needs to find this tree's packages."""
+        return ["env", *(f"{k}={v}" for k, v in self.env.items())]
 
     def _live_nodes(self) -> int:
         rc, out = self.cli("nodes", "--json", timeout=30)
@@ -245,7 +247,7 @@ class FaultCluster:
             try:
                 f = await conn.request_one(
                     Opcode.DESCRIBE_STREAMS,
-                    DescribeStreamsRequest(timeout_ms=2000, items=()).encode(), timeout_s=3.0)
+                    DescribeStreamsRequest(timeout_ms=2000, stream_ids=()).encode(), timeout_s=3.0)
                 return DescribeStreamsResponse.decode(f.header).status.ok
             except Exception:
                 return False
@@ -303,12 +305,6 @@ class FaultCluster:
             if token >= top[1]:
                 top = (rev, token, host)
         return out
-
-
-def _run_takes_env() -> bool:
-    import inspect
-
-    return "env" in inspect.signature(NetBed.run).parameters
 
 
 # ---------------------------------------------------------------------- scenarios
@@ -453,10 +449,10 @@ def run_scenario(workdir: Path, scenario: str, *, metadata: str, cycles: int,
             consumer.terminate()
         events = workdir / "faults.json"
         events.write_text(json.dumps([asdict(w) for w in windows]))
-        done = c.bed.run(CLIENT, ["env", *(f"{k}={v}" for k, v in c.env.items()),
-                                  sys.executable, str(WORKLOAD), "check", "--pm", c.pm_arg,
-                                  "--producer-log", str(plog), "--consumer-log", str(clog),
-                                  "--events", str(events)], timeout=SETTLE_TIMEOUT_S)
+        done = c.bed.run(CLIENT, [*c._env_argv(), sys.executable, str(WORKLOAD), "check",
+                                  "--pm", c.pm_arg, "--producer-log", str(plog),
+                                  "--consumer-log", str(clog), "--events", str(events)],
+                         timeout=SETTLE_TIMEOUT_S)
         try:
             check = json.loads(done.stdout)
         except ValueError:
