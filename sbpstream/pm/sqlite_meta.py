@@ -290,6 +290,10 @@ class SqliteMetadataStore:
             self._write_one,
             lambda tx, _: rules.update_node_address(tx, node_id, advertise_addr))
 
+    async def set_node_draining(self, node_id: int, draining: bool) -> NodeMeta:
+        return await self._run(
+            self._write_one, lambda tx, _: rules.set_node_draining(tx, node_id, draining))
+
     # ------------------------------------------------------------------ quotas (issue 22)
     async def set_quotas(self, items: Sequence[QuotaSpec]) -> list[QuotaSpec | SbpError]:
         return await self._write_async(items, rules.set_quota)

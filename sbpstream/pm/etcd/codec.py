@@ -67,7 +67,7 @@ def encode_node(n: NodeMeta) -> bytes:
     return _dumps({"host": n.host, "advertise_addr": n.advertise_addr,
                    "registered_ms": n.registered_ms, "last_heartbeat_ms": n.last_heartbeat_ms,
                    "metrics": None if n.metrics is None else n.metrics.to_dict(),
-                   "metrics_ms": n.metrics_ms})
+                   "metrics_ms": n.metrics_ms, "draining": n.draining})
 
 
 def decode_node(nid: int, v: bytes) -> NodeMeta:
@@ -76,7 +76,7 @@ def decode_node(nid: int, v: bytes) -> NodeMeta:
     return NodeMeta(nid, str(d["host"]), str(d["advertise_addr"]), int(d["registered_ms"]),
                     int(d.get("last_heartbeat_ms", 0)),
                     NodeMetrics.from_dict(m) if isinstance(m, dict) else None,
-                    int(d.get("metrics_ms", 0)))
+                    int(d.get("metrics_ms", 0)), bool(d.get("draining", False)))
 
 
 def encode_quota(q: QuotaSpec) -> bytes:

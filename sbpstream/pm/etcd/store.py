@@ -562,6 +562,11 @@ class EtcdMetadataStore:
         self._soft.forget([node_id])
         return n
 
+    async def set_node_draining(self, node_id: int, draining: bool) -> NodeMeta:
+        n = await self._write_one(lambda tx, _: rules.set_node_draining(tx, node_id, draining))
+        self._soft.forget([node_id])
+        return n
+
     # ------------------------------------------------------------------ quotas (issue 22)
     async def set_quotas(self, items: Sequence[QuotaSpec]) -> list[QuotaSpec | SbpError]:
         return await self._write(items, rules.set_quota)
