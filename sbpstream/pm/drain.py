@@ -17,7 +17,9 @@ PM goes on with it. While it is set:
   itself may be the source) and only once the copy is complete replaces the node by the new one
   in the range's replica set.
 
-The drain is complete when no range lists the node. Cancelling clears the mark: what was moved
+The drain is complete when no range lists the node; once it is stopped (no longer live) it can
+be removed from the metadata (:meth:`Drainer.remove`, ``sbpstream node remove``), which is
+refused while it runs or while any range lists it. Cancelling clears the mark: what was moved
 stays moved. A drain is refused when the live nodes left (not draining) would be fewer than some
 stream's replica count.
 """
@@ -30,8 +32,11 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from sbpstream.net.server import Request, Responder
+from sbpstream.pm.deadlines import within
 from sbpstream.pm.metadata import RangeMeta
 from sbpstream.pm.placement import NodeState
+from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
     DataNodeNotFoundError,
     InvalidRequestError,
@@ -39,6 +44,7 @@ from sbpstream.protocol.errors import (
     StreamDeletedError,
     StreamNotFoundError,
 )
+from sbpstream.protocol.messages import Status
 
 if TYPE_CHECKING:
     from sbpstream.pm.repair import Repairer
@@ -124,6 +130,27 @@ class Drainer:
         self._reported.pop(st.node_id, None)
         log.warning("event=drain_cancelled node_id=%d", st.node_id)
         return await self.state(st)
+
+    async def remove(self, node_id: int, address: str) -> DrainState:
+        """Forget a stopped node that no range lists (drained, or dead with every replica it
+        held re-created elsewhere). Refused while it is live or still listed."""
+        svc = self.service
+        st = self.resolve(node_id, address)
+        nid = st.node_id
+        state = await self.state(st)
+        if state.ranges_left:
+            raise InvalidRequestError(
+                f"data node {nid} still holds {state.ranges_left} range(s); drain it first "
+                f"with `sbpstream node drain {nid} --wait`")
+        if state.live:
+            raise InvalidRequestError(f"data node {nid} is still running; stop it, then remove "
+                                      "it once the PM has not heard from it for node_timeout")
+        await svc.meta.remove_node(nid)
+        svc.registry.remove(nid)
+        svc.draining.discard(nid)
+        self._reported.pop(nid, None)
+        log.warning("event=node_removed node_id=%d advertise_addr=%s", nid, st.advertise_addr)
+        return DrainState(nid, st.advertise_addr, False, False, 0, 0)
 
     async def status(self, node_id: int, address: str) -> list[DrainState]:
         """The named node, or every draining node when none is named."""
@@ -234,3 +261,46 @@ class Drainer:
                 log.warning("event=drain_complete node_id=%d: it holds no range; stop it and "
                             "remove it with `sbpstream node remove %d`", nid, nid)
         return moved
+
+
+ACTION_START: Final = 1
+ACTION_CANCEL: Final = 2
+ACTION_STATUS: Final = 3
+ACTION_REMOVE: Final = 4
+"""DRAIN_NODE's ``action`` values (sbp.fbs)."""
+
+
+def drain_state_msg(s: DrainState) -> m.DrainState:
+    return m.DrainState(s.node_id, s.address, s.draining, s.live, s.ranges_left,
+                        s.writable_left)
+
+
+class DrainHandler:
+    """DRAIN_NODE on the PM (admin only when auth is on: sbpstream.auth.gate.ADMIN_OPCODES)."""
+
+    def __init__(self, drainer: Drainer) -> None:
+        self.drainer = drainer
+
+    async def __call__(self, req: Request, resp: Responder) -> None:
+        r = m.DrainNodeRequest.decode(req.header)
+        d = self.drainer
+        try:
+            async with within(r.timeout_ms, "DRAIN_NODE"):
+                if r.action == ACTION_START:
+                    states = [await d.start(r.node_id, r.address)]
+                elif r.action == ACTION_CANCEL:
+                    states = [await d.cancel(r.node_id, r.address)]
+                elif r.action == ACTION_STATUS:
+                    states = await d.status(r.node_id, r.address)
+                elif r.action == ACTION_REMOVE:
+                    states = [await d.remove(r.node_id, r.address)]
+                else:
+                    raise InvalidRequestError(f"DRAIN_NODE action {r.action}: expected 1 (start),"
+                                              " 2 (cancel), 3 (status) or 4 (remove)")
+        except SbpError as e:
+            if e.redirect:
+                raise
+            await resp.send(m.DrainNodeResponse(Status.of(e)).encode())
+            return
+        await resp.send(m.DrainNodeResponse(
+            nodes=tuple(drain_state_msg(s) for s in states)).encode())

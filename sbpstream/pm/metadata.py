@@ -247,6 +247,10 @@ class MetadataStore(Protocol):
         """Durably mark a node draining or not (rules.set_node_draining): DataNodeNotFoundError
         if unknown, InvalidRequestError if it already is in that state."""
 
+    async def remove_node(self, node_id: int) -> bool:
+        """Forget a data node (its id is never handed out again). The caller has checked that
+        no range lists it (pm/drain.py). True if it was registered."""
+
     async def record_heartbeat(self, node_id: int, now_ms: int) -> None:
         """Soft state: the wall-clock time of the node's last heartbeat."""
 

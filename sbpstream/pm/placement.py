@@ -77,6 +77,10 @@ class NodeRegistry:
     def get(self, node_id: int) -> NodeState | None:
         return self._nodes.get(node_id)
 
+    def remove(self, node_id: int) -> None:
+        """The node was removed from the metadata (pm/drain.py)."""
+        self._nodes.pop(node_id, None)
+
     def __contains__(self, node_id: int) -> bool:
         return node_id in self._nodes
 
