@@ -188,21 +188,27 @@ async def test_refusals_and_the_mark_across_pm_restarts(cluster: LocalCluster) -
         assert not st.draining
 
 
-async def test_secure_drain_needs_admin(tmp_path: Path,
-                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.fixture
+def secure(tmp_path: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, Path]]:
     certs = dev_certs(tmp_path_factory)
     with secure_cluster(tmp_path / "c", certs, datanodes=2, heartbeat_interval_ms=200,
                         node_timeout_ms=1500) as cluster:
-        async with secure_client(cluster, certs) as admin:
-            await admin.admin.add_user("bob", "bob-pw")
-            await admin.admin.add_acl("bob", "create,delete,update,trim,describe,append,fetch",
-                                      "*")  # everything but admin
-            async with secure_client(cluster, certs, user="bob", password="bob-pw") as bob:
-                with pytest.raises(AuthorizationFailedError, match="bob may not admin"):
-                    await bob.admin.drain_node(1)
-                with pytest.raises(AuthorizationFailedError, match="bob may not admin"):
-                    await bob.admin.drain_status()
-            st = await admin.admin.drain_node(1)
-            assert st.draining and st.node_id == 1
-            assert [s.node_id for s in await admin.admin.drain_status()] == [1]
-            assert not (await admin.admin.cancel_drain(1)).draining
+        yield cluster, certs
+
+
+async def test_secure_drain_needs_admin(secure: tuple[LocalCluster, Path]) -> None:
+    cluster, certs = secure
+    async with secure_client(cluster, certs) as admin:
+        await admin.admin.add_user("bob", "bob-pw")
+        await admin.admin.add_acl("bob", "create,delete,update,trim,describe,append,fetch",
+                                  "*")  # everything but admin
+        async with secure_client(cluster, certs, user="bob", password="bob-pw") as bob:
+            with pytest.raises(AuthorizationFailedError, match="bob may not admin"):
+                await bob.admin.drain_node(1)
+            with pytest.raises(AuthorizationFailedError, match="bob may not admin"):
+                await bob.admin.drain_status()
+        st = await admin.admin.drain_node(1)
+        assert st.draining and st.node_id == 1
+        assert [s.node_id for s in await admin.admin.drain_status()] == [1]
+        assert not (await admin.admin.cancel_drain(1)).draining
