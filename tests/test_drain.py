@@ -11,6 +11,9 @@ the mark across PM restarts, and the admin permission with security on are check
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -186,6 +189,31 @@ async def test_refusals_and_the_mark_across_pm_restarts(cluster: LocalCluster) -
         assert await client.admin.drain_status() == []
         (st,) = await client.admin.drain_status(first)
         assert not st.draining
+
+        # the command line: drain with --wait (progress until drained), status, list, cancel
+        pm = cluster.pm_address
+        r = await asyncio.to_thread(_sbp, "node", "drain", str(second), "--wait", "--pm", pm)
+        assert r.returncode == 0, r.stderr
+        out = r.stdout.decode()
+        assert f"data node {second} (" in out and "range(s) left" in out, out
+        assert out.strip().splitlines()[-1].endswith(f"`sbpstream node remove {second}`"), out
+        r = await asyncio.to_thread(_sbp, "node", "status", "--pm", pm)
+        assert r.returncode == 0 and "drained" in r.stdout.decode(), r
+        r = await asyncio.to_thread(_sbp, "node", "list", "--json", "--pm", pm)
+        listed = {n["node_id"]: n for n in json.loads(r.stdout)["nodes"]}
+        assert listed[second]["draining"] and listed[second]["ranges_left"] == 0
+        assert not listed[first]["draining"] and listed[first]["ranges_left"] is None
+        r = await asyncio.to_thread(_sbp, "node", "drain", str(second), "--cancel", "--pm", pm)
+        assert r.returncode == 0 and "drain cancelled" in r.stdout.decode(), r
+        r = await asyncio.to_thread(_sbp, "node", "drain", "99", "--pm", pm)
+        err = r.stderr.decode()
+        assert r.returncode == 1 and len(err.strip().splitlines()) == 1, err
+        assert "data node 99 is unknown" in err, err
+
+
+def _sbp(*args: str) -> subprocess.CompletedProcess[bytes]:
+    exe = str(Path(sys.executable).with_name("sbpstream"))
+    return subprocess.run([exe, *args], capture_output=True, timeout=60, check=False)
 
 
 @pytest.fixture

@@ -116,8 +116,9 @@ class Drainer:
         await svc.meta.set_node_draining(nid, True)
         svc.draining.add(nid)
         log.warning("event=drain_started node_id=%d advertise_addr=%s", nid, st.advertise_addr)
+        state = await self.state(st)  # before the first pass moves anything
         self.kick()
-        return await self.state(st)
+        return state
 
     async def cancel(self, node_id: int, address: str) -> DrainState:
         svc = self.service
