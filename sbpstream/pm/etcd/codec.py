@@ -64,10 +64,13 @@ def decode_producers(v: bytes) -> tuple[ProducerStateMeta, ...]:
 
 
 def encode_node(n: NodeMeta) -> bytes:
-    return _dumps({"host": n.host, "advertise_addr": n.advertise_addr,
-                   "registered_ms": n.registered_ms, "last_heartbeat_ms": n.last_heartbeat_ms,
-                   "metrics": None if n.metrics is None else n.metrics.to_dict(),
-                   "metrics_ms": n.metrics_ms, "draining": n.draining})
+    d: dict[str, object] = {
+        "host": n.host, "advertise_addr": n.advertise_addr, "registered_ms": n.registered_ms,
+        "last_heartbeat_ms": n.last_heartbeat_ms,
+        "metrics": None if n.metrics is None else n.metrics.to_dict(), "metrics_ms": n.metrics_ms}
+    if n.draining:  # only then: a node that is not draining keeps the earlier bytes
+        d["draining"] = True
+    return _dumps(d)
 
 
 def decode_node(nid: int, v: bytes) -> NodeMeta:
