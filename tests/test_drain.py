@@ -14,8 +14,10 @@ import asyncio
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster_helpers import dev_certs, node_at, secure_client, secure_cluster
@@ -24,6 +26,7 @@ from waiting import eventually_async
 from sbpstream.client import AsyncClient
 from sbpstream.client.types import DrainStatus
 from sbpstream.cluster import LocalCluster
+from sbpstream.net.ports import free_port
 from sbpstream.protocol.errors import (
     AuthorizationFailedError,
     DataNodeNotFoundError,
@@ -40,8 +43,15 @@ BEFORE = 150
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path, datanodes=4, heartbeat_interval_ms=200, node_timeout_ms=1500)
+def admin_port() -> int:
+    """The PM's admin HTTP port (/v1/nodes)."""
+    return free_port()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, admin_port: int) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path, datanodes=4, heartbeat_interval_ms=200, node_timeout_ms=1500,
+                     extra_pm_args=["--metrics-port", str(admin_port)])
     c.start()
     try:
         yield c
@@ -150,7 +160,8 @@ async def test_drain_moves_every_range_while_a_producer_writes(cluster: LocalClu
         assert (await check_cluster(client)).ok
 
 
-async def test_refusals_and_the_mark_across_pm_restarts(cluster: LocalCluster) -> None:
+async def test_refusals_and_the_mark_across_pm_restarts(cluster: LocalCluster,
+                                                        admin_port: int) -> None:
     async with AsyncClient(cluster.pm_address, retry_deadline_ms=DEADLINE_MS) as client:
         sid = await client.create_stream(replica_nums=3)
         (r0,) = await client.list_ranges(sid)
@@ -203,12 +214,20 @@ async def test_refusals_and_the_mark_across_pm_restarts(cluster: LocalCluster) -
         listed = {n["node_id"]: n for n in json.loads(r.stdout)["nodes"]}
         assert listed[second]["draining"] and listed[second]["ranges_left"] == 0
         assert not listed[first]["draining"] and listed[first]["ranges_left"] is None
+        body = await asyncio.to_thread(_http_json, f"http://127.0.0.1:{admin_port}/v1/nodes")
+        assert {n["node_id"]: (n["draining"], n["ranges_left"]) for n in body["nodes"]}[
+            second] == (True, 0)
         r = await asyncio.to_thread(_sbp, "node", "drain", str(second), "--cancel", "--pm", pm)
         assert r.returncode == 0 and "drain cancelled" in r.stdout.decode(), r
         r = await asyncio.to_thread(_sbp, "node", "drain", "99", "--pm", pm)
         err = r.stderr.decode()
         assert r.returncode == 1 and len(err.strip().splitlines()) == 1, err
         assert "data node 99 is unknown" in err, err
+
+
+def _http_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
 
 
 def _sbp(*args: str) -> subprocess.CompletedProcess[bytes]:
