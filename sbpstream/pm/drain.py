@@ -56,6 +56,11 @@ DRAIN_CONCURRENCY: Final = 4
 """Ranges sealed or copied at once by one pass: a drain is background work beside the traffic
 the cluster is serving; each copy streams a whole range from a replica."""
 
+IDLE_RETRY_S: Final = 5.0
+"""A pass that moved nothing off a node that still holds ranges (no node to copy to, no live
+source, a seal no replica answers) is not repeated for that node before this long, rather than
+at every sweep: each try costs list and copy calls and a log line."""
+
 STREAMS_PAGE: Final = 1000
 """Streams read per metadata call when checking replica counts before a drain starts."""
 
@@ -85,6 +90,8 @@ class Drainer:
         self._task: asyncio.Task[int] | None = None
         self._reported: dict[int, int] = {}
         """Ranges left per draining node at the last pass (logged when it changes)."""
+        self._retry_at: dict[int, float] = {}
+        """Draining nodes whose last pass moved nothing: not tried again before then."""
 
     # ------------------------------------------------------------------ requests
     def resolve(self, node_id: int, address: str) -> NodeState:
@@ -115,6 +122,7 @@ class Drainer:
         await self._check_capacity(nid)
         await svc.meta.set_node_draining(nid, True)
         svc.draining.add(nid)
+        self._retry_at.pop(nid, None)
         log.warning("event=drain_started node_id=%d advertise_addr=%s", nid, st.advertise_addr)
         state = await self.state(st)  # before the first pass moves anything
         self.kick()
@@ -129,6 +137,7 @@ class Drainer:
         await svc.meta.set_node_draining(st.node_id, False)
         svc.draining.discard(st.node_id)
         self._reported.pop(st.node_id, None)
+        self._retry_at.pop(st.node_id, None)
         log.warning("event=drain_cancelled node_id=%d", st.node_id)
         return await self.state(st)
 
@@ -150,6 +159,7 @@ class Drainer:
         svc.registry.remove(nid)
         svc.draining.discard(nid)
         self._reported.pop(nid, None)
+        self._retry_at.pop(nid, None)
         log.warning("event=node_removed node_id=%d advertise_addr=%s", nid, st.advertise_addr)
         return DrainState(nid, st.advertise_addr, False, False, 0, 0)
 
@@ -219,6 +229,8 @@ class Drainer:
         """One pass over every draining node; how many ranges left them."""
         moved = 0
         for nid in sorted(self.service.draining):
+            if self._retry_at.get(nid, 0.0) > self.service.clock():
+                continue
             moved += await self._drain_node(nid)
         return moved
 
@@ -253,6 +265,10 @@ class Drainer:
 
         moved = sum(await asyncio.gather(*(move(r) for r in ranges if not r.writable)))
         left = len(await svc.meta.list_node_ranges(nid))
+        if left and not sealed_now and not moved:
+            self._retry_at[nid] = svc.clock() + IDLE_RETRY_S
+        else:
+            self._retry_at.pop(nid, None)
         if self._reported.get(nid) != left:
             self._reported[nid] = left
             if left:
