@@ -33,7 +33,8 @@ node_app = typer.Typer(
 )
 app.add_typer(node_app, name="node")
 
-NodeArg = Annotated[str, typer.Argument(help="The data node: its id, or its HOST:PORT.")]
+NodeArg = Annotated[str, typer.Argument(metavar="NODE",
+                                        help="The data node: its id, or its HOST:PORT.")]
 
 
 def _ref(node: str) -> int | str:
@@ -97,7 +98,8 @@ def drain(
 @node_app.command("status")
 def status(
     node: Annotated[str, typer.Argument(
-        help="A data node (id or HOST:PORT); default: every draining node.")] = "",
+        metavar="NODE", help="A data node (id or HOST:PORT); default: every draining node.")
+    ] = "",
     pm: PmOption = "",
     timeout_ms: TimeoutOption = UNSET,
 ) -> None:
