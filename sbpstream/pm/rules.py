@@ -156,7 +156,7 @@ def set_node_draining(tx: MetaTxn, nid: int, draining: bool) -> NodeMeta:
     if n.draining == draining:
         if draining:
             raise InvalidRequestError(f"data node {nid} is already draining; watch it with "
-                                      "`sbpstream node drain-status`, or cancel with "
+                                      "`sbpstream node status`, or cancel with "
                                       f"`sbpstream node drain {nid} --cancel`")
         raise InvalidRequestError(f"data node {nid} is not draining; start with "
                                   f"`sbpstream node drain {nid}`")
