@@ -147,6 +147,9 @@ SAMPLES: list[m.Message] = [
     m.DeleteGroupResponse(ERR, (m.GroupResult("billing", ERR),)),
     m.ResetOffsetsRequest(1_000, "billing", (m.OffsetCommitItem(42, 1_200, "batch 9"),)),
     m.ResetOffsetsResponse(ERR, (m.OffsetCommitResult(42, ERR),)),
+    # draining a data node (project opcode 0x1050)
+    m.DrainNodeRequest(1_000, 1, 7, "dn-7.example:12379"),
+    m.DrainNodeResponse(ERR, (m.DrainState(7, "dn-7.example:12379", True, True, 12, 3),)),
 ]
 
 

@@ -137,6 +137,8 @@ COMMANDS = {
     ("consume",): ["--stream", "--from", "--count", "--follow", "--print-offset", "--print-key",
                    "--print-timestamp", "--format", "--pm"],
     ("bench",): ["--records", "--size", "--streams", "--replicas", "--keep", "--pm"],
+    ("node",): ["drain", "status", "remove", "list"],
+    ("node", "drain"): ["NODE", "--wait", "--cancel", "--pm"],
 }
 
 

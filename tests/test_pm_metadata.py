@@ -88,9 +88,10 @@ async def test_batch_create_is_per_item(store: SqliteMetadataStore, tmp_path: Pa
 
 async def test_rows_on_disk_keep_their_format(store: SqliteMetadataStore,
                                               tmp_path: Path) -> None:
-    """The rows of schema version 3, as every earlier writer left them: a file written by
+    """The rows of schema version 4, as every earlier writer left them: a file written by
     any earlier sbpstream of this version must still open and read the same (version 1 files
-    are migrated: tests/test_names.py; version 2: tests/test_groups_offsets.py)."""
+    are migrated: tests/test_names.py; version 2: tests/test_groups_offsets.py; version 3:
+    tests/test_drain.py)."""
     nid = await store.allocate_node_id("host-a", 1000)
     await store.record_metrics(nid, NodeMetrics(memory_used=5), 1500)
     reps = (ReplicaMeta(3, False), ReplicaMeta(2, True))
@@ -105,7 +106,7 @@ async def test_rows_on_disk_keep_their_format(store: SqliteMetadataStore,
             return c.execute(sql).fetchall()
 
         assert rows("SELECT key, value FROM meta ORDER BY key") == [
-            ("next_node_id", 2), ("next_stream_id", 2), ("schema_version", 3)]
+            ("next_node_id", 2), ("next_stream_id", 2), ("schema_version", 4)]
         assert rows("SELECT * FROM streams") == [(1, 2, 60_000, 3, 0, 2000, 3000, "")]
         assert rows("SELECT * FROM ranges ORDER BY range_index") == [
             (1, 0, 3, 42, 42), (1, 1, 42, -1, 42)]
@@ -113,7 +114,8 @@ async def test_rows_on_disk_keep_their_format(store: SqliteMetadataStore,
             (1, 0, 2, 1), (1, 0, 3, 0), (1, 1, 4, 1), (1, 1, 5, 0)]
         assert rows("SELECT * FROM seal_producers") == [(1, 0, 7, 1, 11, 30)]
         metrics = json.dumps(NodeMetrics(memory_used=5).to_dict(), separators=(",", ":"))
-        assert rows("SELECT * FROM data_nodes") == [(1, "host-a", "", 1000, 0, metrics, 1500)]
+        assert rows("SELECT * FROM data_nodes") == [
+            (1, "host-a", "", 1000, 0, metrics, 1500, 0)]
     finally:
         c.close()
 

@@ -196,8 +196,10 @@ async def live_verdicts(conn: ServerConnection, op: Op,
 
 ADMIN_OPCODES: Final = frozenset({
     Opcode.SET_QUOTAS, Opcode.DELETE_QUOTAS, Opcode.DELETE_GROUP, Opcode.RESET_OFFSETS,
+    Opcode.DRAIN_NODE,
 })
-"""What changes other principals' limits or a group's committed offsets: the admin operation."""
+"""What changes other principals' limits, a group's committed offsets or where the cluster's
+data lives (draining, removing a data node): the admin operation."""
 
 GROUP_READ: Final = (Op.FETCH,)
 """A group's members (join, heartbeat, leave, commit): ``fetch`` on the group, like Kafka's READ."""

@@ -2,9 +2,9 @@
 
 ``app`` (global options and shared helpers), ``servers`` (up, pm, datanode, kafka-gateway),
 ``streams``, ``records`` (produce, consume), ``groups``, ``quotas``, ``security`` (certs, user,
-acl), ``inspect`` (info, stats, connections, whoami, nodes, top) and ``tools`` (bench, pipeline,
-check). Importing the package registers every command on :data:`app`, in the order ``--help``
-lists them.
+acl), ``inspect`` (info, stats, connections, whoami, nodes, top), ``tools`` (bench, pipeline,
+check) and ``nodes`` (node drain, status, remove, list). Importing the package registers
+every command on :data:`app`, in the order ``--help`` lists them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from importlib import import_module
 
 from sbpstream.cli.app import app, main
 
-FAMILIES = ("servers", "streams", "security", "records", "groups", "tools", "inspect", "quotas")
+FAMILIES = ("servers", "streams", "security", "records", "groups", "tools", "inspect", "quotas",
+            "nodes")
 """The command modules, in the order their commands are listed by ``sbpstream --help``."""
 
 for _family in FAMILIES:

@@ -23,6 +23,7 @@ from sbpstream.client.retry import Attempts
 from sbpstream.client.routing import replica_addresses
 from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
+    DrainStatus,
     GroupInfo,
     GroupMemberInfo,
     GroupStreamInfo,
@@ -48,6 +49,8 @@ from sbpstream.protocol.messages import (
     DescribeQuotasResponse,
     DescribeStreamsRequest,
     DescribeStreamsResponse,
+    DrainNodeRequest,
+    DrainNodeResponse,
     ManageAclsRequest,
     ManageAclsResponse,
     ManageUsersRequest,
@@ -403,6 +406,40 @@ class AsyncAdmin:
         resp = await self.core.pm_request(ManageAclsRequest(3, principal=principal),
                                           ManageAclsResponse)
         return [(a.principal, a.operations, a.resource) for a in resp.acls]
+
+    # ------------------------------------------------------------------------ data nodes
+
+    async def drain_node(self, node: int | str) -> DrainStatus:
+        """Start draining a data node (by id or address; needs ``admin``): the PM places no
+        new range on it, seals and reopens elsewhere its writable ranges, copies its sealed
+        ones to other nodes and then drops it from their replica sets. Watch it with
+        :meth:`drain_status`; it is complete when no range lists the node."""
+        return (await self._drain(1, node))[0]
+
+    async def cancel_drain(self, node: int | str) -> DrainStatus:
+        """Stop draining a data node: it takes new ranges again (moved ranges stay moved)."""
+        return (await self._drain(2, node))[0]
+
+    async def drain_status(self, node: int | str | None = None) -> list[DrainStatus]:
+        """The named node's drain state, or every draining node's when ``node`` is None."""
+        return await self._drain(3, node)
+
+    async def remove_node(self, node: int | str) -> None:
+        """Forget a stopped data node that no range lists (a completed drain, or a dead node
+        whose replicas were re-created elsewhere); refused while it runs or holds a range."""
+        await self._drain(4, node)
+
+    async def _drain(self, action: int, node: int | str | None) -> list[DrainStatus]:
+        node_id, address = 0, ""
+        if isinstance(node, int) or (isinstance(node, str) and node.isdigit()):
+            node_id = int(node)
+        elif node:
+            address = node
+        req = DrainNodeRequest(timeout_ms=self.core.request_timeout_ms, action=action,
+                               node_id=node_id, address=address)
+        resp = await self.core.pm_request(req, DrainNodeResponse)
+        return [DrainStatus(n.node_id, n.address, n.draining, n.live, n.ranges_left,
+                            n.writable_left) for n in resp.nodes]
 
 
 def _quota_msg(q: QuotaSpec) -> Quota:

@@ -27,6 +27,7 @@ from sbpstream.client.producer import AsyncProducer, Offsets
 from sbpstream.client.types import (
     ColumnBatch,
     ConsumedRecord,
+    DrainStatus,
     GroupInfo,
     QuotaCountersResponse,
     QuotaKind,
@@ -532,6 +533,28 @@ class Admin(AdminBase):
     def list_acls(self, principal: str = "") -> list[tuple[str, str, str]]:
         """(principal, operations, resource) of every rule, or of ``principal``'s."""
         return self._runner.run(self._async.list_acls(principal))
+
+    def drain_node(self, node: int | str) -> DrainStatus:
+        """Start draining a data node (by id or address; needs ``admin``): the PM places no
+        new range on it, seals and reopens elsewhere its writable ranges, copies its sealed
+        ones to other nodes and then drops it from their replica sets. Watch it with
+        :meth:`drain_status`; it is complete when no range lists the node.
+        """
+        return self._runner.run(self._async.drain_node(node))
+
+    def cancel_drain(self, node: int | str) -> DrainStatus:
+        """Stop draining a data node: it takes new ranges again (moved ranges stay moved)."""
+        return self._runner.run(self._async.cancel_drain(node))
+
+    def drain_status(self, node: int | str | None = None) -> list[DrainStatus]:
+        """The named node's drain state, or every draining node's when ``node`` is None."""
+        return self._runner.run(self._async.drain_status(node))
+
+    def remove_node(self, node: int | str) -> None:
+        """Forget a stopped data node that no range lists (a completed drain, or a dead node
+        whose replicas were re-created elsewhere); refused while it runs or holds a range.
+        """
+        self._runner.run(self._async.remove_node(node))
 
 
 class Producer(ProducerBase):

@@ -30,6 +30,7 @@ __all__ = [
     "ColumnBatch",
     "Compression",
     "ConsumedRecord",
+    "DrainStatus",
     "GroupInfo",
     "GroupMemberInfo",
     "GroupStreamInfo",
@@ -160,3 +161,23 @@ class GroupInfo:
     generation: int
     members: tuple[GroupMemberInfo, ...]
     streams: tuple[GroupStreamInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStatus:
+    """A data node as a drain sees it (``client.admin.drain_status``; docs/operations.md,
+    "Draining a data node")."""
+
+    node_id: int
+    address: str
+    draining: bool
+    live: bool
+    ranges_left: int
+    """Ranges whose replica set still lists the node."""
+    writable_left: int
+    """Of those, the writable ones (sealed and reopened elsewhere first)."""
+
+    @property
+    def complete(self) -> bool:
+        """Draining and no range lists the node: it can be stopped and removed."""
+        return self.draining and self.ranges_left == 0

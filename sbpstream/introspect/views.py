@@ -87,8 +87,12 @@ def nodes_view(body: JSON) -> Group:
     rows = []
     for n in body["nodes"]:
         m = n["metrics"] or {}
-        rows.append([n["node_id"], n["address"], "live" if n["live"] else
-                     ("dead" if n["dead"] else "silent"), n["last_heartbeat_s"], n["ranges"],
+        state = "live" if n["live"] else ("dead" if n["dead"] else "silent")
+        if n.get("draining"):  # pm/drain.py: how many ranges still list it
+            left = n.get("ranges_left")
+            state += " draining" if left else " drained"
+            state += f" ({left} left)" if left else ""
+        rows.append([n["node_id"], n["address"], state, n["last_heartbeat_s"], n["ranges"],
                      n["writable_ranges"], n["primary_ranges"], m.get("network_append_rate", ""),
                      m.get("disk_in_rate", ""), m.get("disk_free_space", ""),
                      m.get("memory_used", "")])

@@ -143,6 +143,9 @@ class NodeMeta:
     """Wall-clock ms of the last heartbeat (soft state; liveness itself uses a monotonic clock)."""
     metrics: NodeMetrics | None = None
     metrics_ms: int = 0
+    draining: bool = False
+    """An operator is moving every range off the node (:mod:`sbpstream.pm.drain`): no new range
+    is placed on it. Durable, so a restarted or newly elected PM goes on draining it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +242,14 @@ class MetadataStore(Protocol):
 
     async def update_node_address(self, node_id: int, advertise_addr: str) -> NodeMeta:
         """Durably record a node's advertise address; DataNodeNotFoundError if unknown."""
+
+    async def set_node_draining(self, node_id: int, draining: bool) -> NodeMeta:
+        """Durably mark a node draining or not (rules.set_node_draining): DataNodeNotFoundError
+        if unknown, InvalidRequestError if it already is in that state."""
+
+    async def remove_node(self, node_id: int) -> bool:
+        """Forget a data node (its id is never handed out again). The caller has checked that
+        no range lists it (pm/drain.py). True if it was registered."""
 
     async def record_heartbeat(self, node_id: int, now_ms: int) -> None:
         """Soft state: the wall-clock time of the node's last heartbeat."""

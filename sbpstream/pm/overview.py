@@ -93,8 +93,9 @@ class ClusterOverview:
 
     # ------------------------------------------------------------------ nodes
     async def overview(self) -> JSON:
-        """Nodes with liveness, last heartbeat, their REPORT_METRICS and range counts;
-        under-replicated ranges; live clients."""
+        """Nodes with liveness, last heartbeat, their REPORT_METRICS and range counts, whether
+        they are draining and (draining ones) how many ranges still list them; under-replicated
+        ranges; live clients."""
         liveness = await self.service.node_liveness()
         live_ids = {n.node_id for n in liveness if n.live}
         streams, truncated = await self._streams()
@@ -113,6 +114,11 @@ class ClusterOverview:
                     under.append({"stream_id": r.stream_id, "range_index": r.range_index,
                                   "replicas": list(r.node_ids), "live_replicas": live,
                                   "replica_nums": want[r.stream_id], "writable": r.writable})
+        # draining nodes (pm/drain.py): the mark from the metadata (a follower's too), and
+        # the ranges still listing the node, counted whole (not only the walked streams)
+        draining = {n.node_id for n in await self.service.meta.list_nodes() if n.draining}
+        left = {nid: len(await self.service.meta.list_node_ranges(nid))
+                for nid in sorted(draining)}
         nodes: list[JSON] = []
         for st in liveness:
             c = per_node.get(st.node_id, [0, 0, 0])
@@ -123,6 +129,8 @@ class ClusterOverview:
                 else round(st.heard_s_ago, 3),
                 "metrics": None if st.metrics is None else st.metrics.to_dict(),
                 "ranges": c[0], "writable_ranges": c[1], "primary_ranges": c[2],
+                "draining": st.node_id in draining,
+                "ranges_left": left.get(st.node_id),
             })
         mono = time.monotonic()
         clients = [connection_figures(c, mono) for c in

@@ -15,7 +15,8 @@ Placement picks ``count`` distinct live nodes by a load score (lower is better):
 places one (so one batch of 1,000 creates spreads instead of piling on the node that was least
 loaded when the batch began); ``append_rate`` and ``free_disk`` come from the last
 REPORT_METRICS. Ties go to the lower node id, so the choice is deterministic. The best node is the
-primary. Nodes that reported less than ``DISK_FREE_MIN_BYTES`` free are never chosen.
+primary. Nodes that reported less than ``DISK_FREE_MIN_BYTES`` free are never chosen, nor are
+nodes being drained (:mod:`sbpstream.pm.drain`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class NodeRegistry:
 
     def get(self, node_id: int) -> NodeState | None:
         return self._nodes.get(node_id)
+
+    def remove(self, node_id: int) -> None:
+        """The node was removed from the metadata (pm/drain.py)."""
+        self._nodes.pop(node_id, None)
 
     def __contains__(self, node_id: int) -> bool:
         return node_id in self._nodes
@@ -186,11 +191,14 @@ class Placer:
     """Places ranges on live nodes, keeping its own count of writable ranges per node."""
 
     def __init__(
-        self, registry: NodeRegistry, suspect: Callable[[int], bool] | None = None
+        self, registry: NodeRegistry, suspect: Callable[[int], bool] | None = None,
+        draining: set[int] | None = None,
     ) -> None:
         self.registry = registry
         # nodes that are live by heartbeat but just failed a call: skipped for new ranges
         self.suspect = suspect
+        self.draining: set[int] = set() if draining is None else draining
+        """Nodes being drained (pm/drain.py): never chosen, for new ranges or copies."""
         self._writable: dict[int, int] = {}
 
     def reset_counts(self, counts: dict[int, int]) -> None:
@@ -203,6 +211,8 @@ class Placer:
         out: list[NodeLoad] = []
         for st in self.registry.live_nodes(now):
             if self.suspect is not None and self.suspect(st.node_id):
+                continue
+            if st.node_id in self.draining:
                 continue
             m = st.metrics
             rate = 0 if m is None else max(0, m.network_append_rate) + max(0, m.disk_in_rate) // (

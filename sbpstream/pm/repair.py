@@ -111,48 +111,61 @@ class Repairer:
         return sum(got)
 
     async def _repair_range(self, r: RangeMeta, dead: set[int], missing: int) -> int:
-        svc = self.service
         done = 0
         for old in [n for n in r.node_ids if n in dead]:
-            now = svc.clock()
-            holders = set(r.node_ids)
-            candidates = [c for c in svc.placer.loads(now) if c.node_id not in holders]
-            try:
-                (new_id,) = choose_nodes(candidates, 1)
-            except NotEnoughDataNodesError:
-                log.warning("event=rereplicate_no_node stream_id=%d range_index=%d "
-                            "dead_node_id=%d", r.stream_id, r.range_index, old)
+            moved = await self.move_replica(r, old, dead, reason="dead", missing=missing)
+            if moved is None:
                 return done
-            live = [rep for rep in r.replicas
-                    if rep.node_id not in dead and svc.registry.is_live(rep.node_id, now)]
-            if not live:
-                log.error("event=rereplicate_no_source stream_id=%d range_index=%d",
-                          r.stream_id, r.range_index)
-                return done
-            target = replace(r, replicas=tuple(ReplicaMeta(rep.node_id, False)
-                                               for rep in [*live, ReplicaMeta(new_id, False)]))
-            st = svc.registry.get(new_id)
-            assert st is not None
-            try:
-                await asyncio.wait_for(svc.dn.sync_ranges(st, [target]), REPAIR_CALL_TIMEOUT_S)
-                have = await asyncio.wait_for(
-                    svc.dn.describe_range(st, r.stream_id, r.range_index), REPAIR_CALL_TIMEOUT_S)
-            except (SbpError, OSError, TimeoutError) as e:
-                log.warning("event=rereplicate_failed stream_id=%d range_index=%d "
-                            "new_node_id=%d error=%r", r.stream_id, r.range_index, new_id, str(e))
-                return done
-            if have != r.end_offset:
-                log.warning("event=rereplicate_incomplete stream_id=%d range_index=%d "
-                            "new_node_id=%d next_offset=%d end_offset=%d", r.stream_id,
-                            r.range_index, new_id, have, r.end_offset)
-                return done
-            try:
-                r = await svc.meta.replace_replica(r.stream_id, r.range_index, old, new_id)
-            except (StreamDeletedError, StreamNotFoundError):
-                return done
+            r = moved
             done += 1
-            log.info("event=rereplicated stream_id=%d range_index=%d dead_node_id=%d "
-                     "new_node_id=%d end_offset=%d replicas=%s missing=%d", r.stream_id,
-                     r.range_index, old, new_id, r.end_offset,
-                     ",".join(map(str, r.node_ids)), missing)
         return done
+
+    async def move_replica(self, r: RangeMeta, old: int, unusable: set[int], reason: str,
+                           missing: int = 0) -> RangeMeta | None:
+        """Copy sealed range ``r`` to a live node that does not hold it (lowest load first;
+        placement skips draining nodes), from its live replicas not in ``unusable``, then
+        replace ``old`` by that node in the metadata. The range after, or None when it could
+        not be done now (logged; the next pass retries)."""
+        svc = self.service
+        now = svc.clock()
+        holders = set(r.node_ids)
+        candidates = [c for c in svc.placer.loads(now) if c.node_id not in holders]
+        try:
+            (new_id,) = choose_nodes(candidates, 1)
+        except NotEnoughDataNodesError:
+            log.warning("event=rereplicate_no_node stream_id=%d range_index=%d "
+                        "old_node_id=%d reason=%s", r.stream_id, r.range_index, old, reason)
+            return None
+        live = [rep for rep in r.replicas
+                if rep.node_id not in unusable and svc.registry.is_live(rep.node_id, now)]
+        if not live:
+            log.error("event=rereplicate_no_source stream_id=%d range_index=%d reason=%s",
+                      r.stream_id, r.range_index, reason)
+            return None
+        target = replace(r, replicas=tuple(ReplicaMeta(rep.node_id, False)
+                                           for rep in [*live, ReplicaMeta(new_id, False)]))
+        st = svc.registry.get(new_id)
+        assert st is not None
+        try:
+            await asyncio.wait_for(svc.dn.sync_ranges(st, [target]), REPAIR_CALL_TIMEOUT_S)
+            have = await asyncio.wait_for(
+                svc.dn.describe_range(st, r.stream_id, r.range_index), REPAIR_CALL_TIMEOUT_S)
+        except (SbpError, OSError, TimeoutError) as e:
+            log.warning("event=rereplicate_failed stream_id=%d range_index=%d "
+                        "new_node_id=%d reason=%s error=%r", r.stream_id, r.range_index,
+                        new_id, reason, str(e))
+            return None
+        if have != r.end_offset:
+            log.warning("event=rereplicate_incomplete stream_id=%d range_index=%d "
+                        "new_node_id=%d next_offset=%d end_offset=%d", r.stream_id,
+                        r.range_index, new_id, have, r.end_offset)
+            return None
+        try:
+            r = await svc.meta.replace_replica(r.stream_id, r.range_index, old, new_id)
+        except (StreamDeletedError, StreamNotFoundError):
+            return None
+        log.info("event=rereplicated stream_id=%d range_index=%d old_node_id=%d "
+                 "new_node_id=%d end_offset=%d replicas=%s missing=%d reason=%s", r.stream_id,
+                 r.range_index, old, new_id, r.end_offset,
+                 ",".join(map(str, r.node_ids)), missing, reason)
+        return r

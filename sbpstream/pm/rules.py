@@ -146,6 +146,25 @@ def update_node_address(tx: MetaTxn, nid: int, advertise_addr: str) -> NodeMeta:
     return n
 
 
+def set_node_draining(tx: MetaTxn, nid: int, draining: bool) -> NodeMeta:
+    """Mark node ``nid`` draining (or cancel it). DataNodeNotFoundError if unknown;
+    InvalidRequestError if it already is (or is not) draining."""
+    n = tx.node(nid)
+    if n is None:
+        raise DataNodeNotFoundError(f"data node {nid} is unknown; `sbpstream nodes` lists the "
+                                    "registered ones")
+    if n.draining == draining:
+        if draining:
+            raise InvalidRequestError(f"data node {nid} is already draining; watch it with "
+                                      "`sbpstream node status`, or cancel with "
+                                      f"`sbpstream node drain {nid} --cancel`")
+        raise InvalidRequestError(f"data node {nid} is not draining; start with "
+                                  f"`sbpstream node drain {nid}`")
+    n = replace(n, draining=draining)
+    tx.put_node(n)
+    return n
+
+
 def flush_soft_state(tx: MetaTxn, nid: int) -> None:
     """Persist a node's pending soft state (a read of the node already carries it)."""
     n = tx.node(nid)

@@ -34,6 +34,7 @@ from sbpstream.net.server import Handler, Request, Responder, Server
 from sbpstream.pm import metadata as md
 from sbpstream.pm.backends import open_metadata
 from sbpstream.pm.config import PmConfig
+from sbpstream.pm.drain import Drainer, DrainHandler
 from sbpstream.pm.groups import GroupHandlers
 from sbpstream.pm.overview import ClusterOverview
 from sbpstream.pm.placement import NodeState
@@ -265,6 +266,9 @@ class PmServer:
             Opcode.DELETE_QUOTAS: self._delete_quotas,
             Opcode.DESCRIBE_QUOTAS: self._describe_quotas,
         }
+        self.repairer = Repairer(self.service)
+        self.drainer = Drainer(self.service, self.repairer)  # DRAIN_NODE (pm/drain.py)
+        handlers[Opcode.DRAIN_NODE] = DrainHandler(self.drainer)
         self.groups = GroupHandlers(self.service)  # consumer groups (pm/groups.py)
         handlers.update(self.groups.handlers())
         gate = self.security.gate
@@ -287,7 +291,6 @@ class PmServer:
             intro = {op: h for op, h in gate.wrap(intro).items() if op in intro}
         self.server.handlers.update(intro)
         self._sweeper: asyncio.Task[None] | None = None
-        self.repairer = Repairer(self.service)
         self._started = False
         self.exporter: MetricsExporter | None = None
 
@@ -366,6 +369,7 @@ class PmServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
             self._sweeper = None
+        await self.drainer.close()
         await self.repairer.close()
         await self.introspector.close()
         if self.exporter is not None:
@@ -400,6 +404,7 @@ class PmServer:
             try:
                 n = await self.service.sweep_dead_nodes()
                 self.repairer.tick()  # re-replicate sealed ranges of nodes dead for good
+                self.drainer.tick()  # move the ranges of draining nodes (pm/drain.py)
                 if n:
                     log.info("event=dead_node_ranges_renewed ranges=%d", n)
             except SbpError as e:

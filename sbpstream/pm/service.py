@@ -52,10 +52,14 @@ class PmService(StreamOps, RangeOps):
         """Load nodes and placement counts from metadata (the store must be open). Liveness
         starts afresh: placement waits out PLACEMENT_WARMUP_S for the nodes' heartbeats."""
         self.registry = NodeRegistry(self.node_timeout_ms, self.clock())
-        self.registry.load(await self.meta.list_nodes())
-        self.placer = Placer(self.registry, suspect=self._suspect)
+        nodes = await self.meta.list_nodes()
+        self.registry.load(nodes)
+        self.draining.clear()  # the same set the placer holds
+        self.draining.update(n.node_id for n in nodes if n.draining)
+        self.placer = Placer(self.registry, suspect=self._suspect, draining=self.draining)
         self.placer.reset_counts(await self.meta.writable_range_counts())
-        log.info("event=pm_state_loaded nodes=%d", len(self.registry.all()))
+        log.info("event=pm_state_loaded nodes=%d draining=%s", len(self.registry.all()),
+                 ",".join(map(str, sorted(self.draining))) or "-")
 
     # ------------------------------------------------------------------ nodes
     async def allocate_node_id(self, host: str) -> int:

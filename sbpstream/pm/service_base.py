@@ -168,7 +168,9 @@ class ServiceBase:
         self.wall_ms = wall_ms
         self.node_timeout_ms = node_timeout_ms
         self.registry = NodeRegistry(node_timeout_ms, clock())
-        self.placer = Placer(self.registry, suspect=self._suspect)
+        self.draining: set[int] = set()
+        """Nodes being drained (durable in the metadata; pm/drain.py): placement skips them."""
+        self.placer = Placer(self.registry, suspect=self._suspect, draining=self.draining)
         self._locks = KeyedLocks()
         self._renewed_dead: set[int] = set()
         self._renew_retry_at: dict[int, float] = {}

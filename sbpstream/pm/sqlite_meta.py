@@ -290,6 +290,18 @@ class SqliteMetadataStore:
             self._write_one,
             lambda tx, _: rules.update_node_address(tx, node_id, advertise_addr))
 
+    async def remove_node(self, node_id: int) -> bool:
+        def remove() -> bool:
+            with self._raw_tx() as c:
+                gone = c.execute("DELETE FROM data_nodes WHERE node_id = ?", (node_id,)).rowcount
+            self._soft.forget([node_id])
+            return gone > 0
+        return await self._run(remove)
+
+    async def set_node_draining(self, node_id: int, draining: bool) -> NodeMeta:
+        return await self._run(
+            self._write_one, lambda tx, _: rules.set_node_draining(tx, node_id, draining))
+
     # ------------------------------------------------------------------ quotas (issue 22)
     async def set_quotas(self, items: Sequence[QuotaSpec]) -> list[QuotaSpec | SbpError]:
         return await self._write_async(items, rules.set_quota)

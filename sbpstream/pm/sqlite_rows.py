@@ -91,7 +91,8 @@ S_COLS: Final = ", ".join(f"s.{c.strip()}" for c in STREAM_COLS.split(","))
 
 
 NODE_COLS: Final = (
-    "node_id, host, advertise_addr, registered_ms, last_heartbeat_ms, metrics, metrics_ms"
+    "node_id, host, advertise_addr, registered_ms, last_heartbeat_ms, metrics, metrics_ms, "
+    "draining"
 )
 
 _Replicas = frozenset[tuple[int, bool]]
@@ -224,7 +225,7 @@ def producers_of(c: sqlite3.Connection, sid: int, idx: int) -> tuple[ProducerSta
 def node_of(row: Sequence[Any], soft: rules.SoftState) -> NodeMeta:
     metrics = NodeMetrics.from_dict(json.loads(row[5])) if isinstance(row[5], str) else None
     n = NodeMeta(int(row[0]), str(row[1]), str(row[2]), int(row[3]), int(row[4]), metrics,
-                 int(row[6]))
+                 int(row[6]), bool(row[7]))
     return soft.applied(n)
 
 
@@ -314,8 +315,9 @@ def apply_layer(c: sqlite3.Connection, layer: Layer, base: SqlReader) -> None:
         [(q.key, int(q.kind), q.name, *q.rates(), q.user) for q in layer.quotas.values()
          if q is not None])
     c.executemany(
-        f"INSERT OR REPLACE INTO data_nodes ({NODE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT OR REPLACE INTO data_nodes ({NODE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [(n.node_id, n.host, n.advertise_addr, n.registered_ms, n.last_heartbeat_ms,
-          _metrics_json(n.metrics), n.metrics_ms) for n in layer.nodes.values()],
+          _metrics_json(n.metrics), n.metrics_ms, int(n.draining))
+         for n in layer.nodes.values()],
     )
 

@@ -14,7 +14,7 @@ from sbpstream.protocol.errors import MetadataError
 
 log = logging.getLogger("sbpstream.pm.sqlite")
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """Bumped by every schema change; ``_MIGRATIONS[v]`` upgrades a file from version ``v``."""
 
 NAMES_TABLE: Final = """CREATE TABLE IF NOT EXISTS stream_names (
@@ -75,7 +75,8 @@ SCHEMA: Final = (
         registered_ms INTEGER NOT NULL,
         last_heartbeat_ms INTEGER NOT NULL DEFAULT 0,
         metrics TEXT,
-        metrics_ms INTEGER NOT NULL DEFAULT 0
+        metrics_ms INTEGER NOT NULL DEFAULT 0,
+        draining INTEGER NOT NULL DEFAULT 0
     )""",
     """CREATE TABLE IF NOT EXISTS seal_producers (
         stream_id INTEGER NOT NULL,
@@ -120,6 +121,7 @@ MIGRATIONS: Final[dict[int, tuple[str, ...]]] = {
     1: ("ALTER TABLE streams ADD COLUMN name TEXT NOT NULL DEFAULT ''", NAMES_TABLE,
         NAMES_BY_STREAM),  # named streams (issue 20): old files have none
     2: (OFFSETS_TABLE,),  # consumer groups' committed offsets (issue 21)
+    3: ("ALTER TABLE data_nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0",),  # drains
 }
 """from-version -> statements bringing the file to from-version + 1."""
 
@@ -155,7 +157,20 @@ def init_schema(c: sqlite3.Connection, path: str) -> None:
         )
     while version < SCHEMA_VERSION:
         for stmt in MIGRATIONS[version]:
-            c.execute(stmt)
+            if not _column_present(c, stmt):
+                c.execute(stmt)
         version += 1
         c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
         log.info("event=metadata_migrated path=%s schema_version=%d", path, version)
+
+
+def _column_present(c: sqlite3.Connection, stmt: str) -> bool:
+    """True for an ``ALTER TABLE t ADD COLUMN col ...`` whose column ``t`` already has (a file
+    rebuilt by hand, or a migration interrupted outside its transaction): adding it again would
+    fail, and there is nothing to add."""
+    words = stmt.split()
+    if len(words) < 6 or [w.upper() for w in (words[0], words[1], words[3], words[4])] != [
+            "ALTER", "TABLE", "ADD", "COLUMN"]:
+        return False
+    cols = {str(r[1]) for r in c.execute(f"PRAGMA table_info({words[2]})")}
+    return words[5] in cols

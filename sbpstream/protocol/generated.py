@@ -93,6 +93,9 @@ __all__ = [  # the schema's enums, unions and tables
     'DescribeRangesResponse',
     'DescribeStreamsRequest',
     'DescribeStreamsResponse',
+    'DrainNodeRequest',
+    'DrainNodeResponse',
+    'DrainState',
     'FetchItem',
     'FetchRequest',
     'FetchResponse',
@@ -7164,3 +7167,204 @@ def read_ResetOffsetsResponse(buf: Any, pos: int) -> ResetOffsetsResponse:
 
 
 CODEC.bind(ResetOffsetsResponse, build_ResetOffsetsResponse, read_ResetOffsetsResponse)
+
+
+# -------------------------------------------------------------------------- table DrainNodeRequest
+
+@request(Opcode.DRAIN_NODE)
+@frozen_dataclass
+class DrainNodeRequest(Message):
+    """``table DrainNodeRequest`` of sbp.fbs."""
+
+    timeout_ms: int = 0
+    action: int = 0
+    node_id: int = 0
+    address: str = ""
+
+    def __init__(
+        self,
+        timeout_ms: int = 0,
+        action: int = 0,
+        node_id: int = 0,
+        address: str = "",
+    ) -> None:
+        _set_DrainNodeRequest_timeout_ms(self, timeout_ms)
+        _set_DrainNodeRequest_action(self, action)
+        _set_DrainNodeRequest_node_id(self, node_id)
+        _set_DrainNodeRequest_address(self, address)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__qualname__}(timeout_ms={self.timeout_ms!r}, action={self.action!r}, node_id={self.node_id!r}, address={self.address!r})"
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is self.__class__:
+            return (self.timeout_ms, self.action, self.node_id, self.address) == (other.timeout_ms, other.action, other.node_id, other.address)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.timeout_ms, self.action, self.node_id, self.address))
+
+
+_set_DrainNodeRequest_timeout_ms, _set_DrainNodeRequest_action, _set_DrainNodeRequest_node_id, _set_DrainNodeRequest_address = setters(DrainNodeRequest)
+
+
+def build_DrainNodeRequest(b: Any, obj: DrainNodeRequest) -> Any:
+    timeout_ms, action, node_id, address = obj.timeout_ms, obj.action, obj.node_id, obj.address
+    address_off = b.CreateString(address) if address else 0
+    b.StartObject(4)
+    if timeout_ms != 0:
+        b.PrependInt32Slot(0, timeout_ms, 0)
+    if action != 0:
+        b.PrependInt8Slot(1, action, 0)
+    if node_id != 0:
+        b.PrependInt32Slot(2, node_id, 0)
+    if address_off:
+        b.PrependUOffsetTRelativeSlot(3, address_off, 0)
+    return b.EndObject()
+
+
+def read_DrainNodeRequest(buf: Any, pos: int) -> DrainNodeRequest:
+    o0, o1, o2, o3 = slots(buf, pos, 4)
+    return DrainNodeRequest(
+        _unpack_int32(buf, pos + o0)[0] if o0 else 0,  # timeout_ms
+        _unpack_int8(buf, pos + o1)[0] if o1 else 0,  # action
+        _unpack_int32(buf, pos + o2)[0] if o2 else 0,  # node_id
+        read_text(buf, pos + o3) if o3 else "",  # address
+    )
+
+
+CODEC.bind(DrainNodeRequest, build_DrainNodeRequest, read_DrainNodeRequest)
+
+
+# -------------------------------------------------------------------------------- table DrainState
+
+@frozen_dataclass
+class DrainState(Table):
+    """``table DrainState`` of sbp.fbs."""
+
+    node_id: int = 0
+    address: str = ""
+    draining: bool = False
+    live: bool = False
+    ranges_left: int = 0
+    writable_left: int = 0
+
+    def __init__(
+        self,
+        node_id: int = 0,
+        address: str = "",
+        draining: bool = False,
+        live: bool = False,
+        ranges_left: int = 0,
+        writable_left: int = 0,
+    ) -> None:
+        _set_DrainState_node_id(self, node_id)
+        _set_DrainState_address(self, address)
+        _set_DrainState_draining(self, draining)
+        _set_DrainState_live(self, live)
+        _set_DrainState_ranges_left(self, ranges_left)
+        _set_DrainState_writable_left(self, writable_left)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__qualname__}(node_id={self.node_id!r}, address={self.address!r}, draining={self.draining!r}, live={self.live!r}, ranges_left={self.ranges_left!r}, writable_left={self.writable_left!r})"
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is self.__class__:
+            return (self.node_id, self.address, self.draining, self.live, self.ranges_left, self.writable_left) == (other.node_id, other.address, other.draining, other.live, other.ranges_left, other.writable_left)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.node_id, self.address, self.draining, self.live, self.ranges_left, self.writable_left))
+
+
+_set_DrainState_node_id, _set_DrainState_address, _set_DrainState_draining, _set_DrainState_live, _set_DrainState_ranges_left, _set_DrainState_writable_left = setters(DrainState)
+
+
+def build_DrainState(b: Any, obj: DrainState) -> Any:
+    node_id, address, draining, live, ranges_left, writable_left = obj.node_id, obj.address, obj.draining, obj.live, obj.ranges_left, obj.writable_left
+    address_off = b.CreateString(address) if address else 0
+    b.StartObject(6)
+    if node_id != 0:
+        b.PrependInt32Slot(0, node_id, 0)
+    if address_off:
+        b.PrependUOffsetTRelativeSlot(1, address_off, 0)
+    if draining is not False:
+        b.PrependBoolSlot(2, draining, False)
+    if live is not False:
+        b.PrependBoolSlot(3, live, False)
+    if ranges_left != 0:
+        b.PrependInt64Slot(4, ranges_left, 0)
+    if writable_left != 0:
+        b.PrependInt64Slot(5, writable_left, 0)
+    return b.EndObject()
+
+
+def read_DrainState(buf: Any, pos: int) -> DrainState:
+    o0, o1, o2, o3, o4, o5 = slots(buf, pos, 6)
+    return DrainState(
+        _unpack_int32(buf, pos + o0)[0] if o0 else 0,  # node_id
+        read_text(buf, pos + o1) if o1 else "",  # address
+        _unpack_bool(buf, pos + o2)[0] if o2 else False,  # draining
+        _unpack_bool(buf, pos + o3)[0] if o3 else False,  # live
+        _unpack_int64(buf, pos + o4)[0] if o4 else 0,  # ranges_left
+        _unpack_int64(buf, pos + o5)[0] if o5 else 0,  # writable_left
+    )
+
+
+CODEC.bind(DrainState, build_DrainState, read_DrainState)
+
+
+# ------------------------------------------------------------------------- table DrainNodeResponse
+
+@response(Opcode.DRAIN_NODE)
+@frozen_dataclass
+class DrainNodeResponse(Message):
+    """``table DrainNodeResponse`` of sbp.fbs."""
+
+    status: Status = STATUS_OK
+    nodes: tuple[DrainState, ...] = ()
+
+    def __init__(
+        self,
+        status: Status = STATUS_OK,
+        nodes: tuple[DrainState, ...] = (),
+    ) -> None:
+        _set_DrainNodeResponse_status(self, status)
+        _set_DrainNodeResponse_nodes(self, nodes)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__qualname__}(status={self.status!r}, nodes={self.nodes!r})"
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is self.__class__:
+            return (self.status, self.nodes) == (other.status, other.nodes)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.status, self.nodes))
+
+
+_set_DrainNodeResponse_status, _set_DrainNodeResponse_nodes = setters(DrainNodeResponse)
+
+
+def build_DrainNodeResponse(b: Any, obj: DrainNodeResponse) -> Any:
+    status, nodes = obj.status, obj.nodes
+    status_off = 0 if status is STATUS_OK or (status.code, status.message, status.detail) == (0, '', b'') else build_Status(b, status)
+    nodes_off = put_tables(b, nodes, build_DrainState) if nodes else 0
+    b.StartObject(2)
+    if status_off:
+        b.PrependUOffsetTRelativeSlot(0, status_off, 0)
+    if nodes_off:
+        b.PrependUOffsetTRelativeSlot(1, nodes_off, 0)
+    return b.EndObject()
+
+
+def read_DrainNodeResponse(buf: Any, pos: int) -> DrainNodeResponse:
+    o0, o1 = slots(buf, pos, 2)
+    return DrainNodeResponse(
+        read_Status(buf, pos + o0 + U32(buf, pos + o0)[0]) if o0 else STATUS_OK,  # status
+        read_tables(buf, pos + o1, read_DrainState, None) if o1 else (),  # nodes
+    )
+
+
+CODEC.bind(DrainNodeResponse, build_DrainNodeResponse, read_DrainNodeResponse)

@@ -1,5 +1,5 @@
 """SBP opcodes: the spec's 16 plus the project's (BUFFER_ACK; INFO, STATS, CONNECTIONS, WHOAMI;
-consumer groups and committed offsets).
+consumer groups and committed offsets; DRAIN_NODE).
 
 No I/O. Project opcodes are listed in docs/protocol.md.
 """
@@ -49,6 +49,8 @@ class Opcode(enum.IntEnum):
     LIST_GROUPS = 0x1046
     DELETE_GROUP = 0x1047
     RESET_OFFSETS = 0x1048
+    # project opcode: draining and removing a data node (docs/operations.md), admin
+    DRAIN_NODE = 0x1050
 
 
 KNOWN_OPCODES: frozenset[int] = frozenset(int(o) for o in Opcode)

@@ -131,7 +131,9 @@ async function overview(view) {
      "append req/s", "disk in B/s", "disk free", "memory"],
     nodes.nodes.map(n => {
       const m = n.metrics || {};
-      return [n.node_id, n.address, el("span", n.live ? "live" : (n.dead ? "dead" : "silent"), n.live ? "live" : "dead"),
+      let state = n.live ? "live" : (n.dead ? "dead" : "silent");
+      if (n.draining) state += n.ranges_left ? " draining (" + n.ranges_left + " left)" : " drained";
+      return [n.node_id, n.address, el("span", state, n.live ? "live" : "dead"),
               n.last_heartbeat_s, n.ranges, n.writable_ranges, n.primary_ranges,
               m.network_append_rate ?? "", m.disk_in_rate ?? "",
               m.disk_free_space !== undefined ? fmtBytes(m.disk_free_space) : "",

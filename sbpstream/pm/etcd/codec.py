@@ -64,10 +64,13 @@ def decode_producers(v: bytes) -> tuple[ProducerStateMeta, ...]:
 
 
 def encode_node(n: NodeMeta) -> bytes:
-    return _dumps({"host": n.host, "advertise_addr": n.advertise_addr,
-                   "registered_ms": n.registered_ms, "last_heartbeat_ms": n.last_heartbeat_ms,
-                   "metrics": None if n.metrics is None else n.metrics.to_dict(),
-                   "metrics_ms": n.metrics_ms})
+    d: dict[str, object] = {
+        "host": n.host, "advertise_addr": n.advertise_addr, "registered_ms": n.registered_ms,
+        "last_heartbeat_ms": n.last_heartbeat_ms,
+        "metrics": None if n.metrics is None else n.metrics.to_dict(), "metrics_ms": n.metrics_ms}
+    if n.draining:  # only then: a node that is not draining keeps the earlier bytes
+        d["draining"] = True
+    return _dumps(d)
 
 
 def decode_node(nid: int, v: bytes) -> NodeMeta:
@@ -76,7 +79,7 @@ def decode_node(nid: int, v: bytes) -> NodeMeta:
     return NodeMeta(nid, str(d["host"]), str(d["advertise_addr"]), int(d["registered_ms"]),
                     int(d.get("last_heartbeat_ms", 0)),
                     NodeMetrics.from_dict(m) if isinstance(m, dict) else None,
-                    int(d.get("metrics_ms", 0)))
+                    int(d.get("metrics_ms", 0)), bool(d.get("draining", False)))
 
 
 def encode_quota(q: QuotaSpec) -> bytes:

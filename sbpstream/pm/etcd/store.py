@@ -566,6 +566,17 @@ class EtcdMetadataStore:
         self._soft.forget([node_id])
         return n
 
+    async def remove_node(self, node_id: int) -> bool:
+        resp = await self._auth_txn(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
+            key=self.keys.node(node_id))))  # fenced like every write; the watch updates the cache
+        self._soft.forget([node_id])
+        return int(resp.responses[0].response_delete_range.deleted) > 0
+
+    async def set_node_draining(self, node_id: int, draining: bool) -> NodeMeta:
+        n = await self._write_one(lambda tx, _: rules.set_node_draining(tx, node_id, draining))
+        self._soft.forget([node_id])
+        return n
+
     # ------------------------------------------------------------------ quotas (issue 22)
     async def set_quotas(self, items: Sequence[QuotaSpec]) -> list[QuotaSpec | SbpError]:
         return await self._write(items, rules.set_quota)

@@ -2868,4 +2868,91 @@ public final class Sbp {
       return t.tableAt(SLOT_ITEMS, i);
     }
   }
+
+  /** table DrainNodeRequest */
+  public static final class DrainNodeRequest {
+    private DrainNodeRequest() {}
+
+    public static final int SLOTS = 4;
+    public static final int SLOT_TIMEOUT_MS = 0;
+    public static final int SLOT_ACTION = 1;
+    public static final int SLOT_NODE_ID = 2;
+    public static final int SLOT_ADDRESS = 3;
+
+    public static int timeoutMs(FbTable t) throws ProtocolException {
+      return t == null ? 0 : t.getInt(SLOT_TIMEOUT_MS, 0);
+    }
+
+    public static byte action(FbTable t) throws ProtocolException {
+      return t == null ? (byte) 0 : t.getByte(SLOT_ACTION, (byte) 0);
+    }
+
+    public static int nodeId(FbTable t) throws ProtocolException {
+      return t == null ? 0 : t.getInt(SLOT_NODE_ID, 0);
+    }
+
+    public static String address(FbTable t) throws ProtocolException {
+      return t == null ? "" : t.string(SLOT_ADDRESS);
+    }
+  }
+
+  /** table DrainState */
+  public static final class DrainState {
+    private DrainState() {}
+
+    public static final int SLOTS = 6;
+    public static final int SLOT_NODE_ID = 0;
+    public static final int SLOT_ADDRESS = 1;
+    public static final int SLOT_DRAINING = 2;
+    public static final int SLOT_LIVE = 3;
+    public static final int SLOT_RANGES_LEFT = 4;
+    public static final int SLOT_WRITABLE_LEFT = 5;
+
+    public static int nodeId(FbTable t) throws ProtocolException {
+      return t == null ? 0 : t.getInt(SLOT_NODE_ID, 0);
+    }
+
+    public static String address(FbTable t) throws ProtocolException {
+      return t == null ? "" : t.string(SLOT_ADDRESS);
+    }
+
+    public static boolean draining(FbTable t) throws ProtocolException {
+      return t != null && t.getBool(SLOT_DRAINING);
+    }
+
+    public static boolean live(FbTable t) throws ProtocolException {
+      return t != null && t.getBool(SLOT_LIVE);
+    }
+
+    public static long rangesLeft(FbTable t) throws ProtocolException {
+      return t == null ? 0L : t.getLong(SLOT_RANGES_LEFT, 0L);
+    }
+
+    public static long writableLeft(FbTable t) throws ProtocolException {
+      return t == null ? 0L : t.getLong(SLOT_WRITABLE_LEFT, 0L);
+    }
+  }
+
+  /** table DrainNodeResponse */
+  public static final class DrainNodeResponse {
+    private DrainNodeResponse() {}
+
+    public static final int SLOTS = 2;
+    public static final int SLOT_STATUS = 0;
+    public static final int SLOT_NODES = 1;
+
+    /** The Status, or null when absent. */
+    public static FbTable status(FbTable t) throws ProtocolException {
+      return t == null ? null : t.table(SLOT_STATUS);
+    }
+
+    /** The number of DrainState tables. */
+    public static int nodesLength(FbTable t) throws ProtocolException {
+      return t == null ? 0 : t.vectorLength(SLOT_NODES, 4);
+    }
+
+    public static FbTable nodes(FbTable t, int i) throws ProtocolException {
+      return t.tableAt(SLOT_NODES, i);
+    }
+  }
 }

@@ -1,0 +1,108 @@
+"""Fault soak in the network test bed: every scenario of issue 33 for N cycles (20 by default),
+on a PM with SQLite metadata and on three PMs over a three-member etcd, streams of replication
+factor 2 and 3 on four data nodes, a producer and a consumer in their own host.
+
+The scenarios, the cluster and the checks are those of ``tests/faultbed.py`` (the suite runs
+each for two cycles: ``tests/test_fault_scenarios.py``). For each run this prints one line and
+writes a JSON document with: records acknowledged, lost, duplicated (acknowledged and not),
+failed sends, failed sends with deadline left at the heal, calls past their deadline, the
+longest write and read unavailability (overall and the worst fault window), ``sbpstream check``
+clean or not, and fence violations (etcd).
+
+Needs root (network namespaces). Run::
+
+    python -m bench.bench_faults                       # all scenarios, both stores, 20 cycles
+    python -m bench.bench_faults --cycles 5 --scenario halves --metadata etcd
+    python -m bench.bench_faults --out bench/results/2026-11-28-faults.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from faultbed import SCENARIOS, run_scenario  # noqa: E402
+
+METADATA = ("sqlite", "etcd")
+
+
+def _summary(r: Any, seconds: float) -> dict[str, Any]:
+    c = r.check
+    faults = c.get("faults", [])
+    return {
+        "scenario": r.scenario, "metadata": r.metadata, "cycles": r.cycles,
+        "seconds": round(seconds, 1),
+        "acked": c.get("acked"), "sent": c.get("sent"), "failed": c.get("failed"),
+        "lost": _n(c.get("lost")), "misplaced": _n(c.get("misplaced")),
+        "corrupt": _n(c.get("corrupt")),
+        "duplicated": _n(c.get("duplicated")), "unacked_duplicated": _n(
+            c.get("unacked_duplicated")),
+        "failed_after_heal": _n(c.get("failed_after_heal")),
+        "waited_past_deadline": _n(c.get("waited_past_deadline")),
+        "max_call_s": c.get("max_call_s"),
+        "write_gap_s": c.get("write_gap_s"), "read_gap_s": c.get("read_gap_s"),
+        "worst_window_write_gap_s": max((f.get("write_gap_s") or 0 for f in faults), default=0),
+        "worst_window_read_gap_s": max((f.get("read_gap_s") or 0 for f in faults), default=0),
+        "sbp_check_clean": r.sbp_check_clean,
+        "fence_violations": len(r.fence_violations),
+        "problems": r.failures(),
+    }
+
+
+def _n(v: Any) -> Any:
+    return len(v) if isinstance(v, list | dict) else v
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS),
+                    help="repeatable; default: every scenario")
+    ap.add_argument("--metadata", action="append", choices=METADATA,
+                    help="repeatable; default: both")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", type=Path, help="write the results here as JSON")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench_faults: needs root (network namespaces)", file=sys.stderr)
+        return 2
+    results = []
+    for meta in args.metadata or METADATA:
+        for name in args.scenario or sorted(SCENARIOS):
+            if SCENARIOS[name].etcd_only and meta != "etcd":
+                continue
+            with tempfile.TemporaryDirectory(prefix=f"sbp-faults-{name}-") as d:
+                t0 = time.monotonic()
+                try:
+                    r = run_scenario(Path(d), name, metadata=meta, cycles=args.cycles,
+                                     seed=args.seed)
+                    s = _summary(r, time.monotonic() - t0)
+                except Exception as exc:  # a run that could not complete is a result too
+                    s = {"scenario": name, "metadata": meta, "cycles": args.cycles,
+                         "problems": [f"run failed: {type(exc).__name__}: {exc}"]}
+            results.append(s)
+            print(f"{meta:6} {name:22} acked={s.get('acked')} lost={s.get('lost')} "
+                  f"dup={s.get('duplicated')} failed={s.get('failed')} "
+                  f"failed_after_heal={s.get('failed_after_heal')} "
+                  f"past_deadline={s.get('waited_past_deadline')} "
+                  f"write_gap={s.get('worst_window_write_gap_s')}s "
+                  f"read_gap={s.get('worst_window_read_gap_s')}s "
+                  f"check_clean={s.get('sbp_check_clean')} problems={len(s['problems'])}",
+                  flush=True)
+    doc = {"cycles": args.cycles, "seed": args.seed, "results": results}
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0 if all(not s["problems"] for s in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
