@@ -78,7 +78,7 @@ SAMPLES: list[m.Message] = [
     m.BufferAckResponse(ERR),
     m.ListRangesRequest(1_000, (m.StreamOwner(42), NODE, m.StreamOwner(-5))),
     m.ListRangesResponse(1, ERR, (m.ListRangesResult(42, ERR, (RANGE, RANGE2)),)),
-    m.SealRangesRequest(1_000, (m.SealItem(42, 3, 1_500), m.SealItem(43, 0, 0))),
+    m.SealRangesRequest(1_000, (m.SealItem(42, 3, 1_500), m.SealItem(43, 0, 0)), 17),
     m.SealRangesResponse(
         2, ERR, (m.SealResult(42, ERR, (RANGE, RANGE2), (PRODUCER, m.ProducerState(5, 0, 0, 0))),)
     ),

@@ -87,6 +87,9 @@ def _cases() -> dict[str, Any]:
             "DescribeRangesResponse/before-digest": m.DescribeRangesResponse(
                 4, err, (m.DescribeRangeResult(42, err, rng),)
             ),
+            # SEAL_RANGES' pm_epoch (the data nodes' fence against a deposed PM leader)
+            "SealRangesRequest/before-epoch": m.SealRangesRequest(
+                1_000, (m.SealItem(42, 3, 1_500), m.SealItem(43, 0, 0))),
             # FETCH's session_id (fetch sessions): the response from before them
             "FetchResponse/before-sessions": m.FetchResponse(
                 20, err, (m.FetchResult(42, 1, 4096, err, 100, 2_000, 1_500),

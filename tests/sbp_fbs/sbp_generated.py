@@ -1803,10 +1803,18 @@ class SealRangesRequest(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
-def SealRangesRequestStart(builder): builder.StartObject(2)
+    # SealRangesRequest
+    def PmEpoch(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+def SealRangesRequestStart(builder): builder.StartObject(3)
 def SealRangesRequestAddTimeoutMs(builder, timeoutMs): builder.PrependInt32Slot(0, timeoutMs, 0)
 def SealRangesRequestAddRanges(builder, ranges): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(ranges), 0)
 def SealRangesRequestStartRangesVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def SealRangesRequestAddPmEpoch(builder, pmEpoch): builder.PrependInt64Slot(2, pmEpoch, 0)
 def SealRangesRequestEnd(builder): return builder.EndObject()
 
 
