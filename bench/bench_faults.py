@@ -30,7 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from faultbed import SCENARIOS, run_scenario  # noqa: E402
+from faultbed import SCENARIOS, run_drain, run_rolling_restart, run_scenario  # noqa: E402
 
 METADATA = ("sqlite", "etcd")
 
@@ -62,6 +62,16 @@ def _n(v: Any) -> Any:
     return len(v) if isinstance(v, list | dict) else v
 
 
+def _print(meta: str, name: str, s: dict[str, Any]) -> None:
+    print(f"{meta:6} {name:22} acked={s.get('acked')} lost={s.get('lost')} "
+          f"dup={s.get('duplicated')} failed={s.get('failed')} "
+          f"failed_after_heal={s.get('failed_after_heal')} "
+          f"past_deadline={s.get('waited_past_deadline')} "
+          f"write_gap={s.get('worst_window_write_gap_s')}s "
+          f"read_gap={s.get('worst_window_read_gap_s')}s "
+          f"check_clean={s.get('sbp_check_clean')} problems={len(s['problems'])}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cycles", type=int, default=20)
@@ -70,6 +80,8 @@ def main() -> int:
     ap.add_argument("--metadata", action="append", choices=METADATA,
                     help="repeatable; default: both")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--operations", action="store_true",
+                    help="also a rolling restart of every server and a drain, per store")
     ap.add_argument("--out", type=Path, help="write the results here as JSON")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -90,14 +102,19 @@ def main() -> int:
                     s = {"scenario": name, "metadata": meta, "cycles": args.cycles,
                          "problems": [f"run failed: {type(exc).__name__}: {exc}"]}
             results.append(s)
-            print(f"{meta:6} {name:22} acked={s.get('acked')} lost={s.get('lost')} "
-                  f"dup={s.get('duplicated')} failed={s.get('failed')} "
-                  f"failed_after_heal={s.get('failed_after_heal')} "
-                  f"past_deadline={s.get('waited_past_deadline')} "
-                  f"write_gap={s.get('worst_window_write_gap_s')}s "
-                  f"read_gap={s.get('worst_window_read_gap_s')}s "
-                  f"check_clean={s.get('sbp_check_clean')} problems={len(s['problems'])}",
-                  flush=True)
+            _print(meta, name, s)
+    if args.operations:
+        for meta in args.metadata or METADATA:
+            for name, fn in (("rolling-restart", run_rolling_restart), ("drain", run_drain)):
+                with tempfile.TemporaryDirectory(prefix=f"sbp-ops-{name}-") as d:
+                    t0 = time.monotonic()
+                    try:
+                        s = _summary(fn(Path(d), metadata=meta), time.monotonic() - t0)
+                    except Exception as exc:
+                        s = {"scenario": name, "metadata": meta, "cycles": 1,
+                             "problems": [f"run failed: {type(exc).__name__}: {exc}"]}
+                results.append(s)
+                _print(meta, name, s)
     doc = {"cycles": args.cycles, "seed": args.seed, "results": results}
     if args.out:
         args.out.write_text(json.dumps(doc, indent=2) + "\n")

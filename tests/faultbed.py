@@ -421,31 +421,46 @@ def run_scenario(workdir: Path, scenario: str, *, metadata: str, cycles: int,
     if sc.etcd_only and metadata != "etcd":
         raise ValueError(f"{scenario} needs etcd metadata (it faults the etcd cluster or PMs)")
     rnd = random.Random(seed)
+
+    def cycles_of_faults(c: FaultCluster, windows: list[Window]) -> None:
+        for _ in range(cycles):
+            w = Window(sc.name, time.monotonic())
+            undo = sc.fault(c, rnd)
+            time.sleep(sc.duration_s)  # the fault lasts this long
+            c.bed.heal()
+            undo()
+            w.heal = time.monotonic()
+            windows.append(w)
+            time.sleep(RECOVER_S)  # calm: the cluster recovers under load
+
+    return exercise(workdir, scenario, metadata=metadata, cycles=cycles, body=cycles_of_faults)
+
+
+def exercise(workdir: Path, name: str, *, metadata: str, cycles: int,
+             body: Callable[[FaultCluster, list[Window]], None]) -> ScenarioResult:
+    """A fresh cluster, the workload's streams, producer and consumer; ``body`` does its faults
+    or operations (recording a :class:`Window` for each); then the checks of the module."""
     with FaultCluster(workdir, metadata=metadata) as c:
-        for name, r in STREAMS:
-            rc, out = c.cli("stream", "create", name, "--replicas", str(r))
+        for stream, r in STREAMS:
+            rc, out = c.cli("stream", "create", stream, "--replicas", str(r))
             if rc != 0:
-                raise RuntimeError(f"stream create {name}: {out[-500:]}")
+                raise RuntimeError(f"stream create {stream}: {out[-500:]}")
         plog, clog = workdir / "producer.jsonl", workdir / "consumer.jsonl"
         producer = c.workload("produce", plog, "--rate", str(RATE),
                               "--duration-s", str(3600))
         consumer = c.workload("consume", clog)
         windows: list[Window] = []
+        problems: list[str] = []
         with _running([producer, consumer]):
             _wait_lines(plog, 50, "the producer's first acknowledgements")
-            for _ in range(cycles):
-                w = Window(sc.name, time.monotonic())
-                undo = sc.fault(c, rnd)
-                time.sleep(sc.duration_s)  # the fault lasts this long
-                c.bed.heal()
-                undo()
-                w.heal = time.monotonic()
-                windows.append(w)
-                time.sleep(RECOVER_S)  # calm: the cluster recovers under load
+            body(c, windows)
             producer.terminate(timeout=DEADLINE_MS / 1000 + 30)
             acked = sum(1 for line in _lines(plog) if "acked_at" in line)
-            c._wait(lambda: _count(clog, "offset") >= acked, SETTLE_TIMEOUT_S,
-                    f"the consumer reads all {acked} acknowledged records")
+            try:
+                c._wait(lambda: _count(clog, "offset") >= acked, SETTLE_TIMEOUT_S,
+                        f"the consumer reads all {acked} acknowledged records")
+            except TimeoutError as exc:
+                problems.append(f"consumer stuck: {exc}; {_lag(plog, clog)}")
             consumer.terminate()
         events = workdir / "faults.json"
         events.write_text(json.dumps([asdict(w) for w in windows]))
@@ -457,7 +472,7 @@ def run_scenario(workdir: Path, scenario: str, *, metadata: str, cycles: int,
             check = json.loads(done.stdout)
         except ValueError:
             check = {"error": done.stdout[-2000:] + done.stderr[-2000:]}
-        problems = list(check.get("problems", [])) if "error" not in check else [
+        problems += list(check.get("problems", [])) if "error" not in check else [
             f"checker failed: {check['error']}"]
         clean: list[str] = []
 
@@ -471,8 +486,83 @@ def run_scenario(workdir: Path, scenario: str, *, metadata: str, cycles: int,
             ok = True
         except TimeoutError:
             ok = False
-        return ScenarioResult(scenario, metadata, cycles, check, problems, ok,
+        return ScenarioResult(name, metadata, cycles, check, problems, ok,
                               clean[0] if clean else "", c.fence_violations())
+
+
+DRAIN_TIMEOUT_S: Final = 180.0
+"""Bound on a drain under load: sealing the node's writable ranges and copying its sealed ones
+(a few hundred KiB here) on a loaded 2-core box."""
+
+
+def run_rolling_restart(workdir: Path, *, metadata: str) -> ScenarioResult:
+    """Every server restarted in turn (SIGTERM, start again, wait until it is back: a data node
+    live at the PM, a PM answering), data nodes first, then PMs, then etcd members, under the
+    workload; then the module's checks."""
+
+    def rolling(c: FaultCluster, windows: list[Window]) -> None:
+        servers = [*c.dns.items(), *c.pms.items(),
+                   *(c.etcd.members.items() if c.etcd is not None else ())]
+        for host, proc in servers:
+            w = Window(f"restart {host}", time.monotonic())
+            proc.terminate()
+            proc.restart()
+            if host in c.dns:
+                c._wait(lambda: c._live_nodes() == len(DATANODES), START_TIMEOUT_S,
+                        f"{host} live again")
+            elif host in c.pms:
+                c._wait(lambda h=host: c.bed.tcp_probe(None, c.bed.address(h), PM_PORT,
+                                                       2.0) == "connected",
+                        START_TIMEOUT_S, f"{host} listening again")
+                c._wait(lambda: c._live_nodes() == len(DATANODES), START_TIMEOUT_S,
+                        "a PM leads and sees every data node")
+            else:
+                assert c.etcd is not None
+                c.etcd.wait_healthy([host], timeout=START_TIMEOUT_S)
+            w.heal = time.monotonic()
+            windows.append(w)
+            time.sleep(RECOVER_S / 2)  # the operator's pause between two servers
+
+    return exercise(workdir, "rolling-restart", metadata=metadata, cycles=1, body=rolling)
+
+
+def run_drain(workdir: Path, *, metadata: str) -> ScenarioResult:
+    """Drain the data node holding the primary of an R=3 stream under the workload, stop it
+    and remove it (``sbpstream node drain --wait``, ``node remove``); then the module's
+    checks (``sbpstream check`` finds no under-replicated range on the three nodes left)."""
+
+    def drain(c: FaultCluster, windows: list[Window]) -> None:
+        host = c.primary_host("r3-a")
+        addr = f"{c.bed.address(host)}:{DN_PORT}"
+        w = Window(f"drain {host}", time.monotonic())
+        rc, out = c.cli("node", "drain", addr, "--wait", timeout=DRAIN_TIMEOUT_S)
+        if rc != 0:
+            raise RuntimeError(f"node drain {addr}: {out[-1000:]}")
+        w.heal = time.monotonic()
+        windows.append(w)
+        c.dns[host].terminate()
+        del c.dns[host]
+        c._wait(lambda: c.cli("node", "remove", addr, timeout=30)[0] == 0, START_TIMEOUT_S,
+                f"node remove {addr} (once the PM sees it stopped)")
+        time.sleep(RECOVER_S)  # the workload goes on with three data nodes
+
+    return exercise(workdir, "drain", metadata=metadata, cycles=1, body=drain)
+
+
+def _lag(plog: Path, clog: Path) -> str:
+    """Per stream: the highest acknowledged offset and the highest the consumer read."""
+    acked: dict[str, int] = {}
+    read: dict[str, int] = {}
+    for line in _lines(plog):
+        d = json.loads(line)
+        if "acked_at" in d:
+            acked[d["stream"]] = max(acked.get(d["stream"], -1), d["offset"])
+    for line in _lines(clog):
+        d = json.loads(line)
+        if "offset" in d:
+            read[d["stream"]] = max(read.get(d["stream"], -1), d["offset"])
+    return ", ".join(f"{s}: acked to {acked[s]}, read to {read.get(s, -1)}"
+                     for s in sorted(acked))
 
 
 def _lines(path: Path) -> list[str]:

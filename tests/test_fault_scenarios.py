@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from faultbed import SCENARIOS, run_scenario
+from faultbed import SCENARIOS, run_drain, run_rolling_restart, run_scenario
 from netbed import require_root
 
 pytestmark = [pytest.mark.adversity, pytest.mark.timeout(600)]
@@ -44,5 +44,20 @@ def test_every_scenario_is_in_the_suite() -> None:
 def test_scenario_loses_nothing(scenario: str, metadata: str, tmp_path: Path) -> None:
     require_root()
     result = run_scenario(tmp_path, scenario, metadata=metadata, cycles=CYCLES)
+    assert result.check.get("acked", 0) > 0, result.check
+    assert result.ok, "\n".join(result.failures())
+
+
+def test_a_rolling_restart_of_every_server_loses_nothing(tmp_path: Path) -> None:
+    """Data nodes, then the three PMs, then the etcd members, one at a time under load."""
+    require_root()
+    result = run_rolling_restart(tmp_path, metadata="etcd")
+    assert result.check.get("acked", 0) > 0, result.check
+    assert result.ok, "\n".join(result.failures())
+
+
+def test_a_drained_node_is_removed_with_nothing_under_replicated(tmp_path: Path) -> None:
+    require_root()
+    result = run_drain(tmp_path, metadata="sqlite")
     assert result.check.get("acked", 0) > 0, result.check
     assert result.ok, "\n".join(result.failures())
