@@ -123,7 +123,7 @@ class Drainer:
         await svc.meta.set_node_draining(nid, True)
         svc.draining.add(nid)
         self._retry_at.pop(nid, None)
-        log.warning("event=drain_started node_id=%d advertise_addr=%s", nid, st.advertise_addr)
+        log.info("event=drain_started node_id=%d advertise_addr=%s", nid, st.advertise_addr)
         state = await self.state(st)  # before the first pass moves anything
         self.kick()
         return state
@@ -138,7 +138,7 @@ class Drainer:
         svc.draining.discard(st.node_id)
         self._reported.pop(st.node_id, None)
         self._retry_at.pop(st.node_id, None)
-        log.warning("event=drain_cancelled node_id=%d", st.node_id)
+        log.info("event=drain_cancelled node_id=%d", st.node_id)
         return await self.state(st)
 
     async def remove(self, node_id: int, address: str) -> DrainState:
@@ -160,7 +160,7 @@ class Drainer:
         svc.draining.discard(nid)
         self._reported.pop(nid, None)
         self._retry_at.pop(nid, None)
-        log.warning("event=node_removed node_id=%d advertise_addr=%s", nid, st.advertise_addr)
+        log.info("event=node_removed node_id=%d advertise_addr=%s", nid, st.advertise_addr)
         return DrainState(nid, st.advertise_addr, False, False, 0, 0)
 
     async def status(self, node_id: int, address: str) -> list[DrainState]:
@@ -275,8 +275,8 @@ class Drainer:
                 log.info("event=drain_progress node_id=%d ranges_left=%d sealed=%d moved=%d",
                          nid, left, sealed_now, moved)
             else:
-                log.warning("event=drain_complete node_id=%d: it holds no range; stop it and "
-                            "remove it with `sbpstream node remove %d`", nid, nid)
+                log.info("event=drain_complete node_id=%d next=%r", nid,
+                         f"it holds no range: stop it, then `sbpstream node remove {nid}`")
         return moved
 
 
