@@ -60,13 +60,13 @@ are 1 s and 6 s: the same mechanisms, slower)."""
 LEASE_TTL_S: Final = 2
 """The PM leader's etcd lease: etcd's floor with default raft timing."""
 
-FAULT_S: Final = 4.0
+FAULT_S: Final = 3.0
 """How long each fault lasts: past the node timeout and the lease, so it deposes and seals."""
 
-RECOVER_S: Final = 4.0
+RECOVER_S: Final = 3.0
 """Calm after each heal: nodes rejoin, re-replication and convergence run."""
 
-PAUSE_S: Final = 4.0
+PAUSE_S: Final = 3.5
 """A SIGSTOP outlasting both the node timeout and the lease (the scenarios' point)."""
 
 RATE: Final = 150
@@ -417,23 +417,34 @@ def _running(procs: Sequence[BedProcess]) -> Iterator[None]:
 def run_scenario(workdir: Path, scenario: str, *, metadata: str, cycles: int,
                  seed: int = 0) -> ScenarioResult:
     """Run ``cycles`` of ``scenario`` under the workload on a fresh cluster; see the module."""
-    sc = SCENARIOS[scenario]
-    if sc.etcd_only and metadata != "etcd":
-        raise ValueError(f"{scenario} needs etcd metadata (it faults the etcd cluster or PMs)")
+    return run_scenarios(workdir, [scenario], metadata=metadata, cycles=cycles, seed=seed)
+
+
+def run_scenarios(workdir: Path, scenarios: Sequence[str], *, metadata: str, cycles: int,
+                  seed: int = 0) -> ScenarioResult:
+    """``cycles`` of each scenario in turn, all on one fresh cluster under one workload (the
+    suite's way: one cluster start for many faults, each fault meeting a cluster that went
+    through the ones before); see the module."""
+    for name in scenarios:
+        if SCENARIOS[name].etcd_only and metadata != "etcd":
+            raise ValueError(f"{name} needs etcd metadata (it faults the etcd cluster or PMs)")
     rnd = random.Random(seed)
 
     def cycles_of_faults(c: FaultCluster, windows: list[Window]) -> None:
-        for _ in range(cycles):
-            w = Window(sc.name, time.monotonic())
-            undo = sc.fault(c, rnd)
-            time.sleep(sc.duration_s)  # the fault lasts this long
-            c.bed.heal()
-            undo()
-            w.heal = time.monotonic()
-            windows.append(w)
-            time.sleep(RECOVER_S)  # calm: the cluster recovers under load
+        for name in scenarios:
+            sc = SCENARIOS[name]
+            for _ in range(cycles):
+                w = Window(sc.name, time.monotonic())
+                undo = sc.fault(c, rnd)
+                time.sleep(sc.duration_s)  # the fault lasts this long
+                c.bed.heal()
+                undo()
+                w.heal = time.monotonic()
+                windows.append(w)
+                time.sleep(RECOVER_S)  # calm: the cluster recovers under load
 
-    return exercise(workdir, scenario, metadata=metadata, cycles=cycles, body=cycles_of_faults)
+    label = scenarios[0] if len(scenarios) == 1 else "+".join(scenarios)
+    return exercise(workdir, label, metadata=metadata, cycles=cycles, body=cycles_of_faults)
 
 
 def exercise(workdir: Path, name: str, *, metadata: str, cycles: int,
