@@ -522,8 +522,8 @@ def run_rolling_restart(workdir: Path, *, metadata: str) -> ScenarioResult:
                 c._wait(lambda: c._live_nodes() == len(DATANODES), START_TIMEOUT_S,
                         f"{host} live again")
             elif host in c.pms:
-                c._wait(lambda h=host: c.bed.tcp_probe(None, c.bed.address(h), PM_PORT,
-                                                       2.0) == "connected",
+                address = c.bed.address(host)
+                c._wait(lambda: c.bed.tcp_probe(None, address, PM_PORT, 2.0) == "connected",
                         START_TIMEOUT_S, f"{host} listening again")
                 c._wait(lambda: c._live_nodes() == len(DATANODES), START_TIMEOUT_S,
                         "a PM leads and sees every data node")
