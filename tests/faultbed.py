@@ -26,6 +26,7 @@ Timings are named constants, chosen so each fault outlasts the node timeout and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -209,6 +210,10 @@ class FaultCluster:
         done = self.bed.run(CLIENT, [*self._env_argv(), sys.executable, "-m", "sbpstream.cli",
                                      *args, "--pm", self.pm_arg], timeout=timeout)
         return done.returncode, done.stdout + done.stderr
+
+    def pm_listening(self, host: str) -> bool:
+        """The PM of ``host`` accepts connections (from the test process)."""
+        return self.bed.tcp_probe(None, self.bed.address(host), PM_PORT, 2.0) == "connected"
 
     def _env_argv(self) -> list[str]:
         """``env K=V ...``: what :meth:`NetBed.run` needs to find this tree's packages."""
@@ -522,9 +527,8 @@ def run_rolling_restart(workdir: Path, *, metadata: str) -> ScenarioResult:
                 c._wait(lambda: c._live_nodes() == len(DATANODES), START_TIMEOUT_S,
                         f"{host} live again")
             elif host in c.pms:
-                address = c.bed.address(host)
-                c._wait(lambda: c.bed.tcp_probe(None, address, PM_PORT, 2.0) == "connected",
-                        START_TIMEOUT_S, f"{host} listening again")
+                c._wait(functools.partial(c.pm_listening, host), START_TIMEOUT_S,
+                        f"{host} listening again")
                 c._wait(lambda: c._live_nodes() == len(DATANODES), START_TIMEOUT_S,
                         "a PM leads and sees every data node")
             else:
