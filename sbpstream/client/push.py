@@ -87,6 +87,15 @@ joining its node's subscription (an incremental FETCH of its session) as it is r
 of the ~50 ms of all 1,000, and the PM's work on the rest overlaps the consumer's."""
 
 
+IDLE_RANGE_RECHECK_S: Final = 5.0
+"""A stream whose position has not moved for this long on a range planned writable is looked
+up at the PM again. The replica it reads may have been cut from the PM while the PM sealed the
+range on the others and opened its successor elsewhere: that replica never reports the end, so
+only the PM can tell the reader to move on (issue 33, tests/test_fault_reads.py). Close to the
+PM's default node timeout (6 s, the time the PM itself takes to seal a silent node's range);
+one batched LIST_RANGES per consumer per period, and only while some stream is idle."""
+
+
 class SubscriberHost(Protocol):
     """What a :class:`Subscriber` needs of its consumer."""
 
@@ -285,6 +294,7 @@ class Subscriber:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
+            self._spawn(self._recheck_idle())
 
     def resolve_later(self, sids: Sequence[int]) -> None:
         """Resolve the starts of ``sids`` while the subscriber runs, in chunks growing from
@@ -368,6 +378,46 @@ class Subscriber:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self.feeds.clear()
+
+    async def _recheck_idle(self) -> None:
+        """Every IDLE_RANGE_RECHECK_S, ask the PM about the ranges of streams that did not
+        move on a range planned writable; one the PM has sealed at (or below) the position is
+        over: the stream leaves its feed and is planned on its next range."""
+        routing = self.consumer.routing
+        seen: dict[int, int] = {}
+        while True:
+            await asyncio.sleep(IDLE_RANGE_RECHECK_S)
+            idle = [(feed, sid) for feed in list(self.feeds) if not feed.closing
+                    for sid in list(feed.ranges)
+                    if sid not in feed.ends and seen.get(sid) == self.positions.get(sid)]
+            seen = {sid: pos for sid, pos in self.positions.items()}
+            if not idle:
+                continue
+            try:
+                found = await routing.ranges_many([sid for _, sid in idle], refresh=True)
+            except (SbpError, OSError, TimeoutError) as exc:
+                log.debug("event=idle_recheck_failed error=%s", exc)
+                continue
+            for (feed, sid), ranges in zip(idle, found, strict=True):
+                idx, pos = feed.ranges.get(sid), self.positions.get(sid)
+                rng = next((r for r in ranges if r.range_index == idx), None)
+                if rng is None or pos is None or not rng.sealed:
+                    continue
+                if rng.end_offset > pos:  # it ends ahead: the position reaching it ends it here
+                    feed.ends[sid] = rng.end_offset
+                    continue
+                log.info("event=range_ended_behind_replica stream_id=%d range_index=%d "
+                         "offset=%d addr=%s", sid, rng.range_index, pos, feed.addr)
+                self.replica.pop(sid, None)
+                self.ended[sid] = (rng.range_index, pos)
+                feed.ranges.pop(sid)
+                if not feed.long_poll:
+                    if not feed.ranges:
+                        feed.closing = True
+                        self._spawn(feed.cancel())  # the node ends the subscription
+                    elif feed.session_id:
+                        self._spawn(self._change(feed, {}, (sid,)))
+                self.release(sid)
 
     def release(self, sid: int) -> None:
         """A feed gave ``sid`` back (range end, error, feed ended): plan it again."""
