@@ -80,6 +80,8 @@ def main() -> int:
     ap.add_argument("--metadata", action="append", choices=METADATA,
                     help="repeatable; default: both")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--secure", action="store_true",
+                    help="TLS and authentication on every connection")
     ap.add_argument("--operations", action="store_true",
                     help="also a rolling restart of every server and a drain, per store")
     ap.add_argument("--out", type=Path, help="write the results here as JSON")
@@ -96,7 +98,7 @@ def main() -> int:
                 t0 = time.monotonic()
                 try:
                     r = run_scenario(Path(d), name, metadata=meta, cycles=args.cycles,
-                                     seed=args.seed)
+                                     seed=args.seed, secure=args.secure)
                     s = _summary(r, time.monotonic() - t0)
                 except Exception as exc:  # a run that could not complete is a result too
                     s = {"scenario": name, "metadata": meta, "cycles": args.cycles,
@@ -115,7 +117,8 @@ def main() -> int:
                              "problems": [f"run failed: {type(exc).__name__}: {exc}"]}
                 results.append(s)
                 _print(meta, name, s)
-    doc = {"cycles": args.cycles, "seed": args.seed, "results": results}
+    doc = {"cycles": args.cycles, "seed": args.seed, "secure": args.secure,
+           "results": results}
     if args.out:
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
     return 0 if all(not s["problems"] for s in results) else 1

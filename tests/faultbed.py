@@ -41,8 +41,14 @@ from typing import Any, Final
 
 from netbed import BedProcess, EtcdCluster, NetBed
 
+from sbpstream.auth.bootstrap import bootstrap_admin, bootstrap_token
+from sbpstream.auth.certs import init_dev_certs
+from sbpstream.auth.client import Credentials
+from sbpstream.auth.config import CA_FILE, SECRET_FILE, read_secret
 from sbpstream.client import AsyncClient
+from sbpstream.cluster import secure_args
 from sbpstream.net.client import Connection
+from sbpstream.net.tls import TlsConfig, client_context
 from sbpstream.protocol.messages import DescribeStreamsRequest, DescribeStreamsResponse
 from sbpstream.protocol.opcodes import Opcode
 
@@ -94,6 +100,9 @@ START_TIMEOUT_S: Final = 90.0
 LEADER_TIMEOUT_S: Final = 30.0
 """Bound on finding the leading PM (an election takes about a lease TTL)."""
 
+ADMIN: Final = ("admin", "admin-pw")
+"""The administrator a secure cluster bootstraps (user, password)."""
+
 DATANODES: Final = ("dn1", "dn2", "dn3", "dn4")
 CLIENT: Final = "cl"
 ETCD_HOSTS: Final = ("e1", "e2", "e3")
@@ -139,10 +148,12 @@ def _python_env() -> dict[str, str]:
 class FaultCluster:
     """PM(s), data nodes and the client host in a :class:`NetBed`; stopped on exit."""
 
-    def __init__(self, workdir: Path, *, metadata: str) -> None:
+    def __init__(self, workdir: Path, *, metadata: str, secure: bool = False) -> None:
         if metadata not in ("sqlite", "etcd"):
             raise ValueError(f"metadata {metadata!r}: sqlite or etcd")
         self.metadata = metadata
+        self.secure = secure
+        self.certs = workdir / "certs"
         self.workdir = workdir
         self.pm_hosts = ["pm1"] if metadata == "sqlite" else ["pm1", "pm2", "pm3"]
         hosts = [*self.pm_hosts, *DATANODES, CLIENT]
@@ -153,6 +164,9 @@ class FaultCluster:
         self.pms: dict[str, BedProcess] = {}
         self.dns: dict[str, BedProcess] = {}
         self.env = _python_env()
+        if secure:  # the CLI in the client host logs in as the administrator over TLS
+            self.env.update(SBPSTREAM_USER=ADMIN[0], SBPSTREAM_PASSWORD=ADMIN[1],
+                            SBPSTREAM_TLS_CA=str(self.certs / CA_FILE))
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> FaultCluster:
@@ -167,9 +181,24 @@ class FaultCluster:
     def __exit__(self, *exc: object) -> None:
         self.bed.close()
 
+    def _server_args(self) -> list[str]:
+        """TLS and authentication (certificates valid for every host's address), or
+        plaintext open to the bed's addresses."""
+        if self.secure:
+            return secure_args(self.certs)
+        return ["--allow-remote-unauthenticated"]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """What an SDK client of the test process needs to log in (secure) or nothing."""
+        if not self.secure:
+            return {}
+        return {"user": ADMIN[0], "password": ADMIN[1], "tls_ca": str(self.certs / CA_FILE)}
+
     def _start(self) -> None:
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        if self.secure:
+            init_dev_certs(self.certs, [self.bed.address(h) for h in self.bed.hosts])
         if self.metadata == "etcd":
             self.etcd = self.bed.etcd_cluster(list(ETCD_HOSTS), log_dir=logs)
             meta = self.etcd.url() + f"?lease_ttl_s={LEASE_TTL_S}"
@@ -182,7 +211,7 @@ class FaultCluster:
                 "--advertise", f"{addr}:{PM_PORT}", "--metadata", meta,
                 "--heartbeat-interval-ms", str(HEARTBEAT_MS),
                 "--node-timeout-ms", str(NODE_TIMEOUT_MS), "--log-level", "DEBUG",
-                "--allow-remote-unauthenticated",
+                *self._server_args(),
             ], env=self.env, log=logs / f"{h}.log")
         for h in DATANODES:
             addr = self.bed.address(h)
@@ -190,8 +219,11 @@ class FaultCluster:
                 sys.executable, "-m", "sbpstream.datanode", "--host", addr,
                 "--port", str(DN_PORT), "--advertise", f"{addr}:{DN_PORT}",
                 "--dir", str(self.workdir / h), "--pm", self.pm_arg,
-                "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--allow-remote-unauthenticated",
+                "--heartbeat-interval-ms", str(HEARTBEAT_MS), *self._server_args(),
             ], env=self.env, log=logs / f"{h}.log")
+        if self.secure:
+            leader = f"{self.bed.address(self.leader())}:{PM_PORT}"
+            asyncio.run(bootstrap_admin(leader, self.certs, *ADMIN))
         self._wait(lambda: self._live_nodes() == len(DATANODES), START_TIMEOUT_S,
                    "every data node registered and live")
 
@@ -244,9 +276,16 @@ class FaultCluster:
             return self.pm_hosts[0]
 
         async def leads(host: str) -> bool:
+            addr = f"{self.bed.address(host)}:{PM_PORT}"
+            ssl_context, creds = None, None
+            if self.secure:  # the cluster secret's bootstrap token: no user needed yet
+                tls = TlsConfig(ca=str(self.certs / CA_FILE))
+                ssl_context = client_context(tls)
+                creds = Credentials(token=bootstrap_token(read_secret(
+                    str(self.certs / SECRET_FILE))), pm=(addr,), tls=tls)
             try:
                 conn = await asyncio.wait_for(
-                    Connection.open(f"{self.bed.address(host)}:{PM_PORT}"), 2.0)
+                    Connection.open(addr, ssl_context=ssl_context, authenticator=creds), 5.0)
             except (OSError, TimeoutError, Exception):
                 return False
             try:
@@ -278,7 +317,8 @@ class FaultCluster:
         PM says (asked from the test process, over the bridge)."""
 
         async def ask() -> str:
-            async with AsyncClient(self.pm_arg, retry_deadline_ms=DEADLINE_MS) as client:
+            async with AsyncClient(self.pm_arg, retry_deadline_ms=DEADLINE_MS,
+                                   **self.client_kwargs()) as client:
                 ranges = await client.list_ranges(stream)
             last = ranges[-1]
             return next(rn.data_node.advertise_addr for rn in last.replica_nodes
@@ -291,7 +331,13 @@ class FaultCluster:
             sys.executable, str(WORKLOAD), role, "--pm", self.pm_arg,
             "--stream-names", ",".join(n for n, _ in STREAMS), "--log", str(log),
             "--deadline-ms", str(DEADLINE_MS), "--request-timeout-ms", str(REQUEST_TIMEOUT_MS),
-            *extra], env=self.env, log=log.with_suffix(".out"))
+            *self._workload_login(), *extra], env=self.env, log=log.with_suffix(".out"))
+
+    def _workload_login(self) -> list[str]:
+        if not self.secure:
+            return []
+        return ["--user", ADMIN[0], "--password", ADMIN[1], "--tls-ca",
+                str(self.certs / CA_FILE)]
 
     def fence_violations(self) -> list[str]:
         """Committed etcd writes whose leader token goes down as the revision goes up."""
@@ -420,13 +466,14 @@ def _running(procs: Sequence[BedProcess]) -> Iterator[None]:
 
 
 def run_scenario(workdir: Path, scenario: str, *, metadata: str, cycles: int,
-                 seed: int = 0) -> ScenarioResult:
+                 seed: int = 0, secure: bool = False) -> ScenarioResult:
     """Run ``cycles`` of ``scenario`` under the workload on a fresh cluster; see the module."""
-    return run_scenarios(workdir, [scenario], metadata=metadata, cycles=cycles, seed=seed)
+    return run_scenarios(workdir, [scenario], metadata=metadata, cycles=cycles, seed=seed,
+                         secure=secure)
 
 
 def run_scenarios(workdir: Path, scenarios: Sequence[str], *, metadata: str, cycles: int,
-                  seed: int = 0) -> ScenarioResult:
+                  seed: int = 0, secure: bool = False) -> ScenarioResult:
     """``cycles`` of each scenario in turn, all on one fresh cluster under one workload (the
     suite's way: one cluster start for many faults, each fault meeting a cluster that went
     through the ones before); see the module."""
@@ -449,14 +496,16 @@ def run_scenarios(workdir: Path, scenarios: Sequence[str], *, metadata: str, cyc
                 time.sleep(RECOVER_S)  # calm: the cluster recovers under load
 
     label = scenarios[0] if len(scenarios) == 1 else "+".join(scenarios)
-    return exercise(workdir, label, metadata=metadata, cycles=cycles, body=cycles_of_faults)
+    return exercise(workdir, label, metadata=metadata, cycles=cycles, body=cycles_of_faults,
+                    secure=secure)
 
 
 def exercise(workdir: Path, name: str, *, metadata: str, cycles: int,
-             body: Callable[[FaultCluster, list[Window]], None]) -> ScenarioResult:
+             body: Callable[[FaultCluster, list[Window]], None],
+             secure: bool = False) -> ScenarioResult:
     """A fresh cluster, the workload's streams, producer and consumer; ``body`` does its faults
     or operations (recording a :class:`Window` for each); then the checks of the module."""
-    with FaultCluster(workdir, metadata=metadata) as c:
+    with FaultCluster(workdir, metadata=metadata, secure=secure) as c:
         for stream, r in STREAMS:
             rc, out = c.cli("stream", "create", stream, "--replicas", str(r))
             if rc != 0:
@@ -482,7 +531,8 @@ def exercise(workdir: Path, name: str, *, metadata: str, cycles: int,
         events.write_text(json.dumps([asdict(w) for w in windows]))
         done = c.bed.run(CLIENT, [*c._env_argv(), sys.executable, str(WORKLOAD), "check",
                                   "--pm", c.pm_arg, "--producer-log", str(plog),
-                                  "--consumer-log", str(clog), "--events", str(events)],
+                                  "--consumer-log", str(clog), "--events", str(events),
+                                  *c._workload_login()],
                          timeout=SETTLE_TIMEOUT_S)
         try:
             check = json.loads(done.stdout)
