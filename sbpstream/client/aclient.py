@@ -28,7 +28,7 @@ from sbpstream.client.groups import GroupAdmin, GroupMember
 from sbpstream.client.options import ConsumerOptions, ProducerOptions, build
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.pull import StreamReader
-from sbpstream.client.retry import Attempts
+from sbpstream.client.retry import Attempts, bounded_calls, deadline_scope
 from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
     Range,
@@ -98,15 +98,18 @@ def _delegate(fn: Callable[Concatenate[AsyncAdmin, P], Awaitable[R]]
     return method
 
 
+@bounded_calls(lambda client: client.retry)
 class AsyncClient:
     """Asyncio client of an sbpstream cluster.
 
     ``pm`` names the placement manager(s): ``"host:port,host:port"``, a list, or None
     for ``$SBPSTREAM_PM`` (default ``127.0.0.1:12378``). ``request_timeout_ms`` bounds
     one attempt of one request; RETRIABLE errors are retried with exponential backoff
-    until ``retry_deadline_ms`` has passed in total. Use as ``async with AsyncClient()
-    as c:`` or call :meth:`close`. ``client_id`` names this client to the data nodes, which
-    apply the quotas of that id (docs/operations.md, Quotas); "" is the default quota's.
+    until ``retry_deadline_ms`` has passed in total. Each call returns or fails within
+    ``retry_deadline_ms`` (every wait inside takes its bound from what is left of it). Use as
+    ``async with AsyncClient() as c:`` or call :meth:`close`. ``client_id`` names this client
+    to the data nodes, which apply the quotas of that id (docs/operations.md, Quotas); "" is
+    the default quota's.
     """
 
     def __init__(
@@ -461,7 +464,9 @@ class AsyncClient:
 
     def _start_heartbeats(self) -> None:
         if self._heartbeat_task is None and not self._closed:
-            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeats())
+            with deadline_scope(None, replace=True):  # outlives the call that starts it
+                self._heartbeat_task = asyncio.get_running_loop().create_task(
+                    self._heartbeats())
 
     async def _heartbeats(self) -> None:
         """HEARTBEAT with this client's id to the PM and every data node it used, every

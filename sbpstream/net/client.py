@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from sbpstream.net.base import FrameProtocol
+from sbpstream.net.retry import clip_timeout
 from sbpstream.protocol.errors import (
     AuthenticationFailedError,
     AuthenticationRequiredError,
@@ -402,15 +403,16 @@ class Connection(FrameProtocol):
                 raise ConnectionClosedError("response ended without an END frame")
             loop = asyncio.get_running_loop()
             p.waiter = loop.create_future()
+            wait_s = clip_timeout(timeout_s)  # the call's deadline bounds every wait (issue 33)
             try:
-                if timeout_s is None:
+                if wait_s is None:
                     await p.waiter
                 else:
-                    await asyncio.wait_for(p.waiter, timeout_s)
+                    await asyncio.wait_for(p.waiter, wait_s)
             except TimeoutError:
                 self._forget(request_id)
                 raise ClientTimeoutError(
-                    f"no response from {self.address} within {timeout_s:.3f}s"
+                    f"no response from {self.address} within {wait_s:.3f}s"
                 ) from None
             except asyncio.CancelledError:
                 self._forget(request_id)
@@ -439,16 +441,32 @@ class Connection(FrameProtocol):
             raise ConnectionClosedError(f"connection to {self.address} is closed")
         if self.goaway is not None:
             raise self._goaway_error()
-        await self._slots.acquire()
+        # the call's deadline (issue 33) bounds the wait for a request slot and for the peer to
+        # take what was written before (a stopped peer's full socket)
+        try:
+            async with asyncio.timeout(clip_timeout(None)):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise ClientTimeoutError(
+                f"no request slot on the connection to {self.address} by the call's deadline"
+            ) from None
         rid = self._next_request_id()
         self._pending[rid] = _Pending(deque(), None, None, False, 0)
         try:
-            await self.write_frame(opcode, rid, 0, header, payload)
+            async with asyncio.timeout(clip_timeout(None)):
+                await self.write_frame(opcode, rid, 0, header, payload)
+        except TimeoutError:
+            self._forget(rid)
+            raise ClientTimeoutError(
+                f"{self.address} took no data by the call's deadline") from None
         except (ConnectionError, ValueError) as exc:
             self._forget(rid)
             if isinstance(exc, ValueError):
                 raise LimitExceededError(str(exc)) from exc
             raise ConnectionClosedError(f"connection to {self.address} closed: {exc}") from exc
+        except BaseException:
+            self._forget(rid)
+            raise
         return rid
 
     async def stream(
@@ -528,22 +546,34 @@ class ConnectionPool:
         if c is not None and c.usable and (auth is None or not auth.due(c)):
             return c
         lock = self._locks.setdefault(address, asyncio.Lock())
-        async with lock:
+        # the call's deadline (issue 33) bounds the wait for another caller's connect, the
+        # connect itself, the TLS handshake and the authentication
+        try:
+            async with asyncio.timeout(clip_timeout(None)):
+                await lock.acquire()
+        except TimeoutError:
+            raise ClientTimeoutError(
+                f"no connection to {address} by the call's deadline") from None
+        try:
             c = self._conns.get(address)
             if c is not None and c.usable:
                 if auth is None or not auth.due(c):
                     return c
                 await auth.authenticate(c)  # renew on the same connection, before expiry
                 return c
+            connect_s = clip_timeout(self.connect_timeout_s)
+            assert connect_s is not None
             c = await Connection.open(
                 address,
-                connect_timeout_s=self.connect_timeout_s,
+                connect_timeout_s=connect_s,
                 max_frame_length=self.max_frame_length,
                 ssl_context=self.ssl_context,
                 authenticator=auth,
             )
             self._conns[address] = c
             return c
+        finally:
+            lock.release()
 
     def discard(self, address: str) -> None:
         c = self._conns.pop(address, None)
