@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast, overload
 
@@ -28,7 +29,7 @@ from sbpstream.client.groups import GroupAdmin, GroupMember
 from sbpstream.client.options import ConsumerOptions, ProducerOptions, build
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.pull import StreamReader
-from sbpstream.client.retry import Attempts, bounded_calls, deadline_scope
+from sbpstream.client.retry import Attempts, bounded_calls, deadline_scope, remaining_s
 from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
     Range,
@@ -76,6 +77,11 @@ HEARTBEAT_INTERVAL_S: Final = 5.0
 """How often a client sends HEARTBEAT (its client_id) to the PM and to each data node it used.
 The PM counts a client live for node_timeout * CLIENT_TIMEOUT_FACTOR (pm/service.py), a few
 intervals; more often would only add idle traffic per client."""
+
+PRIMARY_END_SHARE: Final = 0.5
+"""end_offset asks a writable range's primary within at most this share of what is left of the
+call's deadline: a silent (stopped) primary leaves time to ask the other replicas, whose highest
+committed offset is the answer at the deadline."""
 
 HEARTBEAT_TIMEOUT_S: Final = 2.0
 """One heartbeat's bound: it is best effort and never delays the client's own requests."""
@@ -359,7 +365,10 @@ class AsyncClient:
             got: Range | SbpError = ReplicaUnavailableError(
                 f"range {stream_id}/{last.range_index} has no primary")
             if addr:
-                got = await self._describe_on(addr, last)
+                left = remaining_s()
+                share = None if left is None else time.monotonic() + left * PRIMARY_END_SHARE
+                with deadline_scope(share):
+                    got = await self._describe_on(addr, last)
             if isinstance(got, Range):
                 return self._monotonic_end(
                     stream_id, got.end_offset if got.sealed else got.next_offset)

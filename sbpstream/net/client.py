@@ -87,6 +87,11 @@ NOT_TLS_REASONS: Final = frozenset({
 """OpenSSL's reasons for a handshake that got bytes which are not TLS (an SBP frame, a GOAWAY
 from a plaintext port): the port is not a TLS port, and retrying cannot help."""
 
+CLOSE_WAIT_S: Final = 2.0
+"""How long closing a connection waits for the socket to close (its buffered bytes sent); then
+the socket is aborted: a stopped peer that takes nothing must not hold a client's close. The
+pool closes its connections together, so a client's close waits this long at most."""
+
 CREDENTIALS_HINT: Final = (
     "set SBPSTREAM_USER and SBPSTREAM_PASSWORD (or --user/--password, or SBPSTREAM_TOKEN_FILE)"
 )
@@ -515,8 +520,13 @@ class Connection(FrameProtocol):
 
     async def aclose(self) -> None:
         self.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.closed_event.wait(), 2.0)
+        try:
+            await asyncio.wait_for(self.closed_event.wait(), CLOSE_WAIT_S)
+        except TimeoutError:
+            if self.transport is not None:
+                self.transport.abort()  # the peer takes nothing: drop what is buffered
+        except Exception:  # closing: nothing left to report to
+            pass
 
 
 class ConnectionPool:
@@ -584,8 +594,7 @@ class ConnectionPool:
         self._closed = True
         conns = list(self._conns.values())
         self._conns.clear()
-        for c in conns:
-            await c.aclose()
+        await asyncio.gather(*(c.aclose() for c in conns))  # CLOSE_WAIT_S at most in all
 
 
 __all__ = [

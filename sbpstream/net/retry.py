@@ -118,9 +118,12 @@ async def within_deadline(aw: Awaitable[T], what: str) -> T:
     left = remaining_s()
     if left is None:
         return await asyncio.shield(aw)
+    fut = asyncio.ensure_future(aw)
     try:
-        return await asyncio.wait_for(asyncio.shield(aw), left)
+        return await asyncio.wait_for(asyncio.shield(fut), left)
     except TimeoutError:
+        # whoever else waits for it sees its outcome; unwatched, it must not warn at exit
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         raise ClientTimeoutError(f"{what}: not done by the call's deadline") from None
 
 
