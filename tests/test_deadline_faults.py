@@ -223,7 +223,9 @@ def test_cli_produce_and_consume_end_by_their_deadline(tmp_path: Path) -> None:
                 took, r = sbp("produce", "--pm", pm, "--stream", str(sid), "--timeout-ms",
                               deadline, stdin=b"a\nb\n")
                 assert took <= bound, (how, took, bound, r.stderr)
-                assert r.returncode == 0 or r.stderr.count(b"\n") <= 2, r.stderr
+                # acknowledged, or one error line naming why (after the waiting notes)
+                assert r.returncode == 0 or b"error: " in r.stderr.splitlines()[-1], (
+                    r.stderr)
                 # two waits, each within the deadline: the end lookup (a silent primary is
                 # waited for until the deadline, then the other replicas' end is taken), then
                 # the read (a silent replica is left for another after the deadline at most)

@@ -184,7 +184,7 @@ class RangeRouter:
             return cached
         # shared with other callers: this one stops waiting at its own deadline
         return await within_deadline(self._lookup(stream_id, refresh),
-                                     f"the ranges of stream {stream_id}")
+                                     f"the PM (the ranges of stream {stream_id})")
 
     async def ranges_many(self, stream_ids: Sequence[int], *,
                           refresh: bool = False) -> list[list[Range]]:
@@ -383,7 +383,7 @@ class RangeRouter:
             if fut is None:
                 with deadline_scope(None, replace=True):  # shared by the connection's users
                     fut = self._declared[conn] = asyncio.ensure_future(self._declare(conn))
-            await within_deadline(fut, f"the client id declared to {addr}")
+            await within_deadline(fut, f"{addr} (declaring this client's id)")
         return conn
 
     async def _declare(self, conn: Connection) -> None:

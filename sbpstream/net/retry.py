@@ -124,7 +124,7 @@ async def within_deadline(aw: Awaitable[T], what: str) -> T:
     except TimeoutError:
         # whoever else waits for it sees its outcome; unwatched, it must not warn at exit
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        raise ClientTimeoutError(f"{what}: not done by the call's deadline") from None
+        raise ClientTimeoutError(f"{what}: no answer by the call's deadline") from None
 
 
 class Attempts:
