@@ -394,7 +394,8 @@ class AsyncProducer:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-            self._sender = loop.create_task(self._run_sender())
+            with deadline_scope(None, replace=True):  # lives on, whatever call started it
+                self._sender = loop.create_task(self._run_sender())
         return loop
 
     def _queue(self, st: StreamState, value: bytes | None, key: bytes | None, headers: Headers,
