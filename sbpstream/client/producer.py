@@ -619,20 +619,6 @@ class AsyncProducer:
             self, addr: str, entries: list[tuple[StreamState, Batch, Range]],
             prev: asyncio.Future[None] | None, turn: asyncio.Future[None]) -> None:
         slots = self._node_slots.setdefault(addr, asyncio.Semaphore(self._max_in_flight_per_node))
-        timeout_ms = self._routing.request_timeout_ms
-        left = remaining_s()
-        if left is not None:  # the node answers (TIMEOUT at worst) before the deadline
-            left_ms = left * 1000
-            margin_ms = min(APPEND_TIMEOUT_MARGIN_MS, left_ms * MAX_APPEND_MARGIN_SHARE)
-            timeout_ms = max(1, min(timeout_ms, int(left_ms - margin_ms)))
-        req = AppendRequest(
-            timeout_ms=timeout_ms,
-            items=tuple(
-                AppendItem(stream_id=b.stream_id, request_index=i, batch_length=len(b.data),
-                           range_index=r.range_index)
-                for i, (_, b, r) in enumerate(entries)
-            ),
-        )
         results: dict[int, AppendResult] = {}
         error: SbpError | None = None
         acquired = False
@@ -647,6 +633,22 @@ class AsyncProducer:
                 except TimeoutError:
                     raise ClientTimeoutError(
                         f"the APPEND to {addr} waited for its turn past its deadline") from None
+                # its timeout_ms from what is left now: the node answers (TIMEOUT at worst)
+                # before the producer stops waiting
+                timeout_ms = self._routing.request_timeout_ms
+                left = remaining_s()
+                if left is not None:
+                    left_ms = left * 1000
+                    margin_ms = min(APPEND_TIMEOUT_MARGIN_MS, left_ms * MAX_APPEND_MARGIN_SHARE)
+                    timeout_ms = max(1, min(timeout_ms, int(left_ms - margin_ms)))
+                req = AppendRequest(
+                    timeout_ms=timeout_ms,
+                    items=tuple(
+                        AppendItem(stream_id=b.stream_id, request_index=i,
+                                   batch_length=len(b.data), range_index=r.range_index)
+                        for i, (_, b, r) in enumerate(entries)
+                    ),
+                )
                 collect = await self._routing.start_all(
                     addr, req, [b.data for _, b, _ in entries],
                     timeout_ms=timeout_ms + APPEND_TIMEOUT_MARGIN_MS,
