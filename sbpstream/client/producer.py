@@ -432,10 +432,8 @@ class AsyncProducer:
         st.builder = None
         if not len(b):
             return
-        # the batch's deadline runs from its first record (issue 33): retry_deadline_ms after
-        # it, the batch is acknowledged or failed, whatever failed in between
         batch = Batch(st.stream_id, b.build(), st.next_sequence, len(b), st.futures,
-                       st.pending_bytes, Attempts(self._routing.retry, start=st.started))
+                       st.pending_bytes)
         st.next_sequence = (st.next_sequence + len(b)) % SEQUENCE_WRAP
         st.futures = []
         st.pending_bytes = 0
@@ -513,6 +511,8 @@ class AsyncProducer:
             while st.ready and len(st.in_flight) < limit:
                 batch = st.ready.popleft()
                 batch.rng, batch.error = rng, None
+                if batch.attempts is None:  # its deadline runs from its first send (issue 33)
+                    batch.attempts = Attempts(self._routing.retry)
                 st.in_flight.append(batch)
                 groups.setdefault(addr, []).append((st, batch, rng))
         for addr, entries in groups.items():
