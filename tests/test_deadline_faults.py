@@ -36,7 +36,17 @@ from waiting import eventually_async
 
 from sbpstream.client import AsyncClient, Client
 from sbpstream.cluster import LocalCluster, Node
-from sbpstream.protocol.errors import SbpError
+from sbpstream.net.retry import (
+    MIN_SERVER_TIMEOUT_MS,
+    Attempts,
+    RetryPolicy,
+    clip_timeout,
+    clip_timeout_ms,
+    deadline_scope,
+    remaining_s,
+    within_deadline,
+)
+from sbpstream.protocol.errors import ClientTimeoutError, SbpError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -81,7 +91,7 @@ def fault(node: Node, how: str) -> Iterator[None]:
             node.resume()
 
 
-def within_deadline(elapsed_s: float, what: str) -> None:
+def ended_in_time(elapsed_s: float, what: str) -> None:
     bound = DEADLINE_MS / 1000 + GRACE_S
     assert elapsed_s <= bound, f"{what} took {elapsed_s:.1f}s, past its deadline + grace {bound}s"
 
@@ -135,7 +145,7 @@ async def test_sdk_produce_ends_by_its_deadline(tmp_path: Path, replicas: int, r
             assert ok
             with fault(node_at(cluster, primary if role == "primary" else secondary), how):
                 elapsed, acked = await produce_one(client, sid, b"x")
-                within_deadline(elapsed, f"produce with the {role} {how}ed (R={replicas})")
+                ended_in_time(elapsed, f"produce with the {role} {how}ed (R={replicas})")
                 t0 = time.monotonic()
                 await client.close()
                 assert time.monotonic() - t0 <= CLOSE_BOUND_S, "the client's close hung"
@@ -188,7 +198,7 @@ def test_sync_produce_ends_by_its_deadline_with_a_stopped_primary(tmp_path: Path
                 t0 = time.monotonic()
                 fut = producer.send(sid, b"x")
                 producer.flush()
-                within_deadline(time.monotonic() - t0, "sync produce, primary stopped")
+                ended_in_time(time.monotonic() - t0, "sync produce, primary stopped")
                 assert fut.done()
                 producer.close()
     finally:
@@ -249,7 +259,7 @@ async def test_end_offset_ends_by_its_deadline_with_a_stopped_primary(tmp_path: 
                 t0 = time.monotonic()
                 with contextlib.suppress(SbpError):  # failing is allowed, hanging is not
                     await client.end_offset(sid)
-                within_deadline(time.monotonic() - t0, "end_offset, primary stopped")
+                ended_in_time(time.monotonic() - t0, "end_offset, primary stopped")
     finally:
         cluster.stop()
 
@@ -270,12 +280,12 @@ async def test_admin_calls_end_by_their_deadline_with_a_stopped_pm(tmp_path: Pat
                     t0 = time.monotonic()
                     with pytest.raises(SbpError):
                         await call()
-                    within_deadline(time.monotonic() - t0, f"{name}, PM stopped")
+                    ended_in_time(time.monotonic() - t0, f"{name}, PM stopped")
                 t0 = time.monotonic()
                 with (Client(cluster.pm_address, retry_deadline_ms=DEADLINE_MS) as sync_client,
                       pytest.raises(SbpError)):
                     sync_client.create_stream()
-                within_deadline(time.monotonic() - t0, "sync create_stream, PM stopped")
+                ended_in_time(time.monotonic() - t0, "sync create_stream, PM stopped")
                 bound = cli_bound_s()
                 for args in (("stream", "create"), ("stream", "describe", str(sid))):
                     took, r = sbp(*args, "--pm", cluster.pm_address, "--timeout-ms",
@@ -289,3 +299,27 @@ async def test_admin_calls_end_by_their_deadline_with_a_stopped_pm(tmp_path: Pat
                                    retry_on=(SbpError,), what="the resumed PM answering")
     finally:
         cluster.stop()
+
+
+async def test_deadline_scope_nests_to_the_earlier_and_clips_every_bound() -> None:
+    """The call deadline's rules (no server needed): an inner scope cannot outlive its caller,
+    ``replace`` detaches a background task, bounds and the timeout_ms sent are cut to what is
+    left, and a shared wait ends at the caller's deadline while the work goes on."""
+    now = time.monotonic()
+    assert remaining_s() is None and clip_timeout(7.0) == 7.0 and clip_timeout_ms(0) == 0
+    with deadline_scope(now + 1.0):
+        with deadline_scope(now + 50.0) as inner:
+            assert inner == now + 1.0
+            left = clip_timeout(10.0)
+            assert left is not None and left <= 1.0
+            assert 1 <= clip_timeout_ms(10_000) <= 1000
+            assert 1 <= clip_timeout_ms(0) <= 1000  # "the server's default" is cut too
+            assert Attempts(RetryPolicy(deadline_ms=30_000)).deadline == now + 1.0
+        with deadline_scope(None, replace=True):
+            assert remaining_s() is None
+        with deadline_scope(now - 1.0):
+            assert clip_timeout_ms(10_000) == MIN_SERVER_TIMEOUT_MS
+        shared = asyncio.ensure_future(asyncio.sleep(0.2, result="done"))
+        with deadline_scope(time.monotonic() + 0.01), pytest.raises(ClientTimeoutError):
+            await within_deadline(shared, "the shared wait")
+        assert await shared == "done"  # not cancelled: others may wait for it
