@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast, overload
 
@@ -28,7 +29,7 @@ from sbpstream.client.groups import GroupAdmin, GroupMember
 from sbpstream.client.options import ConsumerOptions, ProducerOptions, build
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.client.pull import StreamReader
-from sbpstream.client.retry import Attempts
+from sbpstream.client.retry import Attempts, bounded_calls, deadline_scope, remaining_s
 from sbpstream.client.routing import RangeRouter, primary_address, replica_addresses
 from sbpstream.client.types import (
     Range,
@@ -77,6 +78,11 @@ HEARTBEAT_INTERVAL_S: Final = 5.0
 The PM counts a client live for node_timeout * CLIENT_TIMEOUT_FACTOR (pm/service.py), a few
 intervals; more often would only add idle traffic per client."""
 
+PRIMARY_END_SHARE: Final = 0.5
+"""end_offset asks a writable range's primary within at most this share of what is left of the
+call's deadline: a silent (stopped) primary leaves time to ask the other replicas, whose highest
+committed offset is the answer at the deadline."""
+
 HEARTBEAT_TIMEOUT_S: Final = 2.0
 """One heartbeat's bound: it is best effort and never delays the client's own requests."""
 
@@ -98,15 +104,18 @@ def _delegate(fn: Callable[Concatenate[AsyncAdmin, P], Awaitable[R]]
     return method
 
 
+@bounded_calls(lambda client: client.retry)
 class AsyncClient:
     """Asyncio client of an sbpstream cluster.
 
     ``pm`` names the placement manager(s): ``"host:port,host:port"``, a list, or None
     for ``$SBPSTREAM_PM`` (default ``127.0.0.1:12378``). ``request_timeout_ms`` bounds
     one attempt of one request; RETRIABLE errors are retried with exponential backoff
-    until ``retry_deadline_ms`` has passed in total. Use as ``async with AsyncClient()
-    as c:`` or call :meth:`close`. ``client_id`` names this client to the data nodes, which
-    apply the quotas of that id (docs/operations.md, Quotas); "" is the default quota's.
+    until ``retry_deadline_ms`` has passed in total. Each call returns or fails within
+    ``retry_deadline_ms`` (every wait inside takes its bound from what is left of it). Use as
+    ``async with AsyncClient() as c:`` or call :meth:`close`. ``client_id`` names this client
+    to the data nodes, which apply the quotas of that id (docs/operations.md, Quotas); "" is
+    the default quota's.
     """
 
     def __init__(
@@ -356,7 +365,10 @@ class AsyncClient:
             got: Range | SbpError = ReplicaUnavailableError(
                 f"range {stream_id}/{last.range_index} has no primary")
             if addr:
-                got = await self._describe_on(addr, last)
+                left = remaining_s()
+                share = None if left is None else time.monotonic() + left * PRIMARY_END_SHARE
+                with deadline_scope(share):
+                    got = await self._describe_on(addr, last)
             if isinstance(got, Range):
                 return self._monotonic_end(
                     stream_id, got.end_offset if got.sealed else got.next_offset)
@@ -461,7 +473,9 @@ class AsyncClient:
 
     def _start_heartbeats(self) -> None:
         if self._heartbeat_task is None and not self._closed:
-            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeats())
+            with deadline_scope(None, replace=True):  # outlives the call that starts it
+                self._heartbeat_task = asyncio.get_running_loop().create_task(
+                    self._heartbeats())
 
     async def _heartbeats(self) -> None:
         """HEARTBEAT with this client's id to the PM and every data node it used, every

@@ -19,7 +19,7 @@ from typing import Final
 
 from sbpstream.client.core import ClientCore
 from sbpstream.client.groups import GroupAdmin
-from sbpstream.client.retry import Attempts
+from sbpstream.client.retry import Attempts, bounded_calls
 from sbpstream.client.routing import replica_addresses
 from sbpstream.client.types import (
     DEFAULT_RETENTION_MS,
@@ -82,8 +82,10 @@ RETENTION_UNCHANGED: Final = -1
 """UPDATE_STREAMS' retention_period_ms for "keep the current one" (docs/protocol.md)."""
 
 
+@bounded_calls(lambda admin: admin.core.retry)
 class AsyncAdmin:
-    """The administration calls of one client (``client.admin``); see the module docstring."""
+    """The administration calls of one client (``client.admin``); see the module docstring.
+    Each returns or fails within the client's ``retry_deadline_ms``."""
 
     def __init__(self, core: ClientCore) -> None:
         self.core = core

@@ -38,7 +38,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from sbpstream.client.batches import (
     Batch,
@@ -53,13 +53,23 @@ from sbpstream.client.batches import (
 )
 from sbpstream.client.flow import Flow, FlowEvent, ProducerFlowError
 from sbpstream.client.options import ProducerOptions
-from sbpstream.client.retry import MOVE_CODES, Attempts, is_connection_error
+from sbpstream.client.retry import (
+    MOVE_CODES,
+    Attempts,
+    clip_timeout,
+    deadline_after,
+    deadline_scope,
+    is_connection_error,
+    remaining_s,
+)
 from sbpstream.client.routing import primary_address
 from sbpstream.client.types import Headers, Range, Record, codec_of
 from sbpstream.protocol.errors import (
+    ClientTimeoutError,
     ConnectionClosedError,
     ErrorCode,
     InvalidRequestError,
+    NoPmReachableError,
     ProducerClosedError,
     SbpError,
 )
@@ -88,7 +98,15 @@ log = logging.getLogger("sbpstream.client.producer")
 RECORD_OVERHEAD_BYTES = 16  # varints and bookkeeping counted per record against the buffer
 MAX_ITEMS_PER_APPEND = 1000  # batches per APPEND frame
 MAX_APPEND_PAYLOAD_BYTES = 8 * 1024 * 1024  # payload per APPEND frame (frames stop at 16 MiB)
-APPEND_TIMEOUT_MARGIN_MS = 2000  # client-side wait beyond the server's timeout_ms
+APPEND_TIMEOUT_MARGIN_MS: Final = 2000
+"""Client-side wait for an APPEND's answer beyond the ``timeout_ms`` it carries: the data node
+answers TIMEOUT at that bound, and this leaves room for the answer to travel (a loaded machine).
+Never past the batches' deadline (see MAX_APPEND_MARGIN_SHARE)."""
+MAX_APPEND_MARGIN_SHARE: Final = 0.2
+"""Near the batches' deadline the margin above is at most this share of what is left of it: the
+APPEND carries ``timeout_ms`` = what is left minus the margin, so the data node answers (TIMEOUT
+at worst) before the producer stops waiting, and the batch ends with the node's answer rather
+than with silence."""
 # The flow states the dispatcher tests per stream per round, looked up once (reading an enum
 # member off its class costs ~4x a module global on Python 3.11).
 SENDING, DRAINING, BROKEN = Flow.SENDING, Flow.DRAINING, Flow.BROKEN
@@ -376,7 +394,8 @@ class AsyncProducer:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-            self._sender = loop.create_task(self._run_sender())
+            with deadline_scope(None, replace=True):  # lives on, whatever call started it
+                self._sender = loop.create_task(self._run_sender())
         return loop
 
     def _queue(self, st: StreamState, value: bytes | None, key: bytes | None, headers: Headers,
@@ -492,6 +511,8 @@ class AsyncProducer:
             while st.ready and len(st.in_flight) < limit:
                 batch = st.ready.popleft()
                 batch.rng, batch.error = rng, None
+                if batch.attempts is None:  # its deadline runs from its first send (issue 33)
+                    batch.attempts = Attempts(self._routing.retry)
                 st.in_flight.append(batch)
                 groups.setdefault(addr, []).append((st, batch, rng))
         for addr, entries in groups.items():
@@ -542,7 +563,14 @@ class AsyncProducer:
         return t
 
     async def _resolve(self, st: StreamState) -> None:
-        """Find the stream's writable range (from the PM; sealing a dead end if need be)."""
+        """Find the stream's writable range (from the PM; sealing a dead end if need be), by
+        the deadline of its oldest queued batch."""
+        oldest = st.ready[0].attempts if st.ready else None
+        deadline = oldest.deadline if oldest is not None else deadline_after(self._routing.retry)
+        with deadline_scope(deadline, replace=True):
+            await self._resolve_by_deadline(st)
+
+    async def _resolve_by_deadline(self, st: StreamState) -> None:
         attempts = Attempts(self._routing.retry)
         try:
             while True:
@@ -580,25 +608,47 @@ class AsyncProducer:
         the APPEND dispatched before it (``prev`` is that one's turn; ``turn`` is this one's,
         done once written): whatever each waits for first (a slot, the throttle, the connection,
         a paused socket), a stream's batches reach the node in sequence order."""
+        deadline = min(b.attempts.deadline if b.attempts is not None
+                       else deadline_after(self._routing.retry) for _, b, _ in entries)
+        # every wait of this APPEND (its turn, a slot, the connection, the answer) ends by the
+        # earliest deadline of its batches (issue 33)
+        with deadline_scope(deadline, replace=True):
+            await self._send_group_by_deadline(addr, entries, prev, turn)
+
+    async def _send_group_by_deadline(
+            self, addr: str, entries: list[tuple[StreamState, Batch, Range]],
+            prev: asyncio.Future[None] | None, turn: asyncio.Future[None]) -> None:
         slots = self._node_slots.setdefault(addr, asyncio.Semaphore(self._max_in_flight_per_node))
-        timeout_ms = self._routing.request_timeout_ms
-        req = AppendRequest(
-            timeout_ms=timeout_ms,
-            items=tuple(
-                AppendItem(stream_id=b.stream_id, request_index=i, batch_length=len(b.data),
-                           range_index=r.range_index)
-                for i, (_, b, r) in enumerate(entries)
-            ),
-        )
         results: dict[int, AppendResult] = {}
         error: SbpError | None = None
         acquired = False
         try:
             try:
-                if prev is not None and not prev.done():
-                    await asyncio.shield(prev)  # the APPEND dispatched before is written
-                await slots.acquire()
-                acquired = True
+                try:
+                    async with asyncio.timeout(clip_timeout(None)):
+                        if prev is not None and not prev.done():
+                            await asyncio.shield(prev)  # the APPEND dispatched before is written
+                        await slots.acquire()
+                        acquired = True
+                except TimeoutError:
+                    raise ClientTimeoutError(
+                        f"the APPEND to {addr} waited for its turn past its deadline") from None
+                # its timeout_ms from what is left now: the node answers (TIMEOUT at worst)
+                # before the producer stops waiting
+                timeout_ms = self._routing.request_timeout_ms
+                left = remaining_s()
+                if left is not None:
+                    left_ms = left * 1000
+                    margin_ms = min(APPEND_TIMEOUT_MARGIN_MS, left_ms * MAX_APPEND_MARGIN_SHARE)
+                    timeout_ms = max(1, min(timeout_ms, int(left_ms - margin_ms)))
+                req = AppendRequest(
+                    timeout_ms=timeout_ms,
+                    items=tuple(
+                        AppendItem(stream_id=b.stream_id, request_index=i,
+                                   batch_length=len(b.data), range_index=r.range_index)
+                        for i, (_, b, r) in enumerate(entries)
+                    ),
+                )
                 collect = await self._routing.start_all(
                     addr, req, [b.data for _, b, _ in entries],
                     timeout_ms=timeout_ms + APPEND_TIMEOUT_MARGIN_MS,
@@ -686,11 +736,16 @@ class AsyncProducer:
         be its consequence, e.g. OUT_OF_ORDER_SEQUENCE): seal and move on, refresh, or back
         off; then resend what is not stored, in order, or fail it."""
         first = failed[0]
-        err, rng = first.error, first.rng
-        assert err is not None and rng is not None
         if first.attempts is None:
             first.attempts = Attempts(self._routing.retry)
-        attempts = first.attempts
+        # the seal, the read-back and the backoff end by the first batch's deadline (issue 33)
+        with deadline_scope(first.attempts.deadline, replace=True):
+            await self._recover_by_deadline(st, failed)
+
+    async def _recover_by_deadline(self, st: StreamState, failed: list[Batch]) -> None:
+        first = failed[0]
+        err, rng, attempts = first.error, first.rng, first.attempts
+        assert err is not None and rng is not None and attempts is not None
         try:
             log.debug("event=append_retry stream=%d range=%d seq=%d batches=%d error=%s",
                       st.stream_id, rng.range_index, first.base_sequence, len(failed), err)
@@ -719,11 +774,16 @@ class AsyncProducer:
             if resend:
                 self._active.add(st)
         except Exception as exc:
+            cause = as_sbp_error(exc)
+            if (attempts.remaining_s <= 0 and cause is not err
+                    and (is_connection_error(cause) or isinstance(cause, NoPmReachableError))):
+                # the seal or read-back was cut by the deadline: the APPEND's error is the cause
+                cause = err
             remaining = [b for b in failed if not b.settled]
             if remaining:
                 for b in reversed(remaining[1:]):
                     st.ready.appendleft(b)
-                self._fail_batch(st, remaining[0], as_sbp_error(exc))
+                self._fail_batch(st, remaining[0], cause)
         finally:
             self._flow(st, FlowEvent.RECOVERY_DONE)
             self._wake.set()

@@ -305,8 +305,10 @@ class StreamReader:
             raise err
         sub.arrived.clear()
         if not sub.ready.is_set():  # the first frames (every stream's state) come first
+            # one request's bound, never past the retry deadline (issue 33)
+            bound_ms = min(self.routing.request_timeout_ms, self.routing.retry.deadline_ms)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.routing.request_timeout_ms / 1000):
+                async with asyncio.timeout(bound_ms / 1000):
                     await sub.ready.wait()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(wait_ms, 0) / 1000):

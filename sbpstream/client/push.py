@@ -26,13 +26,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from sbpstream.client.retry import REFRESH_CODES, Attempts
+from sbpstream.client.retry import REFRESH_CODES, Attempts, deadline_scope
 from sbpstream.client.routing import RangeRouter, replica_addresses
 from sbpstream.client.types import Range
 from sbpstream.protocol.errors import (
+    ClientTimeoutError,
     ErrorCode,
     FetchSessionIdNotFoundError,
     InvalidFetchSessionEpochError,
@@ -587,11 +589,19 @@ class Subscriber:
             groups.setdefault(addr, {})[sid] = (rng.range_index, rng.end_offset)
         return groups, later
 
+    def _answer_bound_s(self) -> float:
+        """How long a node may stay silent before the feed tries another replica: one
+        request's bound, never past the retry deadline (issue 33)."""
+        routing = self.consumer.routing
+        return min(routing.request_timeout_ms, routing.retry.deadline_ms) / 1000
+
     async def _feed(self, feed: Feed) -> None:
         """Run one feed until it has no streams left; gives back what it could not serve."""
         c = self.consumer
         try:
-            feed.conn = await c.routing.connection(feed.addr)
+            # a silent node is left for another replica after _answer_bound_s
+            with deadline_scope(time.monotonic() + self._answer_bound_s()):
+                feed.conn = await c.routing.connection(feed.addr)
             while feed.ranges:
                 if feed.long_poll:
                     await self._long_poll_round(feed)
@@ -642,22 +652,33 @@ class Subscriber:
         self.sent.set()
         feed.request_id = rs.request_id
         feed.unacked = feed.to_ack = 0
-        async with rs:
-            async for frame in rs:
-                self.consumer.routing.note_throttle(feed.addr, Opcode.FETCH, frame.header)
-                resp = FetchResponse.decode(frame.header)
-                resp.status.raise_for_error()
-                if feed.epoch == 0 and resp.session_id:  # its first frame names the session
-                    feed.session_id, feed.epoch = resp.session_id, 1
-                if not feed.opened:
-                    feed.opened = True
-                    if self.waiting:  # streams held back for it can join it now
-                        self.replan.set()
-                await self._take_frame(feed, resp, frame.payload, count=True)
-                if not feed.ranges:
-                    feed.closing = True
-                    await feed.cancel()
-                    return
+        # the first frame (every stream's state) comes at once from a live node: a silent one
+        # is left for another replica after _answer_bound_s (later frames may take any time)
+        first = asyncio.timeout(self._answer_bound_s())
+        try:
+            async with rs, first:
+                async for frame in rs:
+                    first.reschedule(None)
+                    self.consumer.routing.note_throttle(feed.addr, Opcode.FETCH, frame.header)
+                    resp = FetchResponse.decode(frame.header)
+                    resp.status.raise_for_error()
+                    if feed.epoch == 0 and resp.session_id:  # its first frame names the session
+                        feed.session_id, feed.epoch = resp.session_id, 1
+                    if not feed.opened:
+                        feed.opened = True
+                        if self.waiting:  # streams held back for it can join it now
+                            self.replan.set()
+                    await self._take_frame(feed, resp, frame.payload, count=True)
+                    if not feed.ranges:
+                        feed.closing = True
+                        await feed.cancel()
+                        return
+        except TimeoutError:
+            if not first.expired():
+                raise
+            raise ClientTimeoutError(
+                f"no answer to the subscription at {feed.addr} within "
+                f"{self._answer_bound_s():.1f}s") from None
         if feed.ranges:  # ended (node closing): re-plan what is left, elsewhere if need be
             raise ShuttingDownError(f"subscription at {feed.addr} ended")
 

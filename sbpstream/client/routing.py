@@ -20,10 +20,16 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from sbpstream.client.retry import Attempts
+from sbpstream.client.retry import (
+    Attempts,
+    clip_timeout,
+    deadline_scope,
+    remaining_s,
+    within_deadline,
+)
 from sbpstream.client.types import Range, RetryPolicy
 from sbpstream.net.client import Connection, ConnectionPool, ResponseStream
-from sbpstream.protocol.errors import ErrorCode, StreamNotFoundError
+from sbpstream.protocol.errors import ClientTimeoutError, ErrorCode, StreamNotFoundError
 from sbpstream.protocol.frame import Buffer, Frame
 from sbpstream.protocol.messages import (
     ClientRole,
@@ -176,7 +182,9 @@ class RangeRouter:
         cached = self._ranges.get(stream_id)
         if cached is not None and not refresh:
             return cached
-        return await asyncio.shield(self._lookup(stream_id, refresh))
+        # shared with other callers: this one stops waiting at its own deadline
+        return await within_deadline(self._lookup(stream_id, refresh),
+                                     f"the PM (the ranges of stream {stream_id})")
 
     async def ranges_many(self, stream_ids: Sequence[int], *,
                           refresh: bool = False) -> list[list[Range]]:
@@ -189,7 +197,11 @@ class RangeRouter:
             got.append(cached if cached is not None else self._lookup(sid, refresh))
         pending = [f for f in got if isinstance(f, asyncio.Future) and not f.done()]
         if pending:
-            await asyncio.wait(pending)  # never cancels them: other callers may share them
+            # never cancels them: other callers may share them
+            _, late = await asyncio.wait(pending, timeout=remaining_s())
+            if late:
+                raise ClientTimeoutError(
+                    f"the ranges of {len(late)} stream(s): not looked up by the call's deadline")
         return [f.result() if isinstance(f, asyncio.Future) else f for f in got]
 
     def _lookup(self, stream_id: int, refresh: bool = False) -> asyncio.Future[list[Range]]:
@@ -204,7 +216,9 @@ class RangeRouter:
             fut = loop.create_future()
             self._waiters[stream_id] = fut
             if self._flusher is None or self._flusher.done():
-                self._flusher = loop.create_task(self._flush_lookups())
+                # serves every caller: bounded by each PM call's own deadline, not this caller's
+                with deadline_scope(None, replace=True):
+                    self._flusher = loop.create_task(self._flush_lookups())
         return fut
 
     async def _flush_lookups(self) -> None:
@@ -352,7 +366,12 @@ class RangeRouter:
             delay = until - loop.time()
             if delay > 0:
                 self.throttle.waits += 1
-                await asyncio.sleep(delay)
+                left = clip_timeout(delay)
+                assert left is not None
+                await asyncio.sleep(left)
+                if left < delay:
+                    raise ClientTimeoutError(
+                        f"{addr} throttles this client past the call's deadline")
             if self._throttled_until.get(addr, 0.0) <= loop.time():
                 # not a later throttle noted while this one slept: that one still holds
                 self._throttled_until.pop(addr, None)
@@ -362,8 +381,9 @@ class RangeRouter:
         if self.client_id:
             fut = self._declared.get(conn)
             if fut is None:
-                fut = self._declared[conn] = asyncio.ensure_future(self._declare(conn))
-            await asyncio.shield(fut)
+                with deadline_scope(None, replace=True):  # shared by the connection's users
+                    fut = self._declared[conn] = asyncio.ensure_future(self._declare(conn))
+            await within_deadline(fut, f"{addr} (declaring this client's id)")
         return conn
 
     async def _declare(self, conn: Connection) -> None:

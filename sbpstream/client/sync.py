@@ -67,9 +67,11 @@ class Client(ClientBase):
         ``pm`` names the placement manager(s): ``"host:port,host:port"``, a list, or None
         for ``$SBPSTREAM_PM`` (default ``127.0.0.1:12378``). ``request_timeout_ms`` bounds
         one attempt of one request; RETRIABLE errors are retried with exponential backoff
-        until ``retry_deadline_ms`` has passed in total. Use as ``async with AsyncClient()
-        as c:`` or call :meth:`close`. ``client_id`` names this client to the data nodes, which
-        apply the quotas of that id (docs/operations.md, Quotas); "" is the default quota's.
+        until ``retry_deadline_ms`` has passed in total. Each call returns or fails within
+        ``retry_deadline_ms`` (every wait inside takes its bound from what is left of it). Use as
+        ``async with AsyncClient() as c:`` or call :meth:`close`. ``client_id`` names this client
+        to the data nodes, which apply the quotas of that id (docs/operations.md, Quotas); "" is
+        the default quota's.
         """
         self._runner = LoopThread()
         self._async = self._runner.call(
@@ -361,7 +363,8 @@ class Client(ClientBase):
 
 class Admin(AdminBase):
     """Synchronous twin of :class:`AsyncAdmin` (blocking calls). The administration calls of one
-    client (``client.admin``); see the module docstring.
+    client (``client.admin``); see the module docstring. Each returns or fails within the
+    client's ``retry_deadline_ms``.
     """
 
     @classmethod

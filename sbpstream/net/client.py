@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from sbpstream.net.base import FrameProtocol
+from sbpstream.net.retry import clip_timeout
 from sbpstream.protocol.errors import (
     AuthenticationFailedError,
     AuthenticationRequiredError,
@@ -85,6 +86,11 @@ NOT_TLS_REASONS: Final = frozenset({
 })
 """OpenSSL's reasons for a handshake that got bytes which are not TLS (an SBP frame, a GOAWAY
 from a plaintext port): the port is not a TLS port, and retrying cannot help."""
+
+CLOSE_WAIT_S: Final = 2.0
+"""How long closing a connection waits for the socket to close (its buffered bytes sent); then
+the socket is aborted: a stopped peer that takes nothing must not hold a client's close. The
+pool closes its connections together, so a client's close waits this long at most."""
 
 CREDENTIALS_HINT: Final = (
     "set SBPSTREAM_USER and SBPSTREAM_PASSWORD (or --user/--password, or SBPSTREAM_TOKEN_FILE)"
@@ -402,15 +408,16 @@ class Connection(FrameProtocol):
                 raise ConnectionClosedError("response ended without an END frame")
             loop = asyncio.get_running_loop()
             p.waiter = loop.create_future()
+            wait_s = clip_timeout(timeout_s)  # the call's deadline bounds every wait (issue 33)
             try:
-                if timeout_s is None:
+                if wait_s is None:
                     await p.waiter
                 else:
-                    await asyncio.wait_for(p.waiter, timeout_s)
+                    await asyncio.wait_for(p.waiter, wait_s)
             except TimeoutError:
                 self._forget(request_id)
                 raise ClientTimeoutError(
-                    f"no response from {self.address} within {timeout_s:.3f}s"
+                    f"no response from {self.address} within {wait_s:.3f}s"
                 ) from None
             except asyncio.CancelledError:
                 self._forget(request_id)
@@ -439,16 +446,32 @@ class Connection(FrameProtocol):
             raise ConnectionClosedError(f"connection to {self.address} is closed")
         if self.goaway is not None:
             raise self._goaway_error()
-        await self._slots.acquire()
+        # the call's deadline (issue 33) bounds the wait for a request slot and for the peer to
+        # take what was written before (a stopped peer's full socket)
+        try:
+            async with asyncio.timeout(clip_timeout(None)):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise ClientTimeoutError(
+                f"no request slot on the connection to {self.address} by the call's deadline"
+            ) from None
         rid = self._next_request_id()
         self._pending[rid] = _Pending(deque(), None, None, False, 0)
         try:
-            await self.write_frame(opcode, rid, 0, header, payload)
+            async with asyncio.timeout(clip_timeout(None)):
+                await self.write_frame(opcode, rid, 0, header, payload)
+        except TimeoutError:
+            self._forget(rid)
+            raise ClientTimeoutError(
+                f"{self.address} took no data by the call's deadline") from None
         except (ConnectionError, ValueError) as exc:
             self._forget(rid)
             if isinstance(exc, ValueError):
                 raise LimitExceededError(str(exc)) from exc
             raise ConnectionClosedError(f"connection to {self.address} closed: {exc}") from exc
+        except BaseException:
+            self._forget(rid)
+            raise
         return rid
 
     async def stream(
@@ -497,8 +520,13 @@ class Connection(FrameProtocol):
 
     async def aclose(self) -> None:
         self.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.closed_event.wait(), 2.0)
+        try:
+            await asyncio.wait_for(self.closed_event.wait(), CLOSE_WAIT_S)
+        except TimeoutError:
+            if self.transport is not None:
+                self.transport.abort()  # the peer takes nothing: drop what is buffered
+        except Exception:  # closing: nothing left to report to
+            pass
 
 
 class ConnectionPool:
@@ -528,22 +556,34 @@ class ConnectionPool:
         if c is not None and c.usable and (auth is None or not auth.due(c)):
             return c
         lock = self._locks.setdefault(address, asyncio.Lock())
-        async with lock:
+        # the call's deadline (issue 33) bounds the wait for another caller's connect, the
+        # connect itself, the TLS handshake and the authentication
+        try:
+            async with asyncio.timeout(clip_timeout(None)):
+                await lock.acquire()
+        except TimeoutError:
+            raise ClientTimeoutError(
+                f"no connection to {address} by the call's deadline") from None
+        try:
             c = self._conns.get(address)
             if c is not None and c.usable:
                 if auth is None or not auth.due(c):
                     return c
                 await auth.authenticate(c)  # renew on the same connection, before expiry
                 return c
+            connect_s = clip_timeout(self.connect_timeout_s)
+            assert connect_s is not None
             c = await Connection.open(
                 address,
-                connect_timeout_s=self.connect_timeout_s,
+                connect_timeout_s=connect_s,
                 max_frame_length=self.max_frame_length,
                 ssl_context=self.ssl_context,
                 authenticator=auth,
             )
             self._conns[address] = c
             return c
+        finally:
+            lock.release()
 
     def discard(self, address: str) -> None:
         c = self._conns.pop(address, None)
@@ -554,8 +594,7 @@ class ConnectionPool:
         self._closed = True
         conns = list(self._conns.values())
         self._conns.clear()
-        for c in conns:
-            await c.aclose()
+        await asyncio.gather(*(c.aclose() for c in conns))  # CLOSE_WAIT_S at most in all
 
 
 __all__ = [

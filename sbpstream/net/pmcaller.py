@@ -27,10 +27,17 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from sbpstream.net.client import ConnectionPool
-from sbpstream.net.retry import Attempts, RetryPolicy, is_connection_error
+from sbpstream.net.retry import (
+    Attempts,
+    RetryPolicy,
+    clip_timeout_ms,
+    current_deadline,
+    deadline_scope,
+    is_connection_error,
+)
 from sbpstream.protocol.errors import (
     ConnectionClosedError,
     NoPmReachableError,
@@ -95,12 +102,25 @@ class PmCaller:
         if raise_status is None:
             raise_status = self.raise_status
         attempts = Attempts(self.retry) if self.retry is not None else None
+        # the whole call ends by its deadline (issue 33): every connect and wait below is
+        # bounded by what is left of it, and so is the timeout_ms each attempt carries
+        with deadline_scope(attempts.deadline if attempts is not None else None):
+            return await self._call_frames(request, response_cls, attempts, raise_status,
+                                           self.timeout_s if timeout_s is None else timeout_s)
+
+    async def _call_frames(self, request: Message, response_cls: type[M],
+                           attempts: Attempts | None, raise_status: bool,
+                           timeout: float) -> list[M]:
+        bounded = current_deadline() is not None and hasattr(request, "timeout_ms")
         header = request.encode()
-        timeout = self.timeout_s if timeout_s is None else timeout_s
         redirects = 0
         failed = 0  # addresses that failed in this round
         while True:
             addr = self.current
+            if bounded:
+                asked: int = cast(Any, request).timeout_ms
+                header = dataclasses.replace(  # type: ignore[type-var]
+                    request, timeout_ms=clip_timeout_ms(asked)).encode()
             try:
                 resps = await self._once(addr, request.OPCODE, header, response_cls, timeout)
                 status: Status = getattr(resps[-1], "status", STATUS_OK)
