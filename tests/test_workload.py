@@ -159,6 +159,11 @@ def test_a_failure_long_after_the_fault_healed_is_flagged() -> None:
     unhealed = run([fail("p-0", "s", sent=100.0, done=101.0)], [],
                    faults=(Fault(10.0, None),))
     assert unhealed.failed_after_heal == 0
+    # sent during a short fault with a long deadline: it had time to succeed after the heal
+    long_deadline = check([HEADER, fail("p-0", "s", sent=11.0, done=12.0)], [], {"s": []},
+                          (Fault(10.0, 12.0),), deadline_ms=30_000, recovery_s=5.0)
+    assert long_deadline.failed_after_heal == 1
+    assert "deadline left at the heal" in " ".join(long_deadline.examples["failed_after_heal"])
 
 
 def test_unavailability_windows() -> None:

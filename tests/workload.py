@@ -55,6 +55,11 @@ from sbpstream.client.consumer import AsyncConsumer
 from sbpstream.client.producer import AsyncProducer
 from sbpstream.protocol.errors import SbpError, StreamNotFoundError
 
+DEFAULT_RECOVERY_S: Final = 5.0
+"""How long after a heal a cluster may take before writes succeed again (notice the heal, elect
+a PM leader, seal, place the successor range): a send that failed with more deadline than this
+left at its fault's heal had time to succeed, and counts as failed_after_heal."""
+
 DEADLINE_GRACE_S: Final = 1.0
 """Slack over a send's deadline before it counts as waited past it: the event loop, the batch's
 linger and the log write run between the SDK's clock and ours (both monotonic)."""
@@ -192,7 +197,7 @@ class CheckResult:
     consumer_out_of_order: int = 0  # a consumer read at an offset not above its previous one
     consumer_skipped: int = 0  # offsets the final read holds that the consumer passed over
     consumer_mismatch: int = 0  # the consumer read another record than the final read's there
-    failed_after_heal: int = 0  # failed with no fault active within deadline + grace before
+    failed_after_heal: int = 0  # failed with deadline left past its fault's heal + recovery
     waited_past_deadline: int = 0  # outcome later than sent_at + deadline + grace
     max_call_s: float = 0.0  # the longest send (sent_at to its outcome)
     deadline_s: float = 0.0
@@ -220,8 +225,8 @@ class CheckResult:
             ("consumer_out_of_order", "consumer read(s) not in offset order"),
             ("consumer_skipped", "offset(s) the consumer skipped"),
             ("consumer_mismatch", "consumer read(s) of another record than the final one"),
-            ("failed_after_heal", f"send(s) failed with no fault active within the deadline "
-                                  f"({self.deadline_s}s) + {self.grace_s}s before"),
+            ("failed_after_heal", "send(s) failed that had deadline left after their fault's "
+                                  "heal and the recovery allowance (or failed with no fault)"),
             ("waited_past_deadline", f"send(s) took longer than the deadline "
                                      f"({self.deadline_s}s) + {self.grace_s}s"),
         ]
@@ -374,8 +379,14 @@ def _check_consumer(res: CheckResult, consumer_lines: Iterable[Mapping[str, Any]
     return times
 
 
-def _check_calls(res: CheckResult, sends: Mapping[str, _Send], faults: Sequence[Fault]) -> None:
-    """Each send's duration against its deadline; each failure against the fault windows."""
+def _check_calls(res: CheckResult, sends: Mapping[str, _Send], faults: Sequence[Fault],
+                 recovery_s: float) -> None:
+    """Each send's duration against its deadline; each failure against the fault windows.
+
+    A failure is excused only by a fault that could have caused it: one active while the send
+    was out, or healed less than ``recovery_s`` before it was sent; and only if the send's
+    deadline ran out before that fault's heal plus ``recovery_s``. A send that still had more
+    deadline than that when its fault healed must have succeeded (issue 33)."""
     bound = res.deadline_s + res.grace_s
     for rid, s in sends.items():
         took = s.done_at - s.sent_at
@@ -386,19 +397,26 @@ def _check_calls(res: CheckResult, sends: Mapping[str, _Send], faults: Sequence[
                      f"({'failed: ' + s.error if s.offset is None else 'acked'})")
         if s.offset is not None:
             continue
-        excused = any(f.start <= s.done_at and (f.heal is None or s.done_at <= f.heal + bound)
-                      for f in faults)
-        if not excused:
-            res.failed_after_heal += 1
-            res.note("failed_after_heal", f"{rid} failed at {s.done_at:.2f} "
-                     f"({s.error or 'no error text'})")
+        causes = [f for f in faults if f.start <= s.done_at
+                  and (f.heal is None or f.heal + recovery_s >= s.sent_at)]
+        if any(f.heal is None for f in causes):
+            continue  # never healed: any failure is the fault's
+        heal = max((f.heal for f in causes if f.heal is not None), default=None)
+        left = None if heal is None else s.sent_at + res.deadline_s - heal
+        if left is not None and left <= recovery_s:
+            continue
+        res.failed_after_heal += 1
+        why = "no fault" if left is None else f"{left:.1f}s of deadline left at the heal"
+        res.note("failed_after_heal", f"{rid} failed at {s.done_at:.2f} ({why}; "
+                 f"{s.error or 'no error text'})")
 
 
 def check(producer_lines: Iterable[Mapping[str, Any]],
           consumer_lines: Iterable[Mapping[str, Any]],
           final: Mapping[str, Sequence[tuple[int, bytes | None]]],
           faults: Sequence[Fault] = (), *, deadline_ms: int,
-          grace_s: float = DEADLINE_GRACE_S) -> CheckResult:
+          grace_s: float = DEADLINE_GRACE_S,
+          recovery_s: float = DEFAULT_RECOVERY_S) -> CheckResult:
     """Check a run (pure: no I/O).
 
     ``producer_lines`` and ``consumer_lines`` are the parsed lines of every producer's and
@@ -410,8 +428,9 @@ def check(producer_lines: Iterable[Mapping[str, Any]],
     offset (else lost, duplicated, misplaced); a never-acknowledged one at most once; every
     record read names a send of a known producer in its own stream (else corrupt); the consumer's
     reads of each stream go up in offset and pass over no offset ``final`` holds, and agree with
-    ``final`` where both have the offset; a failed send is excused only when a fault was active
-    within deadline + grace before it failed; no send's outcome comes later than deadline + grace
+    ``final`` where both have the offset; a failed send is excused only by a fault active while
+    it was out (or healed under ``recovery_s`` before it was sent) and only if its deadline ran
+    out before that heal plus ``recovery_s``; no send's outcome comes later than deadline + grace
     after it was sent. Availability: the longest time between consecutive acks and between
     consecutive consumer reads, overall and inside each fault window (for writes clipped to the
     sending period, for reads to the time anything was read or acknowledged).
@@ -424,7 +443,7 @@ def check(producer_lines: Iterable[Mapping[str, Any]],
     res.failed = res.sent - res.acked
     at = _check_final(res, sends, producers, final)
     read_times = _check_consumer(res, consumer_lines, sends, producers, at)
-    _check_calls(res, sends, faults)
+    _check_calls(res, sends, faults, recovery_s)
     ack_times = sorted(s.done_at for s in sends.values() if s.offset is not None)
     res.write_gap_s = longest_gap(ack_times)
     res.read_gap_s = longest_gap(read_times)
@@ -747,8 +766,8 @@ def streams_in(lines: Iterable[Mapping[str, Any]]) -> list[str]:
 
 async def check_run(conn: Conn, producer_logs: Sequence[Path], consumer_logs: Sequence[Path],
                     *, faults: Sequence[Fault] = (), deadline_ms: int | None = None,
-                    grace_s: float = DEADLINE_GRACE_S, streams: Sequence[str] = ()
-                    ) -> CheckResult:
+                    grace_s: float = DEADLINE_GRACE_S, streams: Sequence[str] = (),
+                    recovery_s: float = DEFAULT_RECOVERY_S) -> CheckResult:
     """Read the logs, read every stream back through the SDK, and :func:`check`. The streams are
     ``streams`` plus those the producer logs name; ``deadline_ms`` defaults to the logs'."""
     plines = [ln for p in producer_logs for ln in read_jsonl(p)]
@@ -758,7 +777,8 @@ async def check_run(conn: Conn, producer_logs: Sequence[Path], consumer_logs: Se
                           default=DEFAULT_DEADLINE_MS)
     names = list(dict.fromkeys([*streams, *streams_in(plines)]))
     final = await final_read(conn, names)
-    return check(plines, clines, final, faults, deadline_ms=deadline_ms, grace_s=grace_s)
+    return check(plines, clines, final, faults, deadline_ms=deadline_ms, grace_s=grace_s,
+                 recovery_s=recovery_s)
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -805,6 +825,8 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--events", type=Path, default=None,
                    help="nemesis fault windows: JSON list of {start, heal, what} (monotonic s)")
     k.add_argument("--grace-ms", type=float, default=DEADLINE_GRACE_S * 1000)
+    k.add_argument("--recovery-ms", type=float, default=DEFAULT_RECOVERY_S * 1000,
+                   help="after a heal, how long writes may still fail (see DEFAULT_RECOVERY_S)")
     return ap
 
 
@@ -831,7 +853,8 @@ def main(argv: list[str] | None = None) -> int:
                 deadline_ms=deadline_ms, request_timeout_ms=a.request_timeout_ms), stop)
         res = await check_run(conn, a.producer_log, a.consumer_log,
                               faults=load_faults(a.events), deadline_ms=a.deadline_ms,
-                              grace_s=a.grace_ms / 1000, streams=given)
+                              grace_s=a.grace_ms / 1000, streams=given,
+                              recovery_s=a.recovery_ms / 1000)
         return res.to_json()
 
     out = asyncio.run(run())
