@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -62,6 +63,15 @@ def _n(v: Any) -> Any:
     return len(v) if isinstance(v, list | dict) else v
 
 
+def _keep_if_failed(d: Path, s: dict[str, Any]) -> None:
+    """A run with problems keeps its directory (logs of every server, the workload's logs, the
+    fault windows) for reading, named in the result; a clean run's is removed."""
+    if s["problems"]:
+        s["kept"] = str(d)
+    else:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _print(meta: str, name: str, s: dict[str, Any]) -> None:
     print(f"{meta:6} {name:22} acked={s.get('acked')} lost={s.get('lost')} "
           f"dup={s.get('duplicated')} failed={s.get('failed')} "
@@ -94,27 +104,29 @@ def main() -> int:
         for name in args.scenario or sorted(SCENARIOS):
             if SCENARIOS[name].etcd_only and meta != "etcd":
                 continue
-            with tempfile.TemporaryDirectory(prefix=f"sbp-faults-{name}-") as d:
-                t0 = time.monotonic()
-                try:
-                    r = run_scenario(Path(d), name, metadata=meta, cycles=args.cycles,
-                                     seed=args.seed, secure=args.secure)
-                    s = _summary(r, time.monotonic() - t0)
-                except Exception as exc:  # a run that could not complete is a result too
-                    s = {"scenario": name, "metadata": meta, "cycles": args.cycles,
-                         "problems": [f"run failed: {type(exc).__name__}: {exc}"]}
+            d = Path(tempfile.mkdtemp(prefix=f"sbp-faults-{meta}-{name}-"))
+            t0 = time.monotonic()
+            try:
+                r = run_scenario(d, name, metadata=meta, cycles=args.cycles, seed=args.seed,
+                                 secure=args.secure)
+                s = _summary(r, time.monotonic() - t0)
+            except Exception as exc:  # a run that could not complete is a result too
+                s = {"scenario": name, "metadata": meta, "cycles": args.cycles,
+                     "problems": [f"run failed: {type(exc).__name__}: {exc}"]}
+            _keep_if_failed(d, s)
             results.append(s)
             _print(meta, name, s)
     if args.operations:
         for meta in args.metadata or METADATA:
             for name, fn in (("rolling-restart", run_rolling_restart), ("drain", run_drain)):
-                with tempfile.TemporaryDirectory(prefix=f"sbp-ops-{name}-") as d:
-                    t0 = time.monotonic()
-                    try:
-                        s = _summary(fn(Path(d), metadata=meta), time.monotonic() - t0)
-                    except Exception as exc:
-                        s = {"scenario": name, "metadata": meta, "cycles": 1,
-                             "problems": [f"run failed: {type(exc).__name__}: {exc}"]}
+                d = Path(tempfile.mkdtemp(prefix=f"sbp-ops-{meta}-{name}-"))
+                t0 = time.monotonic()
+                try:
+                    s = _summary(fn(d, metadata=meta), time.monotonic() - t0)
+                except Exception as exc:
+                    s = {"scenario": name, "metadata": meta, "cycles": 1,
+                         "problems": [f"run failed: {type(exc).__name__}: {exc}"]}
+                _keep_if_failed(d, s)
                 results.append(s)
                 _print(meta, name, s)
     doc = {"cycles": args.cycles, "seed": args.seed, "secure": args.secure,
