@@ -15,6 +15,20 @@ GRPC_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 limit each) and may batch several when catching up; gRPC's 4 MiB default is too tight."""
 
 
+GRPC_KEEPALIVE_TIME_MS: Final = 5_000
+"""gRPC pings on an idle channel this often: a member that went silent (a cut link drops
+packets without a word) breaks the channel's streams (the watch) instead of leaving them open
+for good. etcd refuses pings more frequent than its --grpc-keepalive-min-time (5 s by
+default) with GOAWAY too_many_pings, so this is the floor."""
+
+GRPC_KEEPALIVE_TIMEOUT_MS: Final = 2_000
+"""A ping unanswered this long ends the channel (a healthy member answers in milliseconds)."""
+
+ROTATE_CODES: Final = frozenset({rpc.StatusCode.UNAVAILABLE, rpc.StatusCode.DEADLINE_EXCEEDED})
+"""A call failing with these moves the client to the next endpoint: the member is down, or
+cut off and silent (a request timeout); another member of the majority may well answer."""
+
+
 def rpc_error(e: Exception, what: str) -> SbpError:
     code = e.code() if isinstance(e, rpc.AioRpcError) else None
     details = e.details() if isinstance(e, rpc.AioRpcError) else str(e)
@@ -24,8 +38,9 @@ def rpc_error(e: Exception, what: str) -> SbpError:
 class EtcdClient:
     """The few etcd v3 calls sbpstream needs, over aetcd's generated gRPC bindings (grpc.aio).
 
-    With several endpoints, a call that finds its endpoint unavailable moves the client to the
-    next one (the failed call still reports MetadataError: a write's outcome is unknown)."""
+    With several endpoints, a call that finds its endpoint unavailable or silent (ROTATE_CODES)
+    moves the client to the next one (the failed call still reports MetadataError: a write's
+    outcome is unknown); gRPC keepalive pings break the streams of a member gone silent."""
 
     def __init__(self, settings: EtcdSettings) -> None:
         self.settings = settings
@@ -42,7 +57,11 @@ class EtcdClient:
 
     def _open(self) -> None:
         opts = [("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES)]
+                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+                ("grpc.keepalive_time_ms", GRPC_KEEPALIVE_TIME_MS),
+                ("grpc.keepalive_timeout_ms", GRPC_KEEPALIVE_TIMEOUT_MS),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0)]
         self._channel = rpc.insecure_channel(self.endpoint, options=opts)
         self.kv = rpc.KVStub(self._channel)
         self.lease = rpc.LeaseStub(self._channel)
@@ -81,7 +100,7 @@ class EtcdClient:
         try:
             return await fn()
         except rpc.AioRpcError as e:
-            if e.code() == rpc.StatusCode.UNAVAILABLE and len(self.settings.endpoints) > 1:
+            if e.code() in ROTATE_CODES and len(self.settings.endpoints) > 1:
                 await self.rotate()
             raise rpc_error(e, what) from e
 
