@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import math
 import os
 import signal
@@ -832,6 +833,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
+    # the SDK's own events (failovers, a range left behind a replica's back) on stderr, with
+    # monotonic-comparable wall times: what a failed run's reader needs beside the JSON logs
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
     conn = Conn(a.pm, user=a.user, password=a.password, token_file=a.token_file,
                 tls_ca=a.tls_ca, tls_cert=a.tls_cert, tls_key=a.tls_key)
     given = [n for n in a.stream_names.split(",") if n]
