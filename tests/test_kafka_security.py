@@ -49,8 +49,9 @@ pytestmark = pytest.mark.timeout(300)
 
 ADMIN = ("admin", "admin-pw")
 ALICE = ("alice", "alice-pw")
-TOKEN_TTL_S = 20
-"""Short tokens, so a session's end is seen within a test (and the clients re-authenticate)."""
+TOKEN_TTL_S = 10
+"""Short tokens, so a session's end is seen within a test (and the clients re-authenticate):
+the PM's smallest ``--token-ttl-s``, as the session-lifetime test waits one out."""
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,11 @@ pytestmark = pytest.mark.timeout(180)
 
 RECORD = b"x" * 1000
 GAP_S = 0.25  # a pause this long between acknowledgements ends a burst (windows are 1 s)
+BACKLOG_S = 0.5
+"""A paced producer keeps at most this many seconds of its offered rate buffered: a producer
+offering 5x or 10x its quota still holds 2.5 to 5 windows' worth, so it is over quota all along,
+and its final flush (drained at the quota rate) takes seconds, not the ~40 s that 4 s of backlog
+at 10x took."""
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +78,7 @@ async def _produce_paced(c: AsyncClient, sid: int, rate_bps: int, duration_s: fl
         sent = 0
         while loop.time() - start < duration_s:
             due = int((loop.time() - start) * rate_bps / len(RECORD)) + 1
-            while sent < due and p.buffered_bytes < 4 * rate_bps:
+            while sent < due and p.buffered_bytes < BACKLOG_S * rate_bps:
                 fut = await p.send(sid, RECORD)
                 fut.add_done_callback(lambda _f: acked.append(loop.time()))
                 sent += 1
