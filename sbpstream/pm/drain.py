@@ -27,14 +27,13 @@ stream's replica count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from sbpstream.net.server import Request, Responder
 from sbpstream.pm.deadlines import within
 from sbpstream.pm.metadata import RangeMeta
+from sbpstream.pm.passes import BackgroundPass
 from sbpstream.pm.placement import NodeState
 from sbpstream.protocol import messages as m
 from sbpstream.protocol.errors import (
@@ -65,29 +64,16 @@ STREAMS_PAGE: Final = 1000
 """Streams read per metadata call when checking replica counts before a drain starts."""
 
 
-@dataclass(frozen=True, slots=True)
-class DrainState:
-    """One data node as a drain sees it."""
-
-    node_id: int
-    address: str
-    draining: bool
-    live: bool
-    ranges_left: int
-    """Ranges whose replica set still lists the node."""
-    writable_left: int
-    """Of those, the writable ones (sealed and renewed elsewhere first)."""
-
-    @property
-    def complete(self) -> bool:
-        return self.draining and self.ranges_left == 0
+DrainState = m.DrainState
+"""One data node as a drain sees it: the wire table itself (sbp.fbs), one copy of the concept
+(the SDK's :class:`~sbpstream.client.types.DrainStatus` adds ``complete`` for applications)."""
 
 
 class Drainer:
     def __init__(self, service: PmService, repairer: Repairer) -> None:
         self.service = service
         self.repairer = repairer
-        self._task: asyncio.Task[int] | None = None
+        self._pass = BackgroundPass("drain_pass", self.run_once)
         self._reported: dict[int, int] = {}
         """Ranges left per draining node at the last pass (logged when it changes)."""
         self._retry_at: dict[int, float] = {}
@@ -205,25 +191,10 @@ class Drainer:
             self.kick()
 
     def kick(self) -> None:
-        if self._task is not None and not self._task.done():
-            return
-        self._task = asyncio.get_running_loop().create_task(self._run_logged())
+        self._pass.kick()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-
-    async def _run_logged(self) -> int:
-        try:
-            return await self.run_once()
-        except SbpError as e:
-            log.warning("event=drain_pass_failed error=%r", str(e))
-        except Exception:
-            log.exception("event=drain_pass_crashed")
-        return 0
+        await self._pass.close()
 
     async def run_once(self) -> int:
         """One pass over every draining node; how many ranges left them."""
@@ -287,10 +258,6 @@ ACTION_REMOVE: Final = 4
 """DRAIN_NODE's ``action`` values (sbp.fbs)."""
 
 
-def drain_state_msg(s: DrainState) -> m.DrainState:
-    return m.DrainState(s.node_id, s.address, s.draining, s.live, s.ranges_left,
-                        s.writable_left)
-
 
 class DrainHandler:
     """DRAIN_NODE on the PM (admin only when auth is on: sbpstream.auth.gate.ADMIN_OPCODES)."""
@@ -320,4 +287,4 @@ class DrainHandler:
             await resp.send(m.DrainNodeResponse(Status.of(e)).encode())
             return
         await resp.send(m.DrainNodeResponse(
-            nodes=tuple(drain_state_msg(s) for s in states)).encode())
+            nodes=tuple(states)).encode())

@@ -12,12 +12,12 @@ metadata. The data node copies the range from a surviving replica before it answ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 from sbpstream.pm.metadata import RangeMeta, ReplicaMeta
+from sbpstream.pm.passes import BackgroundPass
 from sbpstream.pm.placement import choose_nodes
 from sbpstream.protocol.errors import (
     NotEnoughDataNodesError,
@@ -46,7 +46,7 @@ class Repairer:
     def __init__(self, service: PmService) -> None:
         self.service = service
         self._sweeps = 0
-        self._task: asyncio.Task[int] | None = None
+        self._pass = BackgroundPass("repair", self.run_once)
 
     def tick(self) -> None:
         """Called once per liveness sweep: start a pass every REPAIR_EVERY_SWEEPS sweeps,
@@ -54,25 +54,10 @@ class Repairer:
         self._sweeps += 1
         if self._sweeps % REPAIR_EVERY_SWEEPS:
             return
-        if self._task is not None and not self._task.done():
-            return
-        self._task = asyncio.get_running_loop().create_task(self._run_logged())
+        self._pass.kick()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-
-    async def _run_logged(self) -> int:
-        try:
-            return await self.run_once()
-        except SbpError as e:
-            log.warning("event=repair_failed error=%r", str(e))
-        except Exception:
-            log.exception("event=repair_crashed")
-        return 0
+        await self._pass.close()
 
     def dead_for_good(self) -> set[int]:
         svc = self.service
