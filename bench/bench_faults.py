@@ -82,6 +82,25 @@ def _print(meta: str, name: str, s: dict[str, Any]) -> None:
           f"check_clean={s.get('sbp_check_clean')} problems={len(s['problems'])}", flush=True)
 
 
+def markdown_table(doc: dict[str, Any]) -> str:
+    """One row per run: the accounting and the availability figures (docs/operations.md)."""
+    rows = ["| store | scenario | cycles | acknowledged | lost | duplicated | failed sends "
+            "| failed with deadline left | past deadline | longest write gap in a fault (s) "
+            "| longest read gap in a fault (s) | check clean |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in doc["results"]:
+        if "acked" not in s:
+            rows.append(f"| {s['metadata']} | {s['scenario']} | {s['cycles']} | run failed: "
+                        f"{'; '.join(s['problems'])[:200]} |||||||||")
+            continue
+        rows.append(
+            f"| {s['metadata']} | {s['scenario']} | {s['cycles']} | {s['acked']:,} | {s['lost']} "
+            f"| {s['duplicated']} | {s['failed']} | {s['failed_after_heal']} "
+            f"| {s['waited_past_deadline']} | {s['worst_window_write_gap_s']:.2f} "
+            f"| {s['worst_window_read_gap_s']:.2f} | {'yes' if s['sbp_check_clean'] else 'no'} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cycles", type=int, default=20)
@@ -95,7 +114,12 @@ def main() -> int:
     ap.add_argument("--operations", action="store_true",
                     help="also a rolling restart of every server and a drain, per store")
     ap.add_argument("--out", type=Path, help="write the results here as JSON")
+    ap.add_argument("--table", type=Path, metavar="RESULTS",
+                    help="print a results file (--out) as a Markdown table and exit")
     args = ap.parse_args()
+    if args.table is not None:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return 0
     if os.geteuid() != 0:
         print("bench_faults: needs root (network namespaces)", file=sys.stderr)
         return 2
