@@ -89,7 +89,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
             "| longest read gap in a fault (s) | check clean |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in doc["results"]:
-        if "acked" not in s:
+        if s.get("acked") is None:
             rows.append(f"| {s['metadata']} | {s['scenario']} | {s['cycles']} | run failed: "
                         f"{'; '.join(s['problems'])[:200]} |||||||||")
             continue
