@@ -126,12 +126,17 @@ def kafka_produce(bootstrap: str, topic: str, records: int, size: int) -> float:
                   "queue.buffering.max.messages": 1_000_000})
     value = b"x" * size
     failed = []
+
+    def delivered(err: object, _msg: object) -> None:
+        if err:
+            failed.append(err)
+
     t0 = time.perf_counter()
     for i in range(records):
         while True:
             try:
                 p.produce(topic, value=value, key=b"%08d" % i, partition=0,
-                          on_delivery=lambda err, _m: failed.append(err) if err else None)
+                          on_delivery=delivered)
                 break
             except BufferError:
                 p.poll(0.01)
@@ -214,13 +219,14 @@ def main() -> None:
 
         pm = cluster.pm_address
         for run in range(args.runs):
-            timed("sdk send_batch", lambda: asyncio.run(sdk_send_batch(pm, f"b{run}", recs)))
-            timed("sdk send_whole", lambda: asyncio.run(sdk_send_whole(pm, f"w{run}", recs)))
-            timed("sdk iterate", lambda: asyncio.run(sdk_iterate(pm, f"b{run}", n)))
-            timed("sdk columns", lambda: asyncio.run(sdk_columns(pm, f"w{run}", n)))
-            topic = f"kafka{run}"
-            timed("kafka produce", lambda: kafka_produce(bootstrap, topic, n, args.size))
-            timed("kafka consume", lambda: kafka_consume(bootstrap, topic, n))
+            b, w, topic = f"b{run}", f"w{run}", f"kafka{run}"
+            timed("sdk send_batch", lambda: asyncio.run(sdk_send_batch(pm, b, recs)))  # noqa: B023
+            timed("sdk send_whole", lambda: asyncio.run(sdk_send_whole(pm, w, recs)))  # noqa: B023
+            timed("sdk iterate", lambda: asyncio.run(sdk_iterate(pm, b, n)))  # noqa: B023
+            timed("sdk columns", lambda: asyncio.run(sdk_columns(pm, w, n)))  # noqa: B023
+            timed("kafka produce",
+                  lambda: kafka_produce(bootstrap, topic, n, args.size))  # noqa: B023
+            timed("kafka consume", lambda: kafka_consume(bootstrap, topic, n))  # noqa: B023
             for direction, sdk in (("produce", ("sdk send_batch", "sdk send_whole")),
                                    ("consume", ("sdk iterate", "sdk columns"))):
                 best = max(rate[s][-1] for s in sdk)

@@ -30,8 +30,14 @@ from sbpstream.protocol.errors import (
 )
 from sbpstream.protocol.limits import SEQUENCE_WRAP
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse
-from sbpstream.records import HEADER_SIZE, BatchBuilder, EncodedRecords, Record, iter_batches, \
-    read_header
+from sbpstream.records import (
+    HEADER_SIZE,
+    BatchBuilder,
+    EncodedRecords,
+    Record,
+    iter_batches,
+    read_header,
+)
 
 __all__ = ["Batch", "Offsets", "Piece", "StreamState", "Waiter", "as_sbp_error",
            "fail_waiters", "locate", "scan", "seq_le", "whole_sizes"]

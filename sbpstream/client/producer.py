@@ -83,7 +83,6 @@ from sbpstream.protocol.messages import (
     ProducerState,
 )
 from sbpstream.records import (
-    HEADER_SIZE,
     MAX_BATCH_BYTES,
     BatchBuilder,
     EncodedRecords,
@@ -309,8 +308,8 @@ class AsyncProducer:
         """Queue ``records`` so that they travel in ONE batch: their offsets are consecutive
         even when other producers write to the stream (the Kafka gateway's Produce). Returns one
         future of their :class:`Offsets`. RecordTooLargeError when they exceed a batch.
-        :class:`EncodedRecords` (a records section made by the caller: the gateway's, from a
-        Kafka batch) open a batch of their own."""
+        :class:`EncodedRecords` (a section made by the caller: the gateway's, from a Kafka
+        batch) travel in a batch of their own, sent at once (the caller batched already)."""
         loop = self._loop_or_start()
         fut: asyncio.Future[Offsets] = loop.create_future()
         n, size, bound = whole_sizes(records, RECORD_OVERHEAD_BYTES)
@@ -326,19 +325,21 @@ class AsyncProducer:
         if st is None:
             st = self._streams[stream_id] = StreamState(stream_id)
         b = st.builder
-        if b is not None and (b.size_bytes + bound > self.batch_max_bytes or enc and len(b)):
+        if b is not None and (b.size_bytes + bound > self.batch_max_bytes or (enc and len(b))):
             self._close_builder(st)
         if st.builder is None:
             self._open_builder(st, max(self.batch_max_bytes, min(bound, MAX_BATCH_BYTES)))
         b = st.builder
         assert b is not None
         if isinstance(records, EncodedRecords):
-            b.add_encoded(records)
+            b.add_encoded(records)  # complete: it goes now, without lingering
         elif not all(b.add(r.value, r.key, r.headers, r.timestamp_ms) for r in records):
             raise RecordTooLargeError(f"{n} records exceed one batch ({MAX_BATCH_BYTES} B)")
         st.futures.append(Piece(offsets, 0, n))
         st.pending_bytes += size
         self._buffered += size
+        if enc:
+            self._close_builder(st)
         return fut
 
     async def _send_records(self, st: StreamState, records: Sequence[bytes | Record],
