@@ -50,11 +50,13 @@ from sbpstream.records.varint import (
 )
 from sbpstream.records.varint import encode_varint as varint
 
-_to_sbp: Callable[[Any, int, int], tuple[bytes, int] | None] | None
-_to_kafka: Callable[[Any, int, int], tuple[bytes, int] | None] | None
+_Loop = Callable[[Any, int, int], "tuple[bytes, int] | None"]
+_to_sbp: _Loop | None
+_to_kafka: _Loop | None
 try:  # the compiled record loops (_transcode.pyx), when they were built
-    from sbpstream.kafka._transcode import kafka_to_sbp as _to_sbp
-    from sbpstream.kafka._transcode import sbp_to_kafka_records as _to_kafka
+    from sbpstream.kafka import _transcode
+
+    _to_sbp, _to_kafka = _transcode.kafka_to_sbp, _transcode.sbp_to_kafka_records
 except ImportError:  # pragma: no cover - a build without a C compiler
     _to_sbp = _to_kafka = None
 if os.environ.get("SBPSTREAM_PURE_PYTHON"):
