@@ -1,5 +1,6 @@
 """Build hook for the optional compiled decoders (sbpstream/records/_speedups.pyx, the record
-decode loop; sbpstream/protocol/_rangelist.pyx, the LIST_RANGES result reader).
+decode loop; sbpstream/protocol/_rangelist.pyx, the LIST_RANGES result reader;
+sbpstream/kafka/_transcode.pyx, the Kafka gateway's record conversion).
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler the build
 goes on without it and sbpstream uses its pure-Python decoders (the same results, slower).
@@ -16,6 +17,8 @@ else:
         [Extension("sbpstream.records._speedups", ["sbpstream/records/_speedups.pyx"],
                    optional=True),
          Extension("sbpstream.protocol._rangelist", ["sbpstream/protocol/_rangelist.pyx"],
+                   optional=True),
+         Extension("sbpstream.kafka._transcode", ["sbpstream/kafka/_transcode.pyx"],
                    optional=True)],
         compiler_directives={"language_level": "3"},
         quiet=True,

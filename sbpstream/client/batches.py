@@ -30,10 +30,17 @@ from sbpstream.protocol.errors import (
 )
 from sbpstream.protocol.limits import SEQUENCE_WRAP
 from sbpstream.protocol.messages import FetchItem, FetchRequest, FetchResponse
-from sbpstream.records import BatchBuilder, iter_batches, read_header
+from sbpstream.records import (
+    HEADER_SIZE,
+    BatchBuilder,
+    EncodedRecords,
+    Record,
+    iter_batches,
+    read_header,
+)
 
 __all__ = ["Batch", "Offsets", "Piece", "StreamState", "Waiter", "as_sbp_error",
-           "fail_waiters", "locate", "scan", "seq_le"]
+           "fail_waiters", "locate", "scan", "seq_le", "whole_sizes"]
 
 log = logging.getLogger("sbpstream.client.producer")
 
@@ -44,6 +51,23 @@ round trip, bounded so one answer stays small."""
 READ_BACK_TIMEOUT_MARGIN_MS: Final = 2000
 """Client-side wait for a read-back FETCH beyond the request timeout (as the producer's APPEND
 margin): only a lost node or connection takes longer."""
+
+
+def whole_sizes(records: Sequence[Record] | EncodedRecords, overhead: int
+                ) -> tuple[int, int, int]:
+    """(records, bytes counted against the buffer, an upper bound of the batch's bytes) of
+    ``send_whole``'s records; ``overhead``: the buffer's per-record charge."""
+    if isinstance(records, EncodedRecords):
+        n = len(records.section)
+        return records.count, overhead * records.count + n, HEADER_SIZE + n
+    size = 0
+    bound = HEADER_SIZE
+    for r in records:
+        hdr = sum(len(k) + len(v) for k, v in r.headers)
+        size += overhead + len(r.value or b"") + len(r.key or b"") + hdr
+        # an upper bound of the encoded record: varints of at most 10 bytes each
+        bound += 50 + len(r.value or b"") + len(r.key or b"") + 3 * hdr + 20 * len(r.headers)
+    return len(records), size, bound
 
 
 def seq_le(a: int, b: int) -> bool:

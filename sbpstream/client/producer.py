@@ -50,6 +50,7 @@ from sbpstream.client.batches import (
     fail_waiters,
     locate,
     seq_le,
+    whole_sizes,
 )
 from sbpstream.client.flow import Flow, FlowEvent, ProducerFlowError
 from sbpstream.client.options import ProducerOptions
@@ -82,9 +83,9 @@ from sbpstream.protocol.messages import (
     ProducerState,
 )
 from sbpstream.records import (
-    HEADER_SIZE,
     MAX_BATCH_BYTES,
     BatchBuilder,
+    EncodedRecords,
     RecordTooLargeError,
 )
 
@@ -302,24 +303,20 @@ class AsyncProducer:
             st.futures.append(Piece(offsets, piece, i - piece))
         return i
 
-    async def send_whole(self, stream_id: int, records: Sequence[Record]
+    async def send_whole(self, stream_id: int, records: Sequence[Record] | EncodedRecords
                          ) -> asyncio.Future[Offsets]:
         """Queue ``records`` so that they travel in ONE batch: their offsets are consecutive
         even when other producers write to the stream (the Kafka gateway's Produce). Returns one
-        future of their :class:`Offsets`. RecordTooLargeError when they exceed a batch."""
+        future of their :class:`Offsets`. RecordTooLargeError when they exceed a batch.
+        :class:`EncodedRecords` (a section made by the caller: the gateway's, from a Kafka
+        batch) travel in a batch of their own, sent at once (the caller batched already)."""
         loop = self._loop_or_start()
         fut: asyncio.Future[Offsets] = loop.create_future()
-        n = len(records)
+        n, size, bound = whole_sizes(records, RECORD_OVERHEAD_BYTES)
         offsets = Offsets(n, fut)
         if not n:
             return fut
-        size = 0
-        bound = HEADER_SIZE
-        for r in records:
-            hdr = sum(len(k) + len(v) for k, v in r.headers)
-            size += RECORD_OVERHEAD_BYTES + len(r.value or b"") + len(r.key or b"") + hdr
-            # an upper bound of the encoded record: varints of at most 10 bytes each
-            bound += 50 + len(r.value or b"") + len(r.key or b"") + 3 * hdr + 20 * len(r.headers)
+        enc = isinstance(records, EncodedRecords)
         if self._buffered + size > self.buffer_max_bytes:
             await self._wait_for_space(size)
         if self._closed:
@@ -327,18 +324,22 @@ class AsyncProducer:
         st = self._streams.get(stream_id)
         if st is None:
             st = self._streams[stream_id] = StreamState(stream_id)
-        if st.builder is not None and st.builder.size_bytes + bound > self.batch_max_bytes:
+        b = st.builder
+        if b is not None and (b.size_bytes + bound > self.batch_max_bytes or (enc and len(b))):
             self._close_builder(st)
         if st.builder is None:
             self._open_builder(st, max(self.batch_max_bytes, min(bound, MAX_BATCH_BYTES)))
         b = st.builder
         assert b is not None
-        for r in records:
-            if not b.add(r.value, r.key, r.headers, r.timestamp_ms):
-                raise RecordTooLargeError(f"{n} records exceed one batch ({MAX_BATCH_BYTES} B)")
+        if isinstance(records, EncodedRecords):
+            b.add_encoded(records)  # complete: it goes now, without lingering
+        elif not all(b.add(r.value, r.key, r.headers, r.timestamp_ms) for r in records):
+            raise RecordTooLargeError(f"{n} records exceed one batch ({MAX_BATCH_BYTES} B)")
         st.futures.append(Piece(offsets, 0, n))
         st.pending_bytes += size
         self._buffered += size
+        if enc:
+            self._close_builder(st)
         return fut
 
     async def _send_records(self, st: StreamState, records: Sequence[bytes | Record],

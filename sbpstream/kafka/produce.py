@@ -1,5 +1,6 @@
 """Kafka Produce and InitProducerId: each partition's batches go to its stream through an
-idempotent SDK producer (one Kafka batch is one sbpstream batch); an idempotent Kafka producer's
+idempotent SDK producer (one Kafka batch is one sbpstream batch, its records converted without
+being decoded: :func:`~sbpstream.kafka.records.kafka_to_sbp`); an idempotent Kafka producer's
 sequences are checked per partition over a window of :data:`PRODUCER_WINDOW` batches, so a
 retried batch is answered with its first copy's offset and never stored twice."""
 
@@ -107,7 +108,7 @@ class ProduceHandlers(TopicMap):
         batches: list[KafkaBatch] = []
         if code == E.NONE:
             try:
-                batches = decode_batches(records or b"", budget=budget)
+                batches = decode_batches(records or b"", budget=budget, encode=True)
             except InflateLimitError as exc:
                 log.info("event=kafka_batch_too_large topic=%s partition=%d error=%s",
                          topic, partition, exc)
@@ -154,7 +155,8 @@ class ProduceHandlers(TopicMap):
             if state.sent and b.base_sequence != (state.sent[-1].last + 1) & 0x7FFFFFFF:
                 return _ready((E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1))
         try:
-            fut = await self.producer_of(conn).send_whole(sid, b.records)
+            fut = await self.producer_of(conn).send_whole(
+                sid, b.encoded if b.encoded is not None else b.records)
         except RecordTooLargeError:
             return _ready((E.MESSAGE_TOO_LARGE, -1))
         except SbpError as exc:

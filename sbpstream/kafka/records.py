@@ -18,12 +18,13 @@ records minus the per-record attributes and offset delta (see :mod:`sbpstream.re
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import cramjam
 import crc32c
@@ -34,11 +35,13 @@ from sbpstream.kafka.codec import KafkaDecodeError, uvarint
 from sbpstream.records import (
     MAX_BATCH_BYTES,
     BatchError,
+    EncodedRecords,
     Record,
     read_header,
 )
 from sbpstream.records.reader import open_batch
 from sbpstream.records.varint import (
+    INT64_MAX,
     SMALL_MAX,
     SMALL_MIN,
     VARINT_TABLE,
@@ -46,6 +49,18 @@ from sbpstream.records.varint import (
     decode_varint,
 )
 from sbpstream.records.varint import encode_varint as varint
+
+_Loop = Callable[[Any, int, int], "tuple[bytes, int] | None"]
+_to_sbp: _Loop | None
+_to_kafka: _Loop | None
+try:  # the compiled record loops (_transcode.pyx), when they were built
+    from sbpstream.kafka import _transcode
+
+    _to_sbp, _to_kafka = _transcode.kafka_to_sbp, _transcode.sbp_to_kafka_records
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _to_sbp = _to_kafka = None
+if os.environ.get("SBPSTREAM_PURE_PYTHON"):
+    _to_sbp = _to_kafka = None
 
 KAFKA_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 KAFKA_HEADER_SIZE: Final = 61
@@ -115,14 +130,23 @@ the gateway hands them to the producer as they are."""
 
 @dataclass(frozen=True, slots=True)
 class KafkaBatch:
+    """A produced batch's idempotence fields and its records: decoded (``records``), or, from
+    ``decode_batches(..., encode=True)``, converted whole to an sbpstream records section
+    (``encoded``; ``records`` then empty) when they can be."""
+
     producer_id: int
     producer_epoch: int
     base_sequence: int
     records: list[KafkaRecord]
+    encoded: EncodedRecords | None = None
+
+    @property
+    def count(self) -> int:
+        return self.encoded.count if self.encoded is not None else len(self.records)
 
     @property
     def last_sequence(self) -> int:
-        return (self.base_sequence + len(self.records) - 1) & 0x7FFFFFFF
+        return (self.base_sequence + self.count - 1) & 0x7FFFFFFF
 
 
 XERIAL_MAGIC: Final = b"\x82SNAPPY\x00"
@@ -216,8 +240,14 @@ def _decompress(codec: int, data: memoryview, limit: int) -> bytes:
 
 
 def decode_batches(buf: bytes | memoryview, now_ms: int | None = None,
-                   budget: InflateBudget | None = None) -> list[KafkaBatch]:
+                   budget: InflateBudget | None = None, encode: bool = False
+                   ) -> list[KafkaBatch]:
     """The batches of a Produce partition's ``records``: CRC checked, decompressed, decoded.
+
+    ``encode``: each batch's records are converted to an sbpstream records section without
+    being decoded (:func:`kafka_to_sbp`; the gateway's Produce), unless that cannot be done
+    whole (LogAppendTime, a first timestamp delta other than 0, a null header value, anything
+    malformed): then they are decoded (which raises the error of a malformed record).
 
     Decompression is bounded per batch and by ``budget`` (one request's, shared by its
     partitions; a fresh one when None): InflateLimitError beyond (MESSAGE_TOO_LARGE).
@@ -256,10 +286,84 @@ def decode_batches(buf: bytes | memoryview, now_ms: int | None = None,
             fixed_ts: int | None = base_ts
         else:
             fixed_ts = None
-        records = _decode_records(section, count, base_ts, fixed_ts)
-        out.append(KafkaBatch(pid, pepoch, base_seq, records))
+        got = kafka_to_sbp(section, count, base_ts) if encode and fixed_ts is None else None
+        if got is not None:
+            enc = EncodedRecords(got[0], count, base_ts, got[1])
+            out.append(KafkaBatch(pid, pepoch, base_seq, [], enc))
+        else:
+            out.append(KafkaBatch(pid, pepoch, base_seq,
+                                  _decode_records(section, count, base_ts, fixed_ts)))
         pos = end
     return out
+
+
+def kafka_to_sbp(section: memoryview | bytes, count: int, base_ts: int
+                 ) -> tuple[bytes, int] | None:
+    """(sbpstream records section, max timestamp) of a Kafka records section of ``count``
+    records with timestamps ``base_ts`` (>= 0) + delta, each record copied behind a new length
+    without its attributes byte and offset delta; None when the records cannot be taken whole
+    (malformed, a first timestamp delta other than 0, a null header value, a timestamp out of
+    int64): the caller decodes them instead. Compiled when built (_transcode.pyx)."""
+    if _to_sbp is not None:
+        return _to_sbp(section, count, base_ts)
+    buf = bytes(section)
+    end = len(buf)
+    zz = ZIGZAG_BYTE
+    table = VARINT_TABLE
+    parts: list[bytes] = []
+    pos = 0
+    max_ts = base_ts
+
+    def vint(pos: int) -> tuple[int, int]:
+        b = buf[pos]
+        if b < 0x80:
+            return zz[b], pos + 1
+        return decode_varint(buf, pos)
+
+    try:
+        for i in range(count):
+            length, pos = vint(pos)
+            rec_end = pos + length
+            if length < MIN_RECORD_BYTES - 1 or rec_end > end:
+                return None
+            ts_start = pos + 1  # after the attributes byte
+            ts_delta, ts_end = vint(ts_start)
+            _, body = vint(ts_end)  # the offset delta: records are contiguous
+            ts = base_ts + ts_delta
+            if (i == 0 and ts_delta) or not 0 <= ts <= INT64_MAX:
+                return None
+            if ts > max_ts:
+                max_ts = ts
+            n, pos = vint(body)  # key
+            if not -1 <= n <= rec_end - pos:
+                return None
+            pos += max(n, 0)
+            n, pos = vint(pos)  # value
+            if not -1 <= n <= rec_end - pos:
+                return None
+            pos += max(n, 0)
+            hcount, pos = vint(pos)
+            if not 0 <= hcount <= (rec_end - pos) // 2:
+                return None
+            for _h in range(hcount):
+                n, pos = vint(pos)
+                if not 0 <= n <= rec_end - pos:
+                    return None
+                str(buf[pos:pos + n], "utf-8")
+                n, pos = vint(pos + n)
+                if not 0 <= n <= rec_end - pos:
+                    return None  # a null header value (-1) is converted the slow way
+                pos += n
+            if pos != rec_end:
+                return None
+            sl = (ts_end - ts_start) + (rec_end - body)
+            parts += (table[sl - SMALL_MIN] if sl < SMALL_MAX else varint(sl),
+                      buf[ts_start:ts_end], buf[body:rec_end])
+    except (IndexError, BatchError, UnicodeDecodeError):
+        return None
+    if pos != end:
+        return None
+    return b"".join(parts), max_ts
 
 
 def _decode_records(section: memoryview | bytes, count: int, base_ts: int,
@@ -407,7 +511,7 @@ def sbp_to_kafka(batches: list[memoryview], start_offset: int, max_bytes: int) -
             continue
         h, section = open_batch(b, verify_crc=False)  # the data node checked it
         first = max(h.base_offset, start_offset)
-        payload, n = _kafka_records(section.tobytes(), h.record_count, first - h.base_offset)
+        payload, n = _kafka_records(section, h.record_count, first - h.base_offset)
         header = bytearray(KAFKA_HEADER.pack(
             first, KAFKA_HEADER_SIZE - LENGTH_PREFIX + len(payload), -1, 2, 0, 0, n - 1,
             h.first_timestamp, h.max_timestamp, -1, -1, -1, n))
@@ -421,9 +525,15 @@ def sbp_to_kafka(batches: list[memoryview], start_offset: int, max_bytes: int) -
     return b"".join(out), next_offset
 
 
-def _kafka_records(buf: bytes, count: int, skip: int) -> tuple[bytes, int]:
+def _kafka_records(section: memoryview, count: int, skip: int) -> tuple[bytes, int]:
     """The Kafka records section of an sbpstream records section, without its first ``skip``
-    records; (bytes, records)."""
+    records; (bytes, records). Compiled when built (_transcode.pyx; a malformed section is
+    walked again here, which raises the error)."""
+    if _to_kafka is not None:
+        got = _to_kafka(section, count, skip)
+        if got is not None:
+            return got
+    buf = section.tobytes()
     zz = ZIGZAG_BYTE
     table = VARINT_TABLE
     parts: list[bytes] = []
@@ -464,6 +574,7 @@ __all__ = [
     "UnsupportedCompressionError",
     "decode_batches",
     "encode_batch",
+    "kafka_to_sbp",
     "sbp_to_kafka",
     "uvarint",
 ]

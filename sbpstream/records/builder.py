@@ -119,6 +119,19 @@ class Record:
     timestamp_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedRecords:
+    """Records already encoded as an sbpstream records section (the bytes after a batch's
+    header, uncompressed): ``count`` records whose timestamps are ``first_timestamp`` plus each
+    one's delta, the first delta 0. What the Kafka gateway makes of a Kafka batch without
+    decoding its records (:meth:`BatchBuilder.add_encoded`); the maker vouches for the bytes."""
+
+    section: bytes
+    count: int
+    first_timestamp: int
+    max_timestamp: int
+
+
 _time_ns = time.time_ns
 
 
@@ -424,6 +437,26 @@ class BatchBuilder:
         self._size += len(chunk)
         self._c_ts = -1  # the plain-record prefix cache is per first timestamp
         return start + n
+
+    def add_encoded(self, records: EncodedRecords) -> bool:
+        """Take an encoded records section whole into an EMPTY builder (False, changing nothing,
+        when the builder holds records: the section's timestamp deltas are from its own first
+        timestamp). RecordTooLargeError when it exceeds the batch bound."""
+        if self._count:
+            return False
+        size = HEADER_SIZE + len(records.section)
+        if size > self._batch_bytes_max or not 0 < records.count <= MAX_RECORDS_PER_BATCH:
+            raise RecordTooLargeError(
+                f"{records.count} records of {size - HEADER_SIZE} bytes exceed the batch bound "
+                f"{self._batch_bytes_max}")
+        _check_timestamp(records.first_timestamp)
+        self._parts.append(records.section)
+        self._count = records.count
+        self._size = size
+        self._first_ts = records.first_timestamp
+        self._max_ts = records.max_timestamp
+        self._c_ts = -1  # the plain-record prefix cache is per first timestamp
+        return True
 
     def build(self) -> bytes:
         """The batch, base_offset -1; stored uncompressed if compression does not shrink it."""
