@@ -23,6 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from sbpstream import records as sbp_records
 from sbpstream.client import _sync_support
 from sbpstream.client import options as client_options
 from sbpstream.client import producer as client_producer
@@ -65,7 +66,8 @@ ASYNC_ONLY: dict[str, str] = {
                   "CLI's introspection); sync code uses the typed methods",
 }
 # names annotations may use, and where they come from
-NAME_SOURCES = [collections.abc, typing, client_types, client_producer, client_options]
+NAME_SOURCES = [collections.abc, typing, client_types, client_producer, client_options,
+                sbp_records]
 
 
 def public_members(cls: type) -> list[tuple[str, Any]]:

@@ -236,6 +236,10 @@ class StreamState:
     # the newest range that acknowledged a batch of this producer on the stream: until a range
     # has, one batch at a time goes to it (its first batch is not checked against a sequence)
     acked_range: int = -1
+    # a batch failed for good with its outcome unknown: its sequences are skipped, never reused
+    # (a later batch with them would be taken for it), so the stream's next OUT_OF_ORDER_SEQUENCE
+    # is this gap, and the recovery seals the range and moves on
+    sequence_gap: bool = False
 
 
 async def locate(routing: RangeRouter, producer_id: int, st: StreamState, sealed: Range,

@@ -22,13 +22,11 @@ highest sequence the sealed range holds. Failed batches at or below it are store
 come from the seal result (the last one) or from reading the sealed range back (the others),
 from a replica that holds it through its end (tried in turn, until the deadline); the rest,
 and a batch a full read-back does not find (the seal cut it), are resent to the new range. A
-send fails only for a FATAL error or when the deadline is exhausted. Failover neither loses nor
-duplicates.
-
-One exception: when the primary of a *single-replica* range is unreachable, no replica can
-report the range's end (the PM refuses to seal it then), so the producer retries that primary
-for ``primary_retry_ms`` (a resend is deduplicated) before asking for a seal again.
-"""
+send fails only for a FATAL error or when the deadline is exhausted (its sequences are then
+never reused). Failover neither loses nor duplicates. One exception: when the primary of a
+*single-replica* range is unreachable, no replica can report the range's end (the PM refuses to
+seal it then), so the producer retries that primary for ``primary_retry_ms`` (a resend is
+deduplicated) before asking for a seal again."""
 
 from __future__ import annotations
 
@@ -119,8 +117,7 @@ class AsyncProducer:
     :meth:`send` returns a future per record that resolves to the record's offset (or raises its
     error); it awaits while ``buffer_max_bytes`` of records are unacknowledged. :meth:`flush`
     waits for everything sent so far; :meth:`close` flushes and stops. Create with
-    :meth:`AsyncClient.producer`.
-    """
+    :meth:`AsyncClient.producer`."""
 
     def __init__(self, client: ClientCore, options: ProducerOptions | None = None) -> None:
         o = ProducerOptions() if options is None else options
@@ -757,7 +754,9 @@ class AsyncProducer:
                 await attempts.backoff(err)
                 if not await self._still_writable(st.stream_id, rng):
                     resend = await self._seal_and_settle(st, failed, rng)
-            elif err.code in MOVE_CODES:
+            elif err.code in MOVE_CODES or (err.code == ErrorCode.OUT_OF_ORDER_SEQUENCE
+                                            and st.sequence_gap):
+                st.sequence_gap = False
                 resend = await self._seal_and_settle(st, failed, rng)
             elif err.code == ErrorCode.RANGE_NOT_FOUND:
                 await attempts.backoff(err)
@@ -847,9 +846,10 @@ class AsyncProducer:
     def _fail_batch(self, st: StreamState, batch: Batch, exc: SbpError) -> None:
         """A batch failed for good: fail it and everything queued after it on its stream.
 
-        The later batches carry sequences that would now leave a gap; they fail too, and the
-        stream's sequence restarts at the failed batch's, so the next records can still go.
-        """
+        The later batches fail too. No sequence is reused: a failed batch may be stored, and a
+        later one with its sequence would be acknowledged at its offset (a lost record). The
+        next batch leaves a gap, refused unless the failed ones were stored; then the range is
+        sealed and the batch goes on in the next one (``StreamState.sequence_gap``)."""
         log.warning("event=append_failed stream=%d error=%s", st.stream_id, exc)
         self._fail_futures(batch, exc)
         self._done(batch)
@@ -862,7 +862,7 @@ class AsyncProducer:
             self._buffered -= st.pending_bytes
             st.futures, st.pending_bytes, st.builder = [], 0, None
             self._space.set()
-        st.next_sequence = batch.base_sequence
+        st.sequence_gap = True
         if not self._unacked_batches:
             self._idle.set()
 

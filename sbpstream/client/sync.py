@@ -38,6 +38,7 @@ from sbpstream.client.types import (
     StartPosition,
     Stream,
 )
+from sbpstream.records import EncodedRecords
 
 __all__ = ["Admin", "Client", "Consumer", "Producer"]
 
@@ -615,11 +616,13 @@ class Producer(ProducerBase):
     def send_whole(
         self,
         stream_id: int,
-        records: Sequence[Record],
+        records: Sequence[Record] | EncodedRecords,
     ) -> concurrent.futures.Future[Offsets]:
         """Queue ``records`` so that they travel in ONE batch: their offsets are consecutive
         even when other producers write to the stream (the Kafka gateway's Produce). Returns one
         future of their :class:`Offsets`. RecordTooLargeError when they exceed a batch.
+        :class:`EncodedRecords` (a section made by the caller: the gateway's, from a Kafka
+        batch) travel in a batch of their own, sent at once (the caller batched already).
         """
         self._before_call()
         return self._runner.run(to_cf(self._async.send_whole(stream_id, records)))
