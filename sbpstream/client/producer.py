@@ -769,7 +769,7 @@ class AsyncProducer:
             if resend and attempts.remaining_s <= 0:
                 raise err
             for b in reversed(resend):
-                b.attempts = attempts
+                b.attempts = b.attempts or attempts  # each keeps its own deadline
                 st.ready.appendleft(b)
             if resend:
                 self._active.add(st)
@@ -844,35 +844,27 @@ class AsyncProducer:
         return cur is not None and not cur.sealed
 
     def _fail_batch(self, st: StreamState, batch: Batch, exc: SbpError) -> None:
-        """A batch failed for good: fail it and everything queued after it on its stream.
-
-        The later batches fail too. No sequence is reused: a failed batch may be stored, and a
+        """A batch failed for good (a FATAL error, or its deadline ran out); those queued behind
+        it keep their own deadlines. No sequence is reused: a failed batch may be stored, and a
         later one with its sequence would be acknowledged at its offset (a lost record). The
         next batch leaves a gap, refused unless the failed ones were stored; then the range is
         sealed and the batch goes on in the next one (``StreamState.sequence_gap``)."""
         log.warning("event=append_failed stream=%d error=%s", st.stream_id, exc)
         self._fail_futures(batch, exc)
         self._done(batch)
-        while st.ready:
-            b = st.ready.popleft()
-            self._fail_futures(b, exc)
-            self._done(b)
-        if st.builder is not None:
-            fail_waiters(st.futures, exc)
-            self._buffered -= st.pending_bytes
-            st.futures, st.pending_bytes, st.builder = [], 0, None
-            self._space.set()
         st.sequence_gap = True
         if not self._unacked_batches:
             self._idle.set()
 
     def _fail_stream(self, st: StreamState, exc: SbpError) -> None:
-        if st.ready:
-            first = st.ready.popleft()
-            self._fail_batch(st, first, exc)
-        elif st.builder is not None:
-            self._close_builder(st)
-            self._fail_stream(st, exc)
+        """Fail everything a stream holds: its queued batches and its open one."""
+        while st.ready:
+            self._fail_batch(st, st.ready.popleft(), exc)
+        if st.builder is not None:
+            fail_waiters(st.futures, exc)
+            self._buffered -= st.pending_bytes
+            st.futures, st.pending_bytes, st.builder = [], 0, None
+            self._space.set()
 
     @staticmethod
     def _fail_futures(batch: Batch, exc: SbpError) -> None:
