@@ -363,7 +363,8 @@ class AppendHandler:
             by_range.setdefault((w.rng.stream_id, w.rng.range_index), []).append(w)
         # replication of several ranges in one request: each item carries its range's
         # committed offset (a missing one is 0: the commit does not move)
-        per_item = dict(zip(map(id, m.items), m.committed_offsets, strict=False))
+        per_item = (dict(zip(map(id, m.items), m.committed_offsets, strict=False))
+                    if m.replication and m.committed_offsets else {})
         out: list[AppendResult] = []
         for (sid, idx), ws in by_range.items():
             try:
