@@ -19,6 +19,11 @@
   run on uvloop (``sbpstream.net.loop.run``), as the servers and the sync client do. The data
   nodes run with ``--fsync`` (default ``always``: acknowledged = fsynced, and records are
   delivered only once committed). p50/p99/p99.9 over ``--latency-seconds``, ``--runs`` times.
+  With ``--hops`` the data node runs with its hop trace on (sbpstream/datanode/hoptrace.py,
+  ``SBPSTREAM_HOP_TRACE``), the producer notes when each record's ack arrived, and each record's
+  latency is broken down by hop (send -> frame read at the node -> handler started -> group
+  commit returned -> ack written -> ack received; commit -> delivered), p50 and p99 per hop.
+  ``--cpu`` also reports each process's CPU microseconds per record over the latency run.
 
     .venv/bin/python -m bench.bench_subscribe [--records 100000] [--rate 2000] [--runs 3]
 """
@@ -38,12 +43,14 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+from bench.bench_cpu import proc_cpu_s
 from bench.common import median_spread, percentile
 from bench.peers import AppendSpec, RedisSystem, payload_of
 from sbpstream.client import AsyncClient
 from sbpstream.cluster import LocalCluster
+from sbpstream.datanode.hoptrace import HOP_TRACE_ENV
 from sbpstream.datanode.subscribe import MAX_SUBSCRIPTIONS_PER_CONNECTION
 from sbpstream.net.client import Connection, ResponseStream
 from sbpstream.net.loop import run as run_on_uvloop
@@ -104,33 +111,50 @@ async def _settle(before: set[asyncio.Task[Any]]) -> None:
 # ------------------------------------------------------------------------------ latency roles
 
 async def _consumer_role(pm: str, sid: int, count: int) -> None:
-    lat: list[float] = []
+    """Prints ``[[offset, sent_ns, delivered_ns], ...]`` and its CPU seconds."""
+    got: list[tuple[int, int, int]] = []
     async with AsyncClient(pm) as c:
         cons = c.consumer(sid, "latest")
         await cons.poll(timeout_ms=0)  # subscribed: the producer may start
         print("ready", flush=True)
+        cpu0 = time.process_time()
         async for rec in cons:
             (sent,) = STAMP.unpack_from(rec.value or b"\0" * 8)
-            lat.append((time.monotonic_ns() - sent) / 1e6)
-            if len(lat) >= count:
+            got.append((rec.offset, sent, time.monotonic_ns()))
+            if len(got) >= count:
                 break
+        cpu = time.process_time() - cpu0
         await cons.close()
-    print(json.dumps(lat), flush=True)
+    print(json.dumps({"records": got, "cpu_s": cpu}), flush=True)
 
 
 async def _producer_role(pm: str, sid: int, rate: int, count: int, size: int) -> None:
+    """Prints ``{"acks": [[offset, acked_ns], ...], "cpu_s": ...}``."""
+    acks: list[tuple[int, int]] = []
+
+    def acked(f: asyncio.Future[int]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            acks.append((f.result(), time.monotonic_ns()))
+
     async with AsyncClient(pm) as c, c.producer(linger_ms=0) as p:
+        await c.routing.ranges(sid)  # the lookup before the clock
+        cpu0 = time.process_time()
         start = time.monotonic()
         pad = b"p" * max(0, size - STAMP.size)
         for i in range(count):
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await p.send(sid, STAMP.pack(time.monotonic_ns()) + pad)
+            (await p.send(sid, STAMP.pack(time.monotonic_ns()) + pad)).add_done_callback(acked)
         await p.flush()
+        cpu = time.process_time() - cpu0
+    print(json.dumps({"acks": acks, "cpu_s": cpu}), flush=True)
 
 
-def latency(pm: str, rate: int, seconds: float, size: int) -> dict[str, float]:
+def latency(pm: str, rate: int, seconds: float, size: int,
+            node_pid: int | None = None) -> dict[str, Any]:
+    """One latency run; with ``node_pid``, the data node's CPU over it too. The raw records
+    (``raw``: the stream, the consumer's and the producer's rows) go to the hop breakdown."""
     async def mk() -> int:
         async with AsyncClient(pm) as c:
             return await c.create_stream()
@@ -145,15 +169,57 @@ def latency(pm: str, rate: int, seconds: float, size: int) -> dict[str, float]:
         line = cons.stdout.readline()
         if line.strip() != "ready":
             raise RuntimeError(f"consumer did not start: {line!r}")
-        subprocess.run([*me, "--role", "producer"], check=True, timeout=seconds * 10 + 60)
+        node_cpu0 = proc_cpu_s(node_pid) if node_pid is not None else 0.0
+        prod = subprocess.run([*me, "--role", "producer"], check=True, capture_output=True,
+                              text=True, timeout=seconds * 10 + 60)
+        node_cpu = proc_cpu_s(node_pid) - node_cpu0 if node_pid is not None else 0.0
         out, _ = cons.communicate(timeout=60)
     finally:
         if cons.poll() is None:
             cons.kill()
-    lat = sorted(json.loads(out.strip().splitlines()[-1]))
-    return {"rate": rate, "records": len(lat), "p50_ms": percentile(lat, 50),
+    got = json.loads(out.strip().splitlines()[-1])
+    made = json.loads(prod.stdout.strip().splitlines()[-1])
+    lat = sorted((recv - sent) / 1e6 for _, sent, recv in got["records"])
+    n = len(lat)
+    return {"rate": rate, "records": n, "p50_ms": percentile(lat, 50),
             "p99_ms": percentile(lat, 99), "p99_9_ms": percentile(lat, 99.9),
-            "mean_ms": statistics.fmean(lat)}
+            "mean_ms": statistics.fmean(lat),
+            "cpu_us_per_record": {"producer": made["cpu_s"] * 1e6 / n,
+                                  "consumer": got["cpu_s"] * 1e6 / n,
+                                  "datanode": node_cpu * 1e6 / n},
+            "raw": {"stream": sid, "records": got["records"], "acks": made["acks"]}}
+
+
+HOPS: Final = ("send->read", "read->handler", "handler->durable", "durable->ack written",
+               "ack written->ack received", "durable->delivered", "send->delivered")
+"""The hops of the breakdown, in the order a record passes them (see --hops)."""
+
+
+def hop_breakdown(raw: dict[str, Any], trace: list[list[int]]) -> dict[str, dict[str, float]]:
+    """p50 and p99 (ms) of each hop of one run, joining the node's trace rows (its stream's),
+    the consumer's and the producer's rows by offset."""
+    by_offset: dict[int, list[int]] = {}
+    for sid, base, nxt, *times in trace:
+        if sid == raw["stream"]:
+            for off in range(base, nxt):
+                by_offset[off] = times
+    acks = dict(raw["acks"])
+    hops: dict[str, list[float]] = {h: [] for h in HOPS}
+    for off, sent, recv in raw["records"]:
+        t = by_offset.get(off)
+        ack = acks.get(off)
+        if t is None or ack is None:
+            continue
+        read, start, durable, written = t
+        for h, a, b in zip(HOPS, (sent, read, start, durable, written, durable, sent),
+                           (read, start, durable, written, ack, recv, recv), strict=True):
+            hops[h].append((b - a) / 1e6)
+    out: dict[str, dict[str, float]] = {}
+    for h, xs in hops.items():
+        xs.sort()
+        if xs:
+            out[h] = {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "n": len(xs)}
+    return out
 
 
 # ------------------------------------------------------------------------------ idle memory
@@ -312,6 +378,8 @@ def main() -> int:
     ap.add_argument("--latency-seconds", type=float, default=10.0)
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-catch-up", action="store_true")
+    ap.add_argument("--hops", action="store_true",
+                    help="latency broken down per hop (the data node's hop trace on)")
     ap.add_argument("--idle-subscriptions", type=int, default=1000,
                     help="idle subscriptions whose node memory is measured (0: skip)")
     ap.add_argument("--fsync", default="always")
@@ -332,8 +400,12 @@ def main() -> int:
     results: dict[str, object] = {"catch_up": [], "latency": [], "idle_memory": None}
     if a.idle_subscriptions > 0:
         results["idle_memory"] = idle_memory(a.idle_subscriptions)
+    trace_dir = tempfile.TemporaryDirectory()
+    trace_path = Path(trace_dir.name) / "hops.jsonl"
+    env = {HOP_TRACE_ENV: str(trace_path)} if a.hops and not a.skip_latency else {}
+    lats: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as d, \
-            LocalCluster(Path(d) / "sbp", datanodes=a.datanodes, fsync=a.fsync) as cl:
+            LocalCluster(Path(d) / "sbp", datanodes=a.datanodes, fsync=a.fsync, env=env) as cl:
         redis: RedisSystem | None = None
         if not a.no_redis and not a.skip_catch_up:
             redis = RedisSystem(Path(d) / "redis")
@@ -351,11 +423,30 @@ def main() -> int:
             results["fsync_floor"] = floor
             print(f"fdatasync of 100 B on this disk: p50 {floor['p50_ms']:.2f} ms  p99 "
                   f"{floor['p99_ms']:.2f} ms  p99.9 {floor['p99_9_ms']:.2f} ms", flush=True)
-            lats = [latency(cl.pm_address, a.rate, a.latency_seconds, 100) for _ in range(a.runs)]
-            results["latency"] = lats
+            pid = cl.datanodes[0].proc.pid if cl.datanodes[0].proc is not None else None
+            lats = [latency(cl.pm_address, a.rate, a.latency_seconds, 100, pid)
+                    for _ in range(a.runs)]
             for key in ("p50_ms", "p99_ms", "p99_9_ms"):
                 print(f"latency {a.rate} rec/s separate processes fsync={a.fsync} {key[:-3]}: "
                       f"{_spread([x[key] for x in lats], '.2f')} ms", flush=True)
+            for who in ("producer", "datanode", "consumer"):
+                print(f"latency run CPU us/record {who}: "
+                      f"{_spread([x['cpu_us_per_record'][who] for x in lats], '.1f')}",
+                      flush=True)
+    if lats and a.hops:  # the node wrote its trace when it stopped
+        rows = [json.loads(line) for line in trace_path.read_text().splitlines()]
+        trace = [r for r in rows if isinstance(r, list)]
+        per_run = [hop_breakdown(x["raw"], trace) for x in lats]
+        for h in HOPS:
+            for p in ("p50", "p99"):
+                vals = [r[h][p] for r in per_run if h in r]
+                if vals:
+                    print(f"hop {h:<26} {p}: {_spread(vals, '.3f')} ms", flush=True)
+        results["hops"] = per_run
+    trace_dir.cleanup()
+    for x in lats:
+        del x["raw"]
+    results["latency"] = lats
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     print(json.dumps(results))
     return 0

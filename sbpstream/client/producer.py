@@ -623,7 +623,8 @@ class AsyncProducer:
         try:
             try:
                 try:
-                    async with asyncio.timeout(clip_timeout(None)):
+                    waits = (prev is not None and not prev.done()) or slots.locked()
+                    async with asyncio.timeout(clip_timeout(None) if waits else None):  # issue 34
                         if prev is not None and not prev.done():
                             await asyncio.shield(prev)  # the APPEND dispatched before is written
                         await slots.acquire()
@@ -873,10 +874,9 @@ class AsyncProducer:
 
 def queue_values(producer: AsyncProducer, stream_id: int, values: Sequence[bytes],
                  offsets: Offsets) -> int:
-    """Queue plain ``values`` of one stream for ``offsets`` without awaiting (what
-    :meth:`AsyncProducer.send_batch` does, minus its future and its wait for buffer space):
-    as many as the buffer has room for. Returns how many were queued; :func:`send_rest` queues
-    the others. Call on the producer's loop. Raises ProducerClosedError once it is closed."""
+    """Queue plain ``values`` of one stream for ``offsets`` without awaiting (send_batch minus
+    its future and its wait for buffer space): as many as the buffer has room for. Returns how many
+    were queued (send_rest queues the rest). On its loop; ProducerClosedError once closed."""
     producer._loop_or_start()
     st = producer._streams.get(stream_id)
     if st is None:

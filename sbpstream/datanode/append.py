@@ -33,6 +33,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sbpstream.datanode.hoptrace import hop_trace_from_env
 from sbpstream.datanode.limits import (
     DEFAULT_APPEND_TIMEOUT_MS,
     MAX_APPEND_ITEMS,
@@ -73,6 +74,7 @@ class Written:
     append_time_ms: int
     # resolves once every secondary holds the batch (None: nothing to replicate)
     replicated: asyncio.Future[None] | None = None
+    durable_at: float = 0.0  # when its group commit returned (monotonic; hop trace only)
 
 
 def _error(item: AppendItem, exc: SbpError) -> AppendResult:
@@ -157,6 +159,7 @@ def _count(ctx: NodeContext, stream_id: int, ws: list[Written], replication: boo
 class AppendHandler:
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
+        self.trace = hop_trace_from_env()  # off (None) unless SBPSTREAM_HOP_TRACE is set
 
     async def __call__(self, req: Request, resp: Responder) -> None:
         ctx = self.ctx
@@ -192,6 +195,8 @@ class AppendHandler:
                                      [w.item for w in written])
             await resp.send(AppendResponse(throttle_ms, items=tuple(sent)).encode())
             self._account(sent, t0)
+            if self.trace is not None:
+                self._trace(req, written, sent, t0)
             return
         tasks: list[asyncio.Task[list[AppendResult]]] = []
         loop = asyncio.get_running_loop()
@@ -207,6 +212,17 @@ class AppendHandler:
             for t in tasks:
                 t.cancel()
         self._account(sent, t0)
+
+    def _trace(self, req: Request, written: list[Written], sent: list[AppendResult],
+               t0: float) -> None:
+        """The hop trace's rows of the items answered OK (see hoptrace.py)."""
+        assert self.trace is not None
+        acked = time.monotonic()
+        ok = {r.request_index for r in sent if not r.status.code}
+        for w in written:
+            if w.item.request_index in ok and not w.outcome.duplicate:
+                self.trace.note(w.item.stream_id, w.outcome.base_offset, w.outcome.next_offset,
+                                req.received_at, t0, w.durable_at, acked)
 
     def _charge(self, req: Request, m: AppendRequest) -> int:
         """Quotas (issue 22): the payload's bytes as produce, by stream; the throttle time."""
@@ -338,12 +354,17 @@ class AppendHandler:
             err = TimeoutError_(f"not durable within the request's timeout_ms {m.timeout_ms}; "
                                 "retry (duplicates of idempotent producers are detected)")
             return [_error(w.item, err) for w in written]
+        if self.trace is not None:
+            now = time.monotonic()
+            for w in written:
+                w.durable_at = now
         by_range: dict[tuple[int, int], list[Written]] = {}
         for w in written:
             by_range.setdefault((w.rng.stream_id, w.rng.range_index), []).append(w)
         # replication of several ranges in one request: each item carries its range's
         # committed offset (a missing one is 0: the commit does not move)
-        per_item = dict(zip(map(id, m.items), m.committed_offsets, strict=False))
+        per_item = (dict(zip(map(id, m.items), m.committed_offsets, strict=False))
+                    if m.replication and m.committed_offsets else {})
         out: list[AppendResult] = []
         for (sid, idx), ws in by_range.items():
             try:

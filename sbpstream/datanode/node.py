@@ -123,6 +123,7 @@ class DataNodeServer:
         self.server: Server | None = None
         self.introspector: Introspector | None = None
         self._store: Store | None = None
+        self._append: AppendHandler | None = None  # (its hop trace is written at close)
         self._closed = False
         self.fetch: FetchHandler | None = None
         #: SDK clients that sent HEARTBEAT here: client_id -> (peer, monotonic last seen).
@@ -165,7 +166,7 @@ class DataNodeServer:
         await self._pull_quotas_at_start()
         handlers: dict[int, Handler] = {}
         control = ControlHandlers(self.ctx)
-        handlers[Opcode.APPEND] = AppendHandler(self.ctx)
+        handlers[Opcode.APPEND] = self._append = AppendHandler(self.ctx)
         fetch = self.fetch = FetchHandler(self.ctx)
         handlers[Opcode.FETCH] = fetch
         handlers[Opcode.BUFFER_ACK] = fetch.subscriptions.buffer_ack
@@ -298,6 +299,8 @@ class DataNodeServer:
         await self.pool.close()
         if self._store is not None:
             self._store.close()
+        if self._append is not None and self._append.trace is not None:
+            self._append.trace.dump()
         log.info("event=datanode_stopped node_id=%d", self.node_id)
 
     async def _every(self, interval_ms: int, fn: Callable[[], Awaitable[None]],

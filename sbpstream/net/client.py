@@ -98,6 +98,12 @@ CREDENTIALS_HINT: Final = (
 """The fix named when a server with auth on answers a client that has no credentials."""
 
 
+def _expire(waiter: asyncio.Future[None]) -> None:
+    """A response waiter's timer: the wait is over (raised as TimeoutError in the waiter)."""
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 def system_error_from(frame: Frame) -> SbpError:
     try:
         st = SystemErrorResponse.decode(frame.header).status
@@ -407,13 +413,13 @@ class Connection(FrameProtocol):
                 self._forget(request_id)
                 raise ConnectionClosedError("response ended without an END frame")
             loop = asyncio.get_running_loop()
-            p.waiter = loop.create_future()
+            p.waiter = waiter = loop.create_future()
             wait_s = clip_timeout(timeout_s)  # the call's deadline bounds every wait (issue 33)
+            # one timer that fails the waiter itself, not wait_for's second future and
+            # callback hop (a response is one loop pass sooner; issue 34)
+            timer = None if wait_s is None else loop.call_later(wait_s, _expire, waiter)
             try:
-                if wait_s is None:
-                    await p.waiter
-                else:
-                    await asyncio.wait_for(p.waiter, wait_s)
+                await waiter
             except TimeoutError:
                 self._forget(request_id)
                 raise ClientTimeoutError(
@@ -424,6 +430,8 @@ class Connection(FrameProtocol):
                 raise
             finally:
                 p.waiter = None
+                if timer is not None:
+                    timer.cancel()
         frame = p.queue.popleft()
         size = len(frame.header) + len(frame.payload)
         p.buffered -= size
@@ -448,18 +456,25 @@ class Connection(FrameProtocol):
             raise self._goaway_error()
         # the call's deadline (issue 33) bounds the wait for a request slot and for the peer to
         # take what was written before (a stopped peer's full socket)
-        try:
-            async with asyncio.timeout(clip_timeout(None)):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise ClientTimeoutError(
-                f"no request slot on the connection to {self.address} by the call's deadline"
-            ) from None
+        # (no timer when nothing is waited for: a free slot, a socket taking data; issue 34)
+        if self._slots.locked():
+            try:
+                async with asyncio.timeout(clip_timeout(None)):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise ClientTimeoutError(
+                    f"no request slot on the connection to {self.address} by the call's "
+                    "deadline") from None
+        else:
+            await self._slots.acquire()  # free: returns at once
         rid = self._next_request_id()
         self._pending[rid] = _Pending(deque(), None, None, False, 0)
         try:
-            async with asyncio.timeout(clip_timeout(None)):
-                await self.write_frame(opcode, rid, 0, header, payload)
+            if self._write_paused:
+                async with asyncio.timeout(clip_timeout(None)):
+                    await self.write_frame(opcode, rid, 0, header, payload)
+            else:
+                self.write_frame_nowait(opcode, rid, 0, header, payload)
         except TimeoutError:
             self._forget(rid)
             raise ClientTimeoutError(

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from sbpstream.protocol.errors import ClientTimeoutError, ConnectionClosedError
 
@@ -115,6 +115,8 @@ def clip_timeout_ms(timeout_ms: int) -> int:
 async def within_deadline(aw: Awaitable[T], what: str) -> T:
     """Await ``aw`` (shielded: others may share it) until the call's deadline; then raise
     ClientTimeoutError naming ``what``."""
+    if isinstance(aw, asyncio.Future) and aw.done():  # e.g. a connection's declared client id:
+        return cast(T, aw.result())  # no shield, task or timer per request (issue 34)
     left = remaining_s()
     if left is None:
         return await asyncio.shield(aw)
