@@ -859,13 +859,10 @@ class AsyncProducer:
 
     def _fail_stream(self, st: StreamState, exc: SbpError) -> None:
         """Fail everything a stream holds: its queued batches and its open one."""
+        if st.builder is not None:
+            self._close_builder(st)  # a batch like the others, failed below
         while st.ready:
             self._fail_batch(st, st.ready.popleft(), exc)
-        if st.builder is not None:
-            fail_waiters(st.futures, exc)
-            self._buffered -= st.pending_bytes
-            st.futures, st.pending_bytes, st.builder = [], 0, None
-            self._space.set()
 
     @staticmethod
     def _fail_futures(batch: Batch, exc: SbpError) -> None:
