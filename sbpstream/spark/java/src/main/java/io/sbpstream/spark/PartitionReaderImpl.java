@@ -51,6 +51,12 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
     }
   }
 
+  /** A reader of every column of {@link SbpstreamJvmSource#SCHEMA}. */
+  public PartitionReaderImpl(SbpInputPartition p) {
+    this(p, SbpstreamJvmSource.SCHEMA);
+  }
+
+  /** A reader filling the columns of ``schema`` (SCHEMA or a pruned part of it). */
   public PartitionReaderImpl(SbpInputPartition p, StructType schema) {
     this.p = p;
     this.pos = p.fromOffset;
