@@ -31,6 +31,7 @@ from sbpstream.records import ColumnBuffers, decode_column_buffers, iter_batches
 from sbpstream.records.reader import Buffer
 from sbpstream.spark.meta import replica_addresses
 from sbpstream.spark.options import SecurityOptions
+from sbpstream.spark.profiling import Phases
 from sbpstream.spark.schema import US_PER_MS
 
 log = logging.getLogger("sbpstream.spark")
@@ -81,8 +82,9 @@ class SpanRequest:
 class SpanReader:
     """Async reader of one span; ``next_columns`` returns None once ``until`` is reached."""
 
-    def __init__(self, req: SpanRequest) -> None:
+    def __init__(self, req: SpanRequest, phases: Phases | None = None) -> None:
         self.req = req
+        self.phases = phases
         self.pos = req.from_offset
         self.range_index = req.range_index
         self.replicas = list(req.replicas)
@@ -136,6 +138,8 @@ class SpanReader:
 
     async def _locate(self) -> None:
         """Ask the PM which range holds ``pos`` now, and its replicas."""
+        if self.phases is not None:
+            self.phases.add("pm_lookups", 0.0)
         if self._client is None:
             self._client = self._new_client()
         ranges = await self._client.list_ranges(self.req.stream_id)
@@ -248,8 +252,11 @@ class SpanReader:
         if chunks:
             buf = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             await self._fetch_ahead(addr, buf, range_end)
+            t0 = time.perf_counter()
             cols = decode_column_buffers(buf, start_offset=self.pos,
                                          until_offset=req.until_offset, ts_scale=US_PER_MS)
+            if self.phases is not None:
+                self.phases.add("decode", time.perf_counter() - t0)
             if cols.rows:
                 self.pos = int.from_bytes(cols.offsets[-8:], "little") + 1
                 return cols
@@ -276,17 +283,30 @@ class SpanReader:
 _EMPTY = decode_column_buffers(b"")
 
 
-def read_span(req: SpanRequest, to_batch: Any) -> Iterator[Any]:
-    """Blocking generator of ``to_batch(columns)`` for the span, on a private event loop."""
+def read_span(req: SpanRequest, to_batch: Any, phases: Phases | None = None) -> Iterator[Any]:
+    """Blocking generator of ``to_batch(columns)`` for the span, on a private event loop.
+    With ``phases``, where the time went: fetch (and decode), arrow, handoff."""
     loop = new_event_loop()
-    reader = SpanReader(req)
+    reader = SpanReader(req, phases)
+    clock = time.perf_counter
     try:
         while True:
+            t0 = clock()
             cols = loop.run_until_complete(reader.next_columns())
             if cols is None:
                 return
             if cols.rows:
-                yield to_batch(cols)
+                if phases is None:
+                    yield to_batch(cols)
+                    continue
+                t1 = clock()
+                batch = to_batch(cols)
+                t2 = clock()
+                yield batch
+                phases.add("fetch", t1 - t0)  # decode included; the bench subtracts it
+                phases.add("arrow", t2 - t1)
+                phases.add("handoff", clock() - t2)
+                phases.add("rows", 0.0, cols.rows)
     finally:
         try:
             loop.run_until_complete(reader.close())

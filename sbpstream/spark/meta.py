@@ -73,9 +73,12 @@ class DriverClient:
         self.timeout_ms = timeout_ms
         self.security = security or SecurityOptions()
         self._client: Client | None = None
+        self.lookups = 0
+        """PM requests made through this view (for the planning breakdown)."""
 
     @property
     def client(self) -> Client:
+        self.lookups += 1
         if self._client is None:
             with translated_errors(self.pm):
                 self._client = Client(
@@ -120,6 +123,7 @@ class DriverClient:
     def state(self, stream_id: int) -> StreamState:
         with translated_errors(self.pm):
             c = self.client
+            self.lookups += 1  # two requests
             return StreamState(stream_id, c.start_offset(stream_id), c.end_offset(stream_id))
 
     def start_offset(self, stream_id: int) -> int:

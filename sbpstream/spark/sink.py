@@ -7,7 +7,7 @@ replays batch N with the same ids), epoch 0 and sequences from 0. Batches are cu
 from the rows alone (one timestamp per task unless the rows carry one), encoded in bulk from
 Spark's Arrow buffers (``BatchBuilder.add_columns``: the same bytes and cuts as row by row), so a
 replay rebuilds the same batches with the same sequences; up to ``SINK_IN_FLIGHT`` of them are in
-flight (``Appender.append_window`` says why that stays exact). The data node answers a
+flight, a sliding window (``_Route.submit`` says why that stays exact). The data node answers a
 duplicate among a producer's last 5 batches with its original offset, and an older one with
 OUT_OF_ORDER_SEQUENCE, which this writer reads as "already stored" (its sequences have no
 gaps). Across seals: before writing, the task asks the PM for the producer states stored with
@@ -19,6 +19,7 @@ skips the sequences they already hold, so a replay after any number of seals is 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import logging
 import time
@@ -232,37 +233,6 @@ class Appender:
         then may several be in flight (the node accepts *any* first sequence of a producer it
         has not seen in a range, so a first batch overtaken by its successor would be lost)."""
 
-    async def append_window(self, window: list[tuple[bytes, int, int]]) -> None:
-        """Several (data, base_sequence, count) batches in flight at once, exactly once.
-
-        Pipelined, an OUT_OF_ORDER_SEQUENCE answer is ambiguous: the batch may be old (stored
-        before) or its predecessor may have failed (a gap). So a window is only trusted where
-        every batch up to it answered NONE (stored now, or a duplicate the node remembers: the
-        window is at most the node's per-producer memory of 5 batches); from the first other
-        answer on, the batches are sent again one at a time through :meth:`append`, where
-        every predecessor is confirmed and OUT_OF_ORDER_SEQUENCE can only mean "stored".
-        """
-        rest = window
-        if not self.primed or self.range is None:
-            await self.append(*window[0])
-            rest = window[1:]
-        if not rest:
-            return
-        rng = self.range
-        todo = [w for w in rest if w[1] + w[2] - 1 > self.stored_through]
-        self.duplicates += len(rest) - len(todo)
-        addrs = replica_addresses(rng) if rng is not None else ()
-        codes: list[int | BaseException] = []
-        if rng is not None and addrs:
-            codes = list(await asyncio.gather(
-                *(self._send(addrs[0], rng, data) for data, _, _ in todo),
-                return_exceptions=True))
-        ok = 0
-        while ok < len(codes) and codes[ok] == ErrorCode.NONE:
-            ok += 1
-        for data, seq, count in todo[ok:]:
-            await self.append(data, seq, count)
-
     async def start(self) -> None:
         """Find the writable range, and the highest sequence of this producer that any sealed
         range already holds (a replayed batch skips those). Sealed ranges are asked newest
@@ -318,7 +288,7 @@ class Appender:
             try:
                 if not addrs:
                     raise RuntimeError(f"range {rng.range_index} has no primary")
-                code = await self._send(addrs[0], rng, data)
+                code = await self.send(addrs[0], rng, data)
             except SbpError as exc:
                 code = exc.code
                 if not (exc.retriable or code in MOVE_CODES):
@@ -351,7 +321,7 @@ class Appender:
             await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
             attempt += 1
 
-    async def _send(self, addr: str, rng: Range, data: bytes) -> int:
+    async def send(self, addr: str, rng: Range, data: bytes) -> int:
         """One APPEND of one batch; its error code (NONE when stored or a known duplicate)."""
         req = AppendRequest(
             timeout_ms=self.opts.timeout_ms,
@@ -388,13 +358,17 @@ a resent window's stored batches are all recognised as duplicates)."""
 
 
 class _Route:
-    """One destination stream of a task: its appender, open batch, next sequence, window."""
+    """One destination stream of a task: its appender, open batch, next sequence, and the
+    batches in flight (a sliding window of at most ``SINK_IN_FLIGHT``)."""
 
-    def __init__(self, app: Appender, codec: int) -> None:
+    def __init__(self, app: Appender, codec: int, loop: asyncio.AbstractEventLoop) -> None:
         self.app = app
         self.codec = codec
+        self.loop = loop
         self.seq = 0
-        self.window: list[tuple[bytes, int, int]] = []
+        self.sent = 0
+        self.inflight: collections.deque[tuple[asyncio.Task[int], tuple[bytes, int, int]]] = (
+            collections.deque())
         self.builder = self.new_builder()
 
     def new_builder(self) -> BatchBuilder:
@@ -403,11 +377,59 @@ class _Route:
                             base_sequence=self.seq)
 
     def cut(self) -> None:
-        """Close the open batch into the window (sequences continue without gaps)."""
+        """Close the open batch and send it (sequences continue without gaps)."""
         b = self.builder
-        self.window.append((b.build(), self.seq, len(b)))
+        self.submit((b.build(), self.seq, len(b)))
         self.seq = (self.seq + len(b)) % SEQUENCE_WRAP
         self.builder = self.new_builder()
+
+    def submit(self, item: tuple[bytes, int, int]) -> None:
+        """Send one batch, keeping at most ``SINK_IN_FLIGHT`` unanswered: the oldest answer is
+        awaited first when the window is full, so the data node always has the next batches
+        while this task encodes more. Exactly once (docs/spark.md): a batch is trusted only
+        when it and every batch before it answered NONE; the first batch after a start, a seal
+        or RANGE_NOT_FOUND goes alone."""
+        app = self.app
+        self.sent += 1
+        if item[1] + item[2] - 1 <= app.stored_through:
+            app.duplicates += 1  # stored before the last seal: a replay
+            return
+        rng = app.range
+        if not app.primed or rng is None or not replica_addresses(rng):
+            self.settle()
+            self.loop.run_until_complete(app.append(*item))
+            return
+        while len(self.inflight) >= SINK_IN_FLIGHT:
+            self._confirm_oldest()
+        rng = app.range
+        if not app.primed or rng is None or not replica_addresses(rng):
+            self.loop.run_until_complete(app.append(*item))  # a resend moved the range
+            return
+        task = self.loop.create_task(app.send(replica_addresses(rng)[0], rng, item[0]))
+        self.inflight.append((task, item))
+        self.loop.run_until_complete(asyncio.sleep(0))  # let it write its frame now
+
+    def _confirm_oldest(self) -> None:
+        task, _ = self.inflight[0]
+        try:
+            code: int | BaseException = self.loop.run_until_complete(task)
+        except Exception as exc:  # SbpError, OSError: resent below
+            code = exc
+        if code == ErrorCode.NONE:
+            self.inflight.popleft()
+            return
+        # not trusted from here on: let every later answer arrive, then resend one at a time
+        rest = [item for _, item in self.inflight]
+        self.loop.run_until_complete(asyncio.gather(
+            *(t for t, _ in self.inflight), return_exceptions=True))
+        self.inflight.clear()
+        for item in rest:
+            self.loop.run_until_complete(self.app.append(*item))
+
+    def settle(self) -> None:
+        """Wait until every batch sent is confirmed stored (resending what must be)."""
+        while self.inflight:
+            self._confirm_oldest()
 
 
 def write_partition(
@@ -430,7 +452,7 @@ def write_partition(
     ts_ms = time.time_ns() // 1_000_000
     routes: dict[int, _Route] = {}
     refs: dict[Any, int] = {}
-    records = sent = 0
+    records = 0
 
     def route(sid: int) -> _Route:
         r = routes.get(sid)
@@ -439,7 +461,7 @@ def write_partition(
                 *producer_parts, "stream", sid)
             app = Appender(opts, pid, sid, client, pool)
             loop.run_until_complete(app.start())
-            r = routes[sid] = _Route(app, codec)
+            r = routes[sid] = _Route(app, codec, loop)
         return r
 
     def stream_of(ref: Any) -> int:
@@ -450,16 +472,9 @@ def write_partition(
                 client.resolve_stream(int(text) if isinstance(ref, int) else text))
         return sid
 
-    def drain(r: _Route) -> None:
-        nonlocal sent
-        if r.window:
-            loop.run_until_complete(r.app.append_window(r.window))
-            sent += len(r.window)
-            r.window = []
-
     def add_rows(r: _Route, rb: Any) -> None:
         """Every row of ``rb`` into the route's batches, cut by size (the same cuts row by row
-        or in bulk), a full window sent before the next batch is begun."""
+        or in bulk), each batch sent as it is cut."""
         cols = arrow_columns(rb)
         n, i = rb.num_rows, 0
         rows = None if cols is not None else iter_records(rb, ts_ms)
@@ -471,14 +486,10 @@ def write_partition(
                 for value, key, headers, ts in rows:
                     if not r.builder.add(value, key, headers, ts):
                         r.cut()
-                        if len(r.window) >= SINK_IN_FLIGHT:
-                            drain(r)
                         r.builder.add(value, key, headers, ts)
                     i += 1
             if i < n:
                 r.cut()
-                if len(r.window) >= SINK_IN_FLIGHT:
-                    drain(r)
 
     fixed = None
     try:
@@ -494,10 +505,17 @@ def write_partition(
         for r in routes.values():
             if len(r.builder):
                 r.cut()
-            drain(r)
+            r.settle()
+        sent = sum(r.sent for r in routes.values())
         dups = sum(r.app.duplicates for r in routes.values())
         return SinkCommitMessage(partition_id, producer_id, records, sent, dups)
     finally:
+        for r in routes.values():  # an error left batches in flight: let them end first
+            for t, _ in r.inflight:
+                t.cancel()
+            if r.inflight:
+                loop.run_until_complete(asyncio.gather(*(t for t, _ in r.inflight),
+                                                       return_exceptions=True))
         try:
             loop.run_until_complete(pool.close())
             loop.run_until_complete(client.close())

@@ -10,6 +10,7 @@ and [from, until).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +52,7 @@ from sbpstream.spark.options import (
     parse_sink_options,
     parse_source_options,
 )
-from sbpstream.spark.profiling import profiled
+from sbpstream.spark.profiling import phases, profiled
 from sbpstream.spark.schema import (
     SOURCE_SCHEMA,
     arrow_schema,
@@ -117,9 +118,14 @@ def _read(partition: InputPartition, schema: StructType) -> Iterator[Any]:
         raise TypeError(f"not an sbpstream partition: {partition!r}")
     pa_schema = arrow_schema(schema)
     sid = partition.stream_id
-    with profiled("read"):
-        yield from read_span(partition.request(),
-                             lambda cols: buffers_to_batch(sid, cols, pa_schema))
+    ph = phases("read")
+    try:
+        with profiled("read"):
+            yield from read_span(partition.request(),
+                                 lambda cols: buffers_to_batch(sid, cols, pa_schema), ph)
+    finally:
+        if ph is not None:
+            ph.dump()
 
 
 class _Planner:
@@ -203,6 +209,8 @@ class SbpstreamBatchReader(_Planner, DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> Sequence[InputPartition]:
+        ph = phases("plan")
+        t0 = time.perf_counter()
         try:
             ids = self.streams()
             self.initial = frozenset(ids)
@@ -229,6 +237,10 @@ class SbpstreamBatchReader(_Planner, DataSourceReader):
                     )
             parts = self.plan(start, end)
         finally:
+            if ph is not None:
+                ph.add("plan", time.perf_counter() - t0)
+                ph.add("pm_lookups", 0.0, self.view.lookups)
+                ph.dump()
             self.view.close()
         return parts
 

@@ -4,10 +4,13 @@ import io.sbpstream.spark.wire.ProtocolException;
 import io.sbpstream.spark.wire.RecordBatches;
 import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
 import org.apache.spark.sql.execution.vectorized.WritableColumnVector;
+import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
-/** Decoded records written straight into Spark's on-heap column vectors of
- *  {@link SbpstreamJvmSource#SCHEMA}; one {@link ColumnarBatch} reused for every FETCH answer. */
+/** Decoded records written straight into Spark's on-heap column vectors of the scan's schema:
+ *  {@link SbpstreamJvmSource#SCHEMA} or the columns a query needs of it (column pruning: a
+ *  column not asked for is never filled, so {@code sum(length(value))} copies values only, and
+ *  a count copies nothing). One {@link ColumnarBatch} reused for every FETCH answer. */
 final class ColumnSink implements RecordBatches.Sink {
   /** Rows the vectors start with (they grow as a FETCH answer needs). */
   static final int INITIAL_CAPACITY = 4096;
@@ -15,6 +18,13 @@ final class ColumnSink implements RecordBatches.Sink {
 
   private final long streamId;
   private final OnHeapColumnVector[] cols;
+  /** The vector of each source column (SCHEMA's order), null when the scan does not read it. */
+  private final OnHeapColumnVector streamCol;
+  private final OnHeapColumnVector offsetCol;
+  private final OnHeapColumnVector tsCol;
+  private final OnHeapColumnVector keyCol;
+  private final OnHeapColumnVector valueCol;
+  private final OnHeapColumnVector headersCol;
   private final WritableColumnVector elems;
   private final WritableColumnVector hKeys;
   private final WritableColumnVector hValues;
@@ -22,13 +32,29 @@ final class ColumnSink implements RecordBatches.Sink {
   int rows;
   private int headerElems;
 
-  ColumnSink(long streamId) {
+  ColumnSink(long streamId, StructType schema) {
     this.streamId = streamId;
-    cols = OnHeapColumnVector.allocateColumns(INITIAL_CAPACITY, SbpstreamJvmSource.SCHEMA);
-    elems = cols[5].arrayData();
-    hKeys = elems.getChild(0);
-    hValues = elems.getChild(1);
+    cols = OnHeapColumnVector.allocateColumns(INITIAL_CAPACITY, schema);
+    streamCol = column(schema, "stream_id");
+    offsetCol = column(schema, "offset");
+    tsCol = column(schema, "timestamp");
+    keyCol = column(schema, "key");
+    valueCol = column(schema, "value");
+    headersCol = column(schema, "headers");
+    elems = headersCol == null ? null : headersCol.arrayData();
+    hKeys = elems == null ? null : elems.getChild(0);
+    hValues = elems == null ? null : elems.getChild(1);
     batch = new ColumnarBatch(cols);
+  }
+
+  private OnHeapColumnVector column(StructType schema, String name) {
+    String[] names = schema.fieldNames();
+    for (int i = 0; i < names.length; i++) {
+      if (names[i].equals(name)) {
+        return cols[i];
+      }
+    }
+    return null;
   }
 
   void reset() {
@@ -51,45 +77,52 @@ final class ColumnSink implements RecordBatches.Sink {
   public void record(long offset, long timestampMs, byte[] buf, int keyOff, int keyLen,
       int valueOff, int valueLen, int hdrCount, int[] hdr) throws ProtocolException {
     int r = rows;
-    long micros;
-    try {
-      micros = Math.multiplyExact(timestampMs, US_PER_MS);
-    } catch (ArithmeticException e) {
+    if (timestampMs > Long.MAX_VALUE / US_PER_MS || timestampMs < Long.MIN_VALUE / US_PER_MS) {
       throw new ProtocolException("record at offset " + offset + " of stream " + streamId
           + " has timestamp_ms " + timestampMs + ", outside what a Spark timestamp holds");
     }
-    cols[1].putLong(r, offset);
-    cols[2].putLong(r, micros);
-    if (keyLen < 0) {
-      cols[3].putNull(r);
-    } else {
-      cols[3].putByteArray(r, buf, keyOff, keyLen);
+    if (offsetCol != null) {
+      offsetCol.putLong(r, offset);
     }
-    if (valueLen < 0) {
-      cols[4].putNull(r);
-    } else {
-      cols[4].putByteArray(r, buf, valueOff, valueLen);
+    if (tsCol != null) {
+      tsCol.putLong(r, timestampMs * US_PER_MS);
     }
-    if (hdrCount > 0) {
-      int need = headerElems + hdrCount;
-      elems.reserve(need);
-      hKeys.reserve(need);
-      hValues.reserve(need);
-      for (int h = 0; h < hdrCount; h++) {
-        int e = headerElems + h;
-        hKeys.putByteArray(e, buf, hdr[4 * h], hdr[4 * h + 1]);
-        hValues.putByteArray(e, buf, hdr[4 * h + 2], hdr[4 * h + 3]);
+    if (keyCol != null) {
+      if (keyLen < 0) {
+        keyCol.putNull(r);
+      } else {
+        keyCol.putByteArray(r, buf, keyOff, keyLen);
       }
     }
-    cols[5].putArray(r, headerElems, hdrCount);
-    headerElems += hdrCount;
+    if (valueCol != null) {
+      if (valueLen < 0) {
+        valueCol.putNull(r);
+      } else {
+        valueCol.putByteArray(r, buf, valueOff, valueLen);
+      }
+    }
+    if (headersCol != null) {
+      if (hdrCount > 0) {
+        int need = headerElems + hdrCount;
+        elems.reserve(need);
+        hKeys.reserve(need);
+        hValues.reserve(need);
+        for (int h = 0; h < hdrCount; h++) {
+          int e = headerElems + h;
+          hKeys.putByteArray(e, buf, hdr[4 * h], hdr[4 * h + 1]);
+          hValues.putByteArray(e, buf, hdr[4 * h + 2], hdr[4 * h + 3]);
+        }
+      }
+      headersCol.putArray(r, headerElems, hdrCount);
+      headerElems += hdrCount;
+    }
     rows = r + 1;
   }
 
   /** The batch of the rows written since the last reset. */
   ColumnarBatch finish() {
-    if (rows > 0) {
-      cols[0].putLongs(0, rows, streamId);
+    if (rows > 0 && streamCol != null) {
+      streamCol.putLongs(0, rows, streamId);
     }
     batch.setNumRows(rows);
     return batch;

@@ -12,6 +12,7 @@ import io.sbpstream.spark.wire.SbpException;
 import java.io.IOException;
 import java.util.List;
 import org.apache.spark.sql.connector.read.PartitionReader;
+import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 /** Reads one partition, [from, until) of one range, with FETCH from the range's replicas (the
@@ -38,6 +39,8 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
   private int aheadId = -1;
   private long aheadPos;
   private int aheadRange;
+  /** When the last batch was handed to Spark (0: none yet), for {@link ReadStats}. */
+  private long handedAt;
 
   /** This replica cannot serve the read now: try another, then ask the PM. */
   private static final class Retry extends Exception {
@@ -48,16 +51,27 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
     }
   }
 
+  /** A reader of every column of {@link SbpstreamJvmSource#SCHEMA}. */
   public PartitionReaderImpl(SbpInputPartition p) {
+    this(p, SbpstreamJvmSource.SCHEMA);
+  }
+
+  /** A reader filling the columns of ``schema`` (SCHEMA or a pruned part of it). */
+  public PartitionReaderImpl(SbpInputPartition p, StructType schema) {
     this.p = p;
     this.pos = p.fromOffset;
     this.rangeIndex = p.rangeIndex;
     this.replicas = p.replicas;
-    this.sink = new ColumnSink(p.streamId);
+    this.sink = new ColumnSink(p.streamId, schema);
+    ReadStats.PARTITIONS.incrementAndGet();
   }
 
   @Override
   public boolean next() throws IOException {
+    if (handedAt != 0) {
+      ReadStats.CONSUME_NS.addAndGet(System.nanoTime() - handedAt);
+      handedAt = 0;
+    }
     long deadline = System.currentTimeMillis() + p.timeoutMs;
     int failures = 0;
     sink.reset();
@@ -91,7 +105,10 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
 
   @Override
   public ColumnarBatch get() {
-    return sink.finish();
+    ColumnarBatch b = sink.finish();
+    ReadStats.ROWS.addAndGet(b.numRows());
+    handedAt = System.nanoTime();
+    return b;
   }
 
   private void nextReplica(int failures) throws IOException {
@@ -184,7 +201,11 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
       }
       aheadId = -1;
       while (true) {
+        long t0 = System.nanoTime();
         Frame f = conn.read(id);
+        long t1 = System.nanoTime();
+        ReadStats.FETCH_NS.addAndGet(t1 - t0);
+        ReadStats.FETCHES.incrementAndGet();
         FbTable h = f.header();
         Messages.checkStatus(h, addr);
         List<FetchResult> items = Messages.fetchResults(h);
@@ -220,6 +241,7 @@ public final class PartitionReaderImpl implements PartitionReader<ColumnarBatch>
           }
           at += item.batchLength;
         }
+        ReadStats.DECODE_NS.addAndGet(System.nanoTime() - t1);
         if (f.end()) {
           break;
         }

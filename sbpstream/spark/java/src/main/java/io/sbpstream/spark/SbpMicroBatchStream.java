@@ -21,11 +21,14 @@ import org.apache.spark.sql.connector.read.streaming.SupportsTriggerAvailableNow
  *  replays the same first batch; availableNow caps every stream at its end when it starts. */
 final class SbpMicroBatchStream implements MicroBatchStream, SupportsTriggerAvailableNow {
   private final Planner planner;
+  /** The columns read (the scan's read schema). */
+  private final org.apache.spark.sql.types.StructType schema;
   private boolean checked;
   /** availableNow: each stream's end when the trigger started. */
   private Map<Long, Long> cap;
 
-  SbpMicroBatchStream(SourceOptions opts) {
+  SbpMicroBatchStream(SourceOptions opts, org.apache.spark.sql.types.StructType schema) {
+    this.schema = schema;
     this.planner = new Planner(opts);
   }
 
@@ -225,7 +228,7 @@ final class SbpMicroBatchStream implements MicroBatchStream, SupportsTriggerAvai
 
   @Override
   public PartitionReaderFactory createReaderFactory() {
-    return new SbpstreamJvmSource.ReaderFactory();
+    return new SbpstreamJvmSource.ReaderFactory(schema);
   }
 
   @Override

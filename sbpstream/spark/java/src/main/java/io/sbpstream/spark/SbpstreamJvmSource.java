@@ -18,6 +18,7 @@ import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
 import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.sources.DataSourceRegister;
 import org.apache.spark.sql.types.ArrayType;
@@ -87,22 +88,44 @@ public final class SbpstreamJvmSource implements TableProvider, DataSourceRegist
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
       Map<String, String> raw = new java.util.HashMap<>(options.asCaseSensitiveMap());
       SourceOptions.checkNames(raw);
-      return () -> new SbpScan(raw);
+      return new SbpScanBuilder(raw);
+    }
+  }
+
+  /** Column pruning: a batch read fills only the columns the query uses. */
+  static final class SbpScanBuilder implements ScanBuilder, SupportsPushDownRequiredColumns {
+    private final Map<String, String> raw;
+    private StructType required = SCHEMA;
+
+    SbpScanBuilder(Map<String, String> raw) {
+      this.raw = raw;
+    }
+
+    @Override
+    public void pruneColumns(StructType requiredSchema) {
+      required = requiredSchema;
+    }
+
+    @Override
+    public Scan build() {
+      return new SbpScan(raw, required);
     }
   }
 
   static final class SbpScan implements Scan, Batch {
     private final Map<String, String> raw;
+    private final StructType schema;
     private SourceOptions opts;
     private InputPartition[] planned;
 
-    SbpScan(Map<String, String> raw) {
+    SbpScan(Map<String, String> raw, StructType schema) {
       this.raw = raw;
+      this.schema = schema;
     }
 
     @Override
     public StructType readSchema() {
-      return SCHEMA;
+      return schema;
     }
 
     @Override
@@ -118,7 +141,7 @@ public final class SbpstreamJvmSource implements TableProvider, DataSourceRegist
 
     @Override
     public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
-      return new SbpMicroBatchStream(SourceOptions.parse(raw, true));
+      return new SbpMicroBatchStream(SourceOptions.parse(raw, true), schema);
     }
 
     @Override
@@ -128,9 +151,12 @@ public final class SbpstreamJvmSource implements TableProvider, DataSourceRegist
           if (opts == null) {
             opts = SourceOptions.parse(raw, false);
           }
+          long t0 = System.nanoTime();
           try (Planner planner = new Planner(opts)) {
             planned = planner.planBatch().toArray(new InputPartition[0]);
           }
+          ReadStats.PLAN_NS.addAndGet(System.nanoTime() - t0);
+          ReadStats.PLANS.incrementAndGet();
         } catch (PmClient.NoPmReachable e) {
           throw new IllegalStateException(e.getMessage());
         } catch (IOException e) {
@@ -143,12 +169,18 @@ public final class SbpstreamJvmSource implements TableProvider, DataSourceRegist
 
     @Override
     public PartitionReaderFactory createReaderFactory() {
-      return new ReaderFactory();
+      return new ReaderFactory(schema);
     }
   }
 
   static final class ReaderFactory implements PartitionReaderFactory {
     private static final long serialVersionUID = 1L;
+    /** The columns read: SCHEMA, or the ones a batch query kept. */
+    private final StructType schema;
+
+    ReaderFactory(StructType schema) {
+      this.schema = schema;
+    }
 
     @Override
     public boolean supportColumnarReads(InputPartition partition) {
@@ -157,7 +189,7 @@ public final class SbpstreamJvmSource implements TableProvider, DataSourceRegist
 
     @Override
     public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
-      return new PartitionReaderImpl((SbpInputPartition) partition);
+      return new PartitionReaderImpl((SbpInputPartition) partition, schema);
     }
 
     @Override
