@@ -149,7 +149,15 @@ class LeaderElection:
                 else:
                     await self._follow()
             except asyncio.CancelledError:
-                raise
+                task = asyncio.current_task()
+                if task is None or task.cancelling() or self._stopping:
+                    raise
+                # not this task's cancellation (a gRPC call cancelled under it): a failed round,
+                # not the end of campaigning
+                log.warning("event=election_round_failed address=%s error='cancelled'",
+                            self.address)
+                await self._step_down("error")
+                await asyncio.sleep(CAMPAIGN_RETRY_S)
             except SbpError as e:
                 log.warning("event=election_round_failed address=%s error=%r", self.address,
                             str(e))

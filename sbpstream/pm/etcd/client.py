@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -23,6 +25,10 @@ default) with GOAWAY too_many_pings, so this is the floor."""
 
 GRPC_KEEPALIVE_TIMEOUT_MS: Final = 2_000
 """A ping unanswered this long ends the channel (a healthy member answers in milliseconds)."""
+
+ROTATE_GRACE_S: Final = 6.0
+"""After a rotation the old channel's calls may finish for this long (longer than a request's
+5 s timeout), then it closes (its long-lived streams, the watch, end and restart elsewhere)."""
 
 ROTATE_CODES: Final = frozenset({rpc.StatusCode.UNAVAILABLE, rpc.StatusCode.DEADLINE_EXCEEDED})
 """A call failing with these moves the client to the next endpoint: the member is down, or
@@ -46,6 +52,7 @@ class EtcdClient:
         self.settings = settings
         self._index = 0
         self._channel: Any = None
+        self._closing: set[asyncio.Task[None]] = set()  # old channels closing after rotation
         self.kv: Any = None
         self.lease: Any = None
         self.watch_stub: Any = None
@@ -83,9 +90,14 @@ class EtcdClient:
         raise MetadataError(f"no etcd endpoint answered ({'; '.join(errors)})")
 
     async def rotate(self) -> None:
+        """Move to the next endpoint. The old channel closes after ROTATE_GRACE_S: closing it at
+        once would cancel the other tasks' calls on it (the election's, the watch's), and grpc.aio
+        cancels an awaiting call with CancelledError, which ends the task that awaits it."""
         ch, self._channel = self._channel, None
         if ch is not None:
-            await ch.close()
+            task = asyncio.ensure_future(ch.close(ROTATE_GRACE_S))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         self._index += 1
         self._open()
 
@@ -93,12 +105,21 @@ class EtcdClient:
         ch, self._channel = self._channel, None
         if ch is not None:
             await ch.close()
+        for task in list(self._closing):  # rotated-away channels: wait out their grace
+            with contextlib.suppress(Exception):
+                await task
 
     async def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         if self._channel is None:
             raise MetadataError("etcd client is closed")
         try:
             return await fn()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # this task is being cancelled
+            # the call was cancelled under us (its channel closed): an error of this call
+            raise MetadataError(f"etcd {what} cancelled: its channel was closed") from None
         except rpc.AioRpcError as e:
             if e.code() in ROTATE_CODES and len(self.settings.endpoints) > 1:
                 await self.rotate()

@@ -125,7 +125,6 @@ class EtcdMetadataStore:
         self._write_lock = asyncio.Lock()
         self._watch_task: asyncio.Task[None] | None = None
         self._watch_requests: asyncio.Queue[Any] | None = None
-        self._watch_call: Any = None  # the watch's gRPC call while it streams
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._own_writes: dict[bytes, tuple[bytes, object]] = {}
         """key -> (value, decoded) of puts in flight from this PM, so the watch need not
@@ -267,14 +266,7 @@ class EtcdMetadataStore:
             try:
                 await self._watch_once()
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is None or task.cancelling() or not self._open:
-                    raise
-                # the call itself was cancelled by restart_stalled_watch: start a new one
-                log.warning("event=etcd_watch_restarted at=%d", self._cache.applied)
-                if len(self.settings.endpoints) > 1:
-                    with contextlib.suppress(Exception):
-                        await self.client.rotate()
+                raise
             except SbpError as e:
                 log.warning("event=etcd_watch_broken error=%r retry_s=%.1f", str(e), pause)
             except Exception as e:
@@ -299,7 +291,6 @@ class EtcdMetadataStore:
 
         call = self.client.watch(requests())
         self._watch_requests = queue
-        self._watch_call = call
         try:
             async for resp in call:
                 if resp.compact_revision:
@@ -312,7 +303,6 @@ class EtcdMetadataStore:
                 self._apply(resp)
         finally:
             self._watch_requests = None
-            self._watch_call = None
             call.cancel()
 
     def _apply(self, resp: Any) -> None:
@@ -357,20 +347,9 @@ class EtcdMetadataStore:
         try:
             await asyncio.wait_for(fut, APPLY_WAIT_TIMEOUT_S)
         except TimeoutError as e:
-            self.restart_stalled_watch()
             raise MetadataError(
                 f"etcd watch did not reach revision {revision} within {APPLY_WAIT_TIMEOUT_S}s "
                 f"(at {self._cache.applied})") from e
-
-    def restart_stalled_watch(self) -> None:
-        """The watch did not deliver a revision etcd committed within APPLY_WAIT_TIMEOUT_S: its
-        stream is stuck (seen after a member was cut off and came back: the stream stayed open
-        and silent, and every PM's elections then failed for good). Cancel the call; the watch
-        loop starts a new one on the next endpoint, from the last applied revision."""
-        call = self._watch_call
-        if call is not None:
-            log.warning("event=etcd_watch_stalled at=%d", self._cache.applied)
-            call.cancel()
 
     async def sync(self) -> None:
         """Catch the cache up with etcd as of now (a linearizable read, then a watch progress
@@ -391,7 +370,6 @@ class EtcdMetadataStore:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(fut, SYNC_PROGRESS_RETRY_S)
             if time.monotonic() > deadline:
-                self.restart_stalled_watch()
                 raise MetadataError(f"etcd watch did not reach revision {rev} within "
                                     f"{APPLY_WAIT_TIMEOUT_S}s (at {self._cache.applied})")
 
