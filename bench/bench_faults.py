@@ -90,8 +90,9 @@ def markdown_table(doc: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in doc["results"]:
         if s.get("acked") is None:
+            why = " ".join("; ".join(s["problems"]).split())[:120].replace("|", "/")
             rows.append(f"| {s['metadata']} | {s['scenario']} | {s['cycles']} | run failed: "
-                        f"{'; '.join(s['problems'])[:200]} |||||||||")
+                        f"{why} |||||||||")
             continue
         rows.append(
             f"| {s['metadata']} | {s['scenario']} | {s['cycles']} | {s['acked']:,} | {s['lost']} "
