@@ -221,7 +221,10 @@ class FaultCluster:
                 "--dir", str(self.workdir / h), "--pm", self.pm_arg,
                 "--heartbeat-interval-ms", str(HEARTBEAT_MS), *self._server_args(),
             ], env=self.env, log=logs / f"{h}.log")
-        if self.secure:
+        if self.secure:  # the first administrator, once the PMs listen and one leads
+            for h in self.pm_hosts:
+                self._wait(functools.partial(self.pm_listening, h), START_TIMEOUT_S,
+                           f"{h} listening")
             leader = f"{self.bed.address(self.leader())}:{PM_PORT}"
             asyncio.run(bootstrap_admin(leader, self.certs, *ADMIN))
         self._wait(lambda: self._live_nodes() == len(DATANODES), START_TIMEOUT_S,

@@ -35,9 +35,17 @@ def test_every_scenario_runs_in_the_suite() -> None:
         "leader-cut-from-etcd", "etcd-member-isolated"}
 
 
+ETCD_WATCH_STALL: Final = (
+    "open (issue 33, docs/operations.md 'Fault soak'): after repeated etcd faults every PM's "
+    "metadata watch can stop delivering, and then no PM is elected")
+"""Why the etcd run may fail today; it runs every time, and passes when the stall does not
+happen (XPASS)."""
+
+
 @pytest.mark.parametrize(("metadata", "scenarios", "secure"), [
     ("sqlite", SQLITE_SCENARIOS, True),  # TLS and authentication on every connection
-    ("etcd", ETCD_SCENARIOS, False),
+    pytest.param("etcd", ETCD_SCENARIOS, False,
+                 marks=pytest.mark.xfail(strict=False, reason=ETCD_WATCH_STALL)),
 ], ids=["sqlite-secure", "etcd"])
 def test_every_scenario_in_turn_loses_nothing(metadata: str, scenarios: list[str],
                                               secure: bool, tmp_path: Path) -> None:
